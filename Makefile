@@ -1,0 +1,48 @@
+# gpuops.k8s — every tier of tests, the lab, and the benchmarks.
+# `make test` is what CI runs (.ci/run); it bootstraps its own tools on a fresh Debian 12 machine.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+GPUOPS_CACHE ?= $(HOME)/.cache/gpuops
+export GPUOPS_CACHE
+VENV := $(GPUOPS_CACHE)/venv
+export PATH := $(VENV)/bin:$(PATH)
+export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build
+COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
+PYTHON_VERSION := 3.11
+PLUGIN_DIR := files/device_plugin
+
+.PHONY: test setup lint sanity units integration daemon collection bench clean
+
+test: setup lint sanity units integration daemon
+	@echo "make test: every tier passed"
+
+setup:
+	@scripts/bootstrap.sh
+
+collection:
+	@scripts/collection-tree.sh >/dev/null
+
+lint: setup
+	ruff check .
+	ruff format --check .
+	yamllint -s .
+	ansible-lint --profile production
+
+sanity: setup collection
+	cd $(COLLECTION) && ansible-test sanity --venv --python $(PYTHON_VERSION) --color no
+
+units: setup collection
+	cd $(COLLECTION) && ansible-test units --venv --python $(PYTHON_VERSION) --color no
+
+integration: setup
+	python -m pytest -q -p no:cacheprovider tests/integration
+
+daemon: setup
+	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
+
+bench: setup
+	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
+
+clean:
+	rm -rf .build tests/output

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs everything `make test` and `make demo` need on a Debian 12 machine, idempotently:
+# system packages (podman, containerd, debootstrap, ...), the podman settings this kind of host
+# needs, and a Python virtual environment with the pinned requirements. Results are cached under
+# $GPUOPS_CACHE (default ~/.cache/gpuops) so a second run takes seconds.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
+mkdir -p "$cache"
+
+log() { printf '[bootstrap] %s\n' "$*"; }
+
+apt_packages=(
+  podman containerd runc debootstrap gnupg dpkg-dev apt-utils uidmap slirp4netns
+  fuse-overlayfs iproute2 rsync curl ca-certificates jq etcd-server inotify-tools
+)
+
+need_apt=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need_apt+=("$p")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+# The containerd package starts a system instance; the tests run their own on private sockets.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active -q containerd 2>/dev/null; then
+  systemctl stop containerd || true
+fi
+
+# podman on this kind of host: root lacks CAP_SYS_RESOURCE (so cap the default ulimits below the
+# hard limit) and the cgroup layout is hybrid v1 (crun refuses it; runc accepts it).
+conf=/etc/containers/containers.conf
+want='# written by gpuops.k8s scripts/bootstrap.sh
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"'
+if [ ! -f "$conf" ] || ! grep -q 'gpuops.k8s scripts/bootstrap.sh' "$conf"; then
+  log "writing $conf"
+  mkdir -p /etc/containers
+  printf '%s\n' "$want" > "$conf"
+fi
+
+# The Python environment, keyed by the requirement files so a change rebuilds it.
+req_hash=$(cat "$here/requirements/controller.txt" "$here/requirements/test.txt" | sha256sum | cut -c1-12)
+venv="$cache/venv-$req_hash"
+if [ ! -x "$venv/bin/ansible-playbook" ] || [ ! -f "$venv/.complete" ]; then
+  log "creating the Python environment $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -r "$here/requirements/test.txt"
+  touch "$venv/.complete"
+fi
+ln -sfn "$venv" "$cache/venv"
+log "ready: $cache/venv"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# ansible-test needs the collection at .../ansible_collections/<namespace>/<name>. This mirrors the
+# files git knows about (tracked, plus untracked files that are not ignored) into such a tree and
+# prints its path.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+dest=${1:-$here/.build/ansible_collections/gpuops/k8s}
+mkdir -p "$dest"
+cd "$here"
+git ls-files -co --exclude-standard -z | rsync -a --delete --files-from=- --from0 ./ "$dest/"
+# rsync --delete only prunes inside directories it was given; remove files that git no longer lists.
+(cd "$dest" && find . -type f -printf '%P\n' | sort) > "$dest/../.mirror-have"
+git ls-files -co --exclude-standard | sort > "$dest/../.mirror-want"
+comm -23 "$dest/../.mirror-have" "$dest/../.mirror-want" | while IFS= read -r f; do rm -f "$dest/$f"; done
+rm -f "$dest/../.mirror-have" "$dest/../.mirror-want"
+find "$dest" -type d -empty -delete
+echo "$dest"
