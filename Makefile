@@ -5,7 +5,8 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 GPUOPS_CACHE ?= $(HOME)/.cache/gpuops
 export GPUOPS_CACHE
-VENV := $(GPUOPS_CACHE)/venv
+REQ_HASH := $(shell cat requirements/controller.txt requirements/test.txt | sha256sum | cut -c1-12)
+VENV := $(GPUOPS_CACHE)/venv-$(REQ_HASH)
 export PATH := $(VENV)/bin:$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build
 COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s

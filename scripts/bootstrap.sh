@@ -56,5 +56,4 @@ if [ ! -x "$venv/bin/ansible-playbook" ] || [ ! -f "$venv/.complete" ]; then
   "$venv/bin/pip" install -q -r "$here/requirements/test.txt"
   touch "$venv/.complete"
 fi
-ln -sfn "$venv" "$cache/venv"
 log "ready: $cache/venv"
