@@ -32,6 +32,11 @@ _NVLINK_DEVICE_TYPE_GPU = 0
 _NVLINK_DEVICE_TYPE_SWITCH = 2
 
 
+def installed_pynvml():
+    """The pynvml module when nvidia-ml-py is installed on the target, else None."""
+    return pynvml
+
+
 class DiscoveryError(Exception):
     """Discovery failed; the message is one sentence for the user."""
 

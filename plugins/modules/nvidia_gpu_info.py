@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpuops.k8s maintainers
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 
 DOCUMENTATION = r"""
@@ -22,7 +23,7 @@ description:
   - With O(simulate_from), the module reports the fake GPUs of a simulated-GPU spec instead. That is
     for labs and CI only, never for production.
 author:
-  - gpuops.k8s maintainers
+  - gpuops.k8s maintainers (@gpuops)
 options:
   sysfs_root:
     description:
@@ -250,10 +251,13 @@ from ansible_collections.gpuops.k8s.plugins.module_utils import _simulated_spec
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     DiscoveryError,
     NvmlUnavailable,
+    installed_pynvml,
     nvml_discover,
-    pynvml,
     scan_pci,
 )
+
+# The pynvml module, or None without nvidia-ml-py; unit tests put an NVML test double here.
+pynvml = installed_pynvml()
 
 NO_PYNVML_REASON = (
     "The pynvml Python module (package nvidia-ml-py) is not installed on the target, "
