@@ -16,7 +16,7 @@ description:
     installed, the GPUs are read through NVML, with exactly one NVML initialisation and one shutdown
     per call.
   - When NVML cannot be used (no driver loaded, no C(libnvidia-ml), no C(pynvml)), the module does
-    not fail. It returns O(ignore:nvml_available=false), a sentence saying why, and the NVIDIA
+    not fail. It returns RV(nvml_available=false), a sentence saying why, and the NVIDIA
     devices it finds on the PCI bus in sysfs, so a play can decide whether to install a driver.
   - The PCI devices (GPUs and NVSwitches) are read from sysfs in every case, so a play can also
     decide whether Fabric Manager is needed.
@@ -38,7 +38,7 @@ options:
         collection's device plugin also reads). When set, NVML and sysfs are not consulted at all.
       - B(Labs and CI only; never use it in production.) Nothing in the spec is checked against hardware.
       - An invalid spec (unknown key, duplicate UUID or PCI bus ID, an NVLink peer that is not in the
-        file, MIG devices without O(ignore:mig_mode=enabled), ...) fails the task with one sentence naming
+        file, MIG devices unless C(mig_mode) is C(enabled), ...) fails the task with one sentence naming
         the file and the GPU.
       - Needs PyYAML on the target.
     type: path

@@ -485,3 +485,26 @@ def test_simulate_from_without_pyyaml_fails_with_missing_required_lib(monkeypatc
     assert code == 1
     assert "PyYAML" in result["msg"]
     assert "Failed to import the required Python library" in result["msg"]
+
+
+# -- documentation -----------------------------------------------------------------------------
+
+
+def test_every_returned_key_is_documented(monkeypatch, capsys, sysfs):
+    documented = yaml.safe_load(nvidia_gpu_info.RETURN)
+    options = yaml.safe_load(nvidia_gpu_info.DOCUMENTATION)["options"]
+    assert set(options) == {"sysfs_root", "simulate_from"}
+    _, nvml_result = run_module(monkeypatch, capsys, NvmlTestDouble(host_gpus()), sysfs_root=sysfs)
+    _, sysfs_result = run_module(monkeypatch, capsys, None, sysfs_root=sysfs)
+    simulated = os.path.join(COLLECTION_ROOT, "tests", "fixtures", "simulated", "a100-mig.yaml")
+    _, simulated_result = run_module(monkeypatch, capsys, None, simulate_from=simulated)
+    common = {"changed", "invocation"}
+    returned = set(nvml_result) | set(sysfs_result) | set(simulated_result)
+    assert returned - common == set(documented)
+    gpu_keys = set(documented["gpus"]["contains"])
+    assert set(nvml_result["gpus"][0]) | {"pcie_switch"} == gpu_keys
+    assert set(simulated_result["gpus"][0]) == gpu_keys
+    assert set(documented["gpus"]["contains"]["mig_devices"]["contains"]) == set(
+        simulated_result["gpus"][0]["mig_devices"][0]
+    )
+    assert set(documented["pci_devices"]["contains"]) == set(sysfs_result["pci_devices"][0])
