@@ -494,10 +494,10 @@ def test_every_returned_key_is_documented(monkeypatch, capsys, sysfs):
     documented = yaml.safe_load(nvidia_gpu_info.RETURN)
     options = yaml.safe_load(nvidia_gpu_info.DOCUMENTATION)["options"]
     assert set(options) == {"sysfs_root", "simulate_from"}
-    _, nvml_result = run_module(monkeypatch, capsys, NvmlTestDouble(host_gpus()), sysfs_root=sysfs)
-    _, sysfs_result = run_module(monkeypatch, capsys, None, sysfs_root=sysfs)
+    nvml_result = run_module(monkeypatch, capsys, NvmlTestDouble(host_gpus()), sysfs_root=sysfs)[1]
+    sysfs_result = run_module(monkeypatch, capsys, None, sysfs_root=sysfs)[1]
     simulated = os.path.join(COLLECTION_ROOT, "tests", "fixtures", "simulated", "a100-mig.yaml")
-    _, simulated_result = run_module(monkeypatch, capsys, None, simulate_from=simulated)
+    simulated_result = run_module(monkeypatch, capsys, None, simulate_from=simulated)[1]
     common = {"changed", "invocation"}
     returned = set(nvml_result) | set(sysfs_result) | set(simulated_result)
     assert returned - common == set(documented)
