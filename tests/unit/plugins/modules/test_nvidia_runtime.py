@@ -158,7 +158,7 @@ def test_parse_error_leaves_the_file_byte_for_byte(tmp_path):
     path.write_bytes(b"version = 2\n[plugins\n")
     before = snapshot(path)
     result = fail({"runtime": "containerd", "config_path": str(path), "backup": True})
-    assert result["msg"].startswith(f"{path} is not valid TOML: line 2, column")
+    assert result["msg"].startswith(f"{path} could not be parsed as TOML: line 2, column")
     assert snapshot(path) == before
     assert os.listdir(tmp_path) == ["config.toml"]
 
