@@ -20,7 +20,9 @@ facts live in a small state document that the module keeps next to daemon.json.
 from __future__ import annotations
 
 import copy
+import glob
 import json
+import os
 import re
 import traceback
 
@@ -267,6 +269,8 @@ def _edit_toml_runtime(doc, source, parent_parts, default_key, name, state, set_
             user_comment = _comment_without_marker(default_node.table[default_key]) if current_default else ""
             default_node.table[default_key] = name
             item = default_node.table[default_key]
+            if current_default is None:
+                _indent_like_siblings(default_node.table, item)
             marker = _marker_comment(current_default, created_parent)
             if user_comment:
                 # Keep the operator's own comment on that line; the marker goes after it.
@@ -305,6 +309,15 @@ def _holds_nothing(table):
         if not (_is_super(value) and _holds_nothing(value)):
             return False
     return True
+
+
+def _indent_like_siblings(table, item):
+    """Give a new key the indentation of the table's other keys (cosmetic; containerd indents)."""
+    for _, value in table.value.body:
+        trivia = getattr(value, "trivia", None)
+        if value is not item and trivia is not None and not isinstance(value, (Table, AoT)) and trivia.indent:
+            item.trivia.indent = trivia.indent
+            return
 
 
 def _is_super(table):
@@ -404,6 +417,39 @@ def edit_containerd(text, source, name, runtime_path, set_as_default, state):
     new_text, changed = _finish_toml(doc, text, before)
     entry, default = _toml_effective(doc, parent_parts, "default_runtime_name", name)
     return EditResult(new_text, changed, entry, default or "runc", config_version=version)
+
+
+def imports_overriding_cri(text, config_path):
+    """Imported files that define the version 2 CRI plugin section themselves.
+
+    containerd 1.x merges an imported file's plugin sections over the main file's by replacing each
+    whole section, so a runtime added to the main file has no effect when an import also carries
+    ``plugins."io.containerd.grpc.v1.cri"``. (containerd 2.x merges them key by key.)
+    """
+    try:
+        data = _plain(tomlkit.parse(text))
+    except Exception:
+        return []
+    patterns = data.get("imports") if isinstance(data, dict) else None
+    if data.get("version") != 2 or not isinstance(patterns, list):
+        return []
+    base = os.path.dirname(os.path.abspath(config_path))
+    found = []
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            continue
+        for imported in sorted(glob.glob(pattern if os.path.isabs(pattern) else os.path.join(base, pattern))):
+            if os.path.abspath(imported) == os.path.abspath(config_path):
+                continue
+            try:
+                with open(imported) as handle:
+                    imported_data = _plain(tomlkit.parse(handle.read()))
+            except Exception:
+                continue
+            plugins = imported_data.get("plugins")
+            if isinstance(plugins, dict) and CRI_PLUGIN[2] in plugins:
+                found.append(imported)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
