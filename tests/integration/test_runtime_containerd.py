@@ -202,7 +202,8 @@ def test_an_import_that_carries_the_cri_section_wins_in_containerd_1(tmp_path, r
     assert result["changed"] is True
     assert len(result["warnings"]) == 1
     warning = result["warnings"][0]
-    warning = warning.get("msg", warning.get("message")) if isinstance(warning, dict) else warning
+    if isinstance(warning, dict):  # ansible-core 2.19 sends warnings as structured summaries
+        warning = warning["event"]["msg"]
     assert warning.startswith("{0} also configures the plugin io.containerd.grpc.v1.cri".format(override))
     old = config_dump(containerd16, path)["plugins"][CRI[2]]
     assert old["containerd"]["default_runtime_name"] == "runc"  # what the warning is about
