@@ -31,9 +31,11 @@ lint: setup
 	ansible-lint --profile production
 
 sanity: setup collection
+	scripts/ansible-test-pip.sh
 	cd $(COLLECTION) && ansible-test sanity --venv --python $(PYTHON_VERSION) --color no
 
 units: setup collection
+	scripts/ansible-test-pip.sh
 	cd $(COLLECTION) && ansible-test units --venv --python $(PYTHON_VERSION) --color no
 
 integration: setup
