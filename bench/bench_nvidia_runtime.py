@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Wall time of gpuops.k8s.nvidia_runtime on a large containerd config, run the way Ansible runs it.
 
 Each run is a fresh Python process executing the module with its arguments in a JSON file, as on a
@@ -25,25 +24,29 @@ TARGET_LINES = 2000
 
 
 def large_config():
-    """containerd's default (when installed) grown to about 2,000 lines with mirrors and comments."""
+    """containerd's default (when installed) grown to about 2,000 lines with mirrors and comments.
+
+    The mirrors go where an operator keeps them, under the registry section, so the file stays in
+    the order containerd itself writes.
+    """
     containerd = shutil.which("containerd")
     if containerd:
         base = subprocess.run([containerd, "config", "default"], capture_output=True, text=True, check=True).stdout
     else:
         base = (REPO / "tests" / "integration" / "configs" / "v2-mirrors-comments.toml").read_text()
     lines = base.splitlines()
+    anchor = next((n + 1 for n, line in enumerate(lines) if line.strip().endswith(".registry.mirrors]")), len(lines))
+    mirrors = []
     i = 0
-    while len(lines) < TARGET_LINES:
-        lines += [
+    while len(lines) + len(mirrors) < TARGET_LINES:
+        mirrors += [
             "",
-            "# mirror {0}: pulls for registry-{0}.example.internal go through the site cache".format(i),
-            '[plugins."io.containerd.grpc.v1.cri".registry.mirrors."registry-{0}.example.internal"]'.format(i),
-            '  endpoint = ["https://cache-{0}.example.internal", "https://registry-{0}.example.internal"]'.format(i),
-            '[plugins."io.containerd.grpc.v1.cri".registry.configs."registry-{0}.example.internal".tls]'.format(i),
-            "  insecure_skip_verify = false",
+            f"        # mirror {i}: pulls for registry-{i}.example.internal go through the site cache",
+            f'        [plugins."io.containerd.grpc.v1.cri".registry.mirrors."registry-{i}.example.internal"]',
+            f'          endpoint = ["https://cache-{i}.example.internal", "https://registry-{i}.example.internal"]',
         ]
         i += 1
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines[:anchor] + mirrors + lines[anchor:]) + "\n"
 
 
 def run_module(collection_root, args_file):
@@ -59,14 +62,13 @@ def run_module(collection_root, args_file):
     elapsed = time.perf_counter() - start
     result = json.loads(proc.stdout)
     if result.get("failed"):
-        raise SystemExit("module failed: {0}".format(result.get("msg")))
+        raise SystemExit("module failed: {}".format(result.get("msg")))
     return elapsed, result["changed"]
 
 
 def summary(label, times):
-    return "{0:<34} median {1:7.1f} ms   min {2:7.1f}   max {3:7.1f}   ({4} runs)".format(
-        label, statistics.median(times) * 1000, min(times) * 1000, max(times) * 1000, len(times)
-    )
+    median, low, high = (statistics.median(times) * 1000, min(times) * 1000, max(times) * 1000)
+    return f"{label:<34} median {median:7.1f} ms   min {low:7.1f}   max {high:7.1f}   ({len(times)} runs)"
 
 
 def main():
@@ -80,12 +82,12 @@ def main():
         args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"runtime": "containerd", "config_path": str(config)}}))
 
         change, no_change = [], []
-        for _ in range(RUNS):
+        for _run in range(RUNS):
             config.write_text(text)
             elapsed, changed = run_module(work, args_file)
             assert changed, "a change run reported no change"
             change.append(elapsed)
-        for _ in range(RUNS):
+        for _run in range(RUNS):
             elapsed, changed = run_module(work, args_file)
             assert not changed, "a repeated run reported a change"
             no_change.append(elapsed)
@@ -95,7 +97,7 @@ def main():
 
         edited = config.read_text()
         core_change, core_same = [], []
-        for _ in range(RUNS):
+        for _run in range(RUNS):
             start = time.perf_counter()
             edit_containerd(text, "config.toml", "nvidia", "/usr/bin/nvidia-container-runtime", True, "present")
             core_change.append(time.perf_counter() - start)
@@ -106,19 +108,16 @@ def main():
         import tomlkit
 
         print(
-            "nvidia_runtime on a {0}-line containerd config ({1} KiB), Python {2}, tomlkit {3}".format(
-                len(text.splitlines()), len(text) // 1024, sys.version.split()[0], tomlkit.__version__
-            )
+            f"nvidia_runtime on a {len(text.splitlines())}-line containerd config ({len(text) // 1024} KiB), "
+            f"Python {sys.version.split()[0]}, tomlkit {tomlkit.__version__}"
         )
         print(summary("module process, change run", change))
         print(summary("module process, no-change run", no_change))
         print(summary("edit only (in process), change", core_change))
         print(summary("edit only (in process), no change", core_same))
         print(
-            "ratio change/no-change (process): {0:.2f}; edit share of a change run: {1:.0%}".format(
-                statistics.median(change) / statistics.median(no_change),
-                statistics.median(core_change) / statistics.median(change),
-            )
+            f"ratio change/no-change (process): {statistics.median(change) / statistics.median(no_change):.2f}; "
+            f"edit share of a change run: {statistics.median(core_change) / statistics.median(change):.0%}"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

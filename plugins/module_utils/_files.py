@@ -1,5 +1,6 @@
-# Copyright: gpuops.k8s contributors
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 """File handling shared by gpuops.k8s modules that edit configuration files (private).
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import contextlib
 
 
 def read_text(path):
@@ -29,8 +31,8 @@ def file_diff(path, before, after):
     return {
         "before": before if before is not None else "",
         "after": after if after is not None else "",
-        "before_header": path if before is not None else "{0} (absent)".format(path),
-        "after_header": path if after is not None else "{0} (absent)".format(path),
+        "before_header": path if before is not None else f"{path} (absent)",
+        "after_header": path if after is not None else f"{path} (absent)",
     }
 
 
@@ -41,7 +43,7 @@ def write_atomic(module, path, text, mode_for_new=0o644):
     if not os.path.isdir(directory):
         os.makedirs(directory, 0o755)
     existed = os.path.exists(path)
-    fd, tmp = tempfile.mkstemp(prefix=".{0}.".format(os.path.basename(path)), dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(text.encode("utf-8"))
@@ -56,7 +58,5 @@ def write_atomic(module, path, text, mode_for_new=0o644):
 
 
 def remove_file(path):
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

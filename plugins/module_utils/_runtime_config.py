@@ -1,5 +1,6 @@
-# Copyright: gpuops.k8s contributors
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 """Edits of container runtime configuration files for the nvidia runtime (private to gpuops.k8s).
 
@@ -89,20 +90,20 @@ def parse_toml(text, source):
     except TomlParseError as exc:
         reason = _PARSE_POSITION_RE.sub("", str(exc))
         raise ConfigError(
-            "{0} could not be parsed as TOML: line {1}, column {2}: {3}.".format(source, exc.line, exc.col, reason)
+            f"{source} could not be parsed as TOML: line {exc.line}, column {exc.col}: {reason}."
         ) from None
     except Exception as exc:  # tomlkit raises other errors on some layouts it cannot represent
-        raise ConfigError("{0} could not be parsed as TOML: {1}.".format(source, exc)) from None
+        raise ConfigError(f"{source} could not be parsed as TOML: {exc}.") from None
 
 
-def _finish_toml(doc, text, before):
+def _finish_toml(doc, text, before, after):
     """The new text, and whether the meaning changed.
 
     tomlkit reproduces nearly every file verbatim, but not all (e.g. indented sibling headers under
     an implicit parent gain indentation). A run that changes no key or value therefore returns the
     original text untouched instead of tomlkit's rendering, which keeps second runs idempotent.
     """
-    if _plain(doc) == before:
+    if after == before:
         return text, False
     return tomlkit.dumps(doc), True
 
@@ -121,7 +122,7 @@ def _parts(value):
     if isinstance(value, (Table, InlineTable)):
         return [value]
     if type(value).__name__ == "OutOfOrderTableProxy":
-        return list(value._tables)  # noqa: SLF001 - the merged view exposes no public list of its parts
+        return list(value._tables)
     return None
 
 
@@ -142,9 +143,8 @@ def _descend(nodes, key, source, path_parts):
         parts = _parts(node.table[key])
         if parts is None:
             raise ConfigError(
-                "{0}: {1} is a {2}, but a table was expected there.".format(
-                    source, _dotted(path_parts), type(_plain(node.table[key])).__name__
-                )
+                f"{source}: {_dotted(path_parts)} is a {type(_plain(node.table[key])).__name__}, "
+                "but a table was expected there."
             )
         found.extend(_Node(part, node, key) for part in parts)
     return found
@@ -180,8 +180,9 @@ def _plain(item):
     return item
 
 
-def _plain_at(doc, parts):
-    node = _plain(doc)
+def _plain_at(data, parts):
+    """The value at ``parts`` in plain data (unwrapped once per edit: unwrapping a large document is slow)."""
+    node = data
     for key in parts:
         node = node.get(key) if isinstance(node, dict) else None
     return node
@@ -193,7 +194,7 @@ def _new_table(parent):
 
 def _marker_comment(previous, table_added):
     value = "unset" if previous is None else json.dumps(previous)
-    return "{0}: previous default {1}{2}".format(MARKER, value, "; table added" if table_added else "")
+    return "{}: previous default {}{}".format(MARKER, value, "; table added" if table_added else "")
 
 
 def _read_marker(item):
@@ -221,7 +222,7 @@ def _comment_without_marker(item):
     return kept
 
 
-def _edit_toml_runtime(doc, source, parent_parts, default_key, name, state, set_as_default, entry_ops):
+def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state, set_as_default, entry_ops):
     """Shared edit of ``<parent_parts>.runtimes.<name>`` and ``<parent_parts>.<default_key>``.
 
     ``entry_ops`` supplies the runtime-specific pieces: ``check(entry)`` raises ConfigError when an
@@ -247,10 +248,10 @@ def _edit_toml_runtime(doc, source, parent_parts, default_key, name, state, set_
     runtimes_nodes = _descend(parent_nodes, "runtimes", source, runtimes_path)
     entry_path = [*runtimes_path, name]
     entry_nodes = _descend(runtimes_nodes, name, source, entry_path)
-    entry = _plain_at(doc, entry_path)
+    entry = _plain_at(data, entry_path)
     if entry is not None:
         entry_ops.check(entry)
-    template = _plain_at(doc, [*runtimes_path, entry_ops.template_name])
+    template = _plain_at(data, [*runtimes_path, entry_ops.template_name])
     template = template if isinstance(template, dict) else {}
     default_node = _holding(parent_nodes, default_key)
     current_default = _plain(default_node.table[default_key]) if default_node else None
@@ -274,7 +275,7 @@ def _edit_toml_runtime(doc, source, parent_parts, default_key, name, state, set_
             marker = _marker_comment(current_default, created_parent)
             if user_comment:
                 # Keep the operator's own comment on that line; the marker goes after it.
-                item.trivia.comment = "{0} # {1}".format(user_comment, marker)
+                item.trivia.comment = f"{user_comment} # {marker}"
             elif hasattr(item, "comment"):
                 item.comment(marker)
         return
@@ -291,9 +292,8 @@ def _edit_toml_runtime(doc, source, parent_parts, default_key, name, state, set_
         if previous is None:
             del default_node.table[default_key]
             holder = default_node.parent
-            if table_added and _holds_nothing(default_node.table):
-                if len(_parts(holder.table[default_node.key])) == 1:
-                    del holder.table[default_node.key]
+            if table_added and _holds_nothing(default_node.table) and len(_parts(holder.table[default_node.key])) == 1:
+                del holder.table[default_node.key]
         else:
             default_node.table[default_key] = previous
             item = default_node.table[default_key]
@@ -305,15 +305,12 @@ def _edit_toml_runtime(doc, source, parent_parts, default_key, name, state, set_
 
 def _holds_nothing(table):
     """True when a table has no keys other than implicit tables that are themselves empty."""
-    for value in table.values():
-        if not (_is_super(value) and _holds_nothing(value)):
-            return False
-    return True
+    return all(_is_super(value) and _holds_nothing(value) for value in table.values())
 
 
 def _indent_like_siblings(table, item):
     """Give a new key the indentation of the table's other keys (cosmetic; containerd indents)."""
-    for _, value in table.value.body:
+    for _key, value in table.value.body:
         trivia = getattr(value, "trivia", None)
         if value is not item and trivia is not None and not isinstance(value, (Table, AoT)) and trivia.indent:
             item.trivia.indent = trivia.indent
@@ -324,8 +321,8 @@ def _is_super(table):
     return isinstance(table, Table) and table.is_super_table()
 
 
-def _toml_effective(doc, parent_parts, default_key, name):
-    node = _plain_at(doc, parent_parts)
+def _toml_effective(data, parent_parts, default_key, name):
+    node = _plain_at(data, parent_parts)
     if not isinstance(node, dict):
         return None, None
     runtimes = node.get("runtimes")
@@ -352,14 +349,9 @@ class _ContainerdEntry:
         binary = options.get("BinaryName")
         if runtime_type not in (None, "", RUNC_SHIM) or binary not in (None, "", self.runtime_path):
             raise ConfigError(
-                "{0} already has a runtime {1} with runtime_type {2} and BinaryName {3}, which is not the "
-                "nvidia runtime at {4}; choose another runtime_name or remove that entry first.".format(
-                    self.source,
-                    _dotted(self.entry_path),
-                    json.dumps(runtime_type),
-                    json.dumps(binary),
-                    self.runtime_path,
-                )
+                f"{self.source} already has a runtime {_dotted(self.entry_path)} with runtime_type "
+                f"{json.dumps(runtime_type)} and BinaryName {json.dumps(binary)}, which is not the "
+                f"nvidia runtime at {self.runtime_path}; choose another runtime_name or remove that entry first."
             )
 
     def build(self, runc, inline):
@@ -394,15 +386,14 @@ class _ContainerdEntry:
 def containerd_version(doc, source):
     if "version" not in doc:
         raise ConfigError(
-            "{0} has no top-level version key, which containerd reads as config version 1; "
-            "this module edits versions 2 and 3 only (convert it with `containerd config migrate`).".format(source)
+            f"{source} has no top-level version key, which containerd reads as config version 1; "
+            "this module edits versions 2 and 3 only (convert it with `containerd config migrate`)."
         )
     version = _plain(doc["version"])
     if isinstance(version, bool) or version not in CRI_PLUGIN:
         raise ConfigError(
-            "{0} declares containerd config version {1}; this module edits versions 2 and 3 only.".format(
-                source, json.dumps(version)
-            )
+            f"{source} declares containerd config version {json.dumps(version)}; "
+            "this module edits versions 2 and 3 only."
         )
     return version
 
@@ -413,9 +404,10 @@ def edit_containerd(text, source, name, runtime_path, set_as_default, state):
     version = containerd_version(doc, source)
     parent_parts = ["plugins", CRI_PLUGIN[version], "containerd"]
     ops = _ContainerdEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
-    _edit_toml_runtime(doc, source, parent_parts, "default_runtime_name", name, state, set_as_default, ops)
-    new_text, changed = _finish_toml(doc, text, before)
-    entry, default = _toml_effective(doc, parent_parts, "default_runtime_name", name)
+    _edit_toml_runtime(doc, before, source, parent_parts, "default_runtime_name", name, state, set_as_default, ops)
+    after = _plain(doc)
+    new_text, changed = _finish_toml(doc, text, before, after)
+    entry, default = _toml_effective(after, parent_parts, "default_runtime_name", name)
     return EditResult(new_text, changed, entry, default or "runc", config_version=version)
 
 
@@ -470,14 +462,9 @@ class _CrioEntry:
         path = entry.get("runtime_path")
         if runtime_type not in (None, "", "oci") or path not in (None, "", self.runtime_path):
             raise ConfigError(
-                "{0} already has a runtime {1} with runtime_type {2} and runtime_path {3}, which is not the "
-                "nvidia runtime at {4}; choose another runtime_name or remove that entry first.".format(
-                    self.source,
-                    _dotted(self.entry_path),
-                    json.dumps(runtime_type),
-                    json.dumps(path),
-                    self.runtime_path,
-                )
+                f"{self.source} already has a runtime {_dotted(self.entry_path)} with runtime_type "
+                f"{json.dumps(runtime_type)} and runtime_path {json.dumps(path)}, which is not the "
+                f"nvidia runtime at {self.runtime_path}; choose another runtime_name or remove that entry first."
             )
 
     def build(self, template, inline):
@@ -496,9 +483,10 @@ def edit_crio(text, source, name, runtime_path, set_as_default, state):
     before = _plain(doc)
     parent_parts = ["crio", "runtime"]
     ops = _CrioEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
-    _edit_toml_runtime(doc, source, parent_parts, "default_runtime", name, state, set_as_default, ops)
-    new_text, changed = _finish_toml(doc, text, before)
-    entry, default = _toml_effective(doc, parent_parts, "default_runtime", name)
+    _edit_toml_runtime(doc, before, source, parent_parts, "default_runtime", name, state, set_as_default, ops)
+    after = _plain(doc)
+    new_text, changed = _finish_toml(doc, text, before, after)
+    entry, default = _toml_effective(after, parent_parts, "default_runtime", name)
     return EditResult(new_text, changed, entry, default)
 
 
@@ -529,12 +517,10 @@ def parse_docker(text, source):
         line = getattr(exc, "lineno", "?")
         column = getattr(exc, "colno", "?")
         reason = getattr(exc, "msg", str(exc))
-        raise ConfigError(
-            "{0} is not valid JSON: line {1}, column {2}: {3}.".format(source, line, column, reason)
-        ) from None
+        raise ConfigError(f"{source} is not valid JSON: line {line}, column {column}: {reason}.") from None
     if not isinstance(data, dict):
         raise ConfigError(
-            "{0} must hold a JSON object at the top level, but it holds a {1}.".format(
+            "{} must hold a JSON object at the top level, but it holds a {}.".format(
                 source, {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
             )
         )
@@ -548,16 +534,15 @@ def edit_docker(text, source, name, runtime_path, set_as_default, state, state_d
     memo = dict(state_doc or {})
     runtimes = new.get("runtimes")
     if runtimes is not None and not isinstance(runtimes, dict):
-        raise ConfigError("{0}: the runtimes key must be a JSON object.".format(source))
+        raise ConfigError(f"{source}: the runtimes key must be a JSON object.")
     entry = runtimes.get(name) if runtimes else None
     if entry is not None:
         path = entry.get("path") if isinstance(entry, dict) else None
         if not isinstance(entry, dict) or path not in (None, "", runtime_path):
             raise ConfigError(
-                "{0} already has a runtime runtimes.{1} with path {2}, which is not the nvidia runtime at {3}; "
-                "choose another runtime_name or remove that entry first.".format(
-                    source, name, json.dumps(path), runtime_path
-                )
+                f"{source} already has a runtime runtimes.{name} with path {json.dumps(path)}, "
+                f"which is not the nvidia runtime at {runtime_path}; "
+                "choose another runtime_name or remove that entry first."
             )
     current_default = new.get("default-runtime")
 
@@ -587,10 +572,7 @@ def edit_docker(text, source, name, runtime_path, set_as_default, state, state_d
         memo = {}
 
     new_state_doc = memo or None
-    if new == data:
-        new_text = text
-    else:
-        new_text = dump_docker(new, detect_json_indent(text))
+    new_text = text if new == data else dump_docker(new, detect_json_indent(text))
     effective_entry = (new.get("runtimes") or {}).get(name)
     return EditResult(
         new_text,

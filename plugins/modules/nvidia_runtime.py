@@ -1,6 +1,7 @@
 #!/usr/bin/python
-# Copyright: gpuops.k8s contributors
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ description:
   - "Docker: C(runtimes.<name>) in C(daemon.json) with C(path) and C(args), and C(default-runtime). Key order and
     the file's indentation are kept."
   - "CRI-O: a drop-in file with C([crio.runtime.runtimes.<name>]) and C([crio.runtime] default_runtime)."
-  - When O(state=present) changes the default runtime it records the previous one, so that O(state=absent)
+  - >-
+    When O(state=present) changes the default runtime it records the previous one, so that O(state=absent)
     can restore it. In TOML files that record is a comment on the default-runtime line
-    (C(# gpuops.k8s.nvidia_runtime: previous default "runc")). Docker rejects unknown keys in C(daemon.json) and
-    JSON has no comments, so for Docker it is a small JSON file next to the config, C(<config_path>.nvidia-runtime-state).
+    (C(# gpuops.k8s.nvidia_runtime: previous default "runc")). Docker rejects unknown keys in C(daemon.json)
+    and JSON has no comments, so for Docker it is a small JSON file next to the config,
+    C(<config_path>.nvidia-runtime-state).
   - Writes are atomic and keep the file's mode and owner. A file that cannot be parsed is left untouched.
   - The container runtime is not restarted; notify a handler for that.
 author:
@@ -193,9 +196,7 @@ def _containerd_default_config(module):
         if rc == 0 and out.strip():
             return out
         module.warn(
-            "`{0} config default` failed (rc={1}): {2}; starting from a minimal version 2 config.".format(
-                binary, rc, err.strip()
-            )
+            f"`{binary} config default` failed (rc={rc}): {err.strip()}; starting from a minimal version 2 config."
         )
     return MINIMAL_CONTAINERD_CONFIG
 
@@ -207,7 +208,9 @@ def _read_state_doc(module, path):
     try:
         data = json.loads(text)
     except ValueError:
-        module.fail_json(msg="{0} is not valid JSON; remove it or fix it (it records the previous default runtime).".format(path))
+        module.fail_json(
+            msg=f"{path} is not valid JSON; remove it or fix it (it records the previous default runtime)."
+        )
     return data if isinstance(data, dict) else None
 
 
@@ -224,19 +227,17 @@ def run_module(module):
             module.fail_json(msg=missing_required_lib("tomlkit"), exception=TOMLKIT_IMPORT_ERROR)
         if tomlkit_too_old():
             module.fail_json(
-                msg="tomlkit {0} is too old; this module needs tomlkit 0.11 or newer on the target.".format(
-                    TOMLKIT_VERSION
-                )
+                msg=f"tomlkit {TOMLKIT_VERSION} is too old; this module needs tomlkit 0.11 or newer on the target."
             )
     if not name or any(c in name for c in "\n\r\"'\\"):
         module.fail_json(msg="runtime_name must be a non-empty name without quotes, backslashes or newlines.")
 
     if os.path.isdir(path):
-        module.fail_json(msg="config_path {0} is a directory, not a file.".format(path))
+        module.fail_json(msg=f"config_path {path} is a directory, not a file.")
     try:
         original = read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
-        module.fail_json(msg="Cannot read {0}: {1}.".format(path, exc))
+        module.fail_json(msg=f"Cannot read {path}: {exc}.")
 
     result = {"changed": False, "config_path": path}
     state_path = path + DOCKER_STATE_SUFFIX
@@ -257,7 +258,9 @@ def run_module(module):
             edit = edit_crio(original or "", path, name, runtime_path, params["set_as_default"], state)
         else:
             state_doc_before = _read_state_doc(module, state_path)
-            edit = edit_docker(original or "", path, name, runtime_path, params["set_as_default"], state, state_doc_before)
+            edit = edit_docker(
+                original or "", path, name, runtime_path, params["set_as_default"], state, state_doc_before
+            )
     except ConfigError as exc:
         module.fail_json(msg=str(exc), **result)
 
@@ -268,9 +271,9 @@ def run_module(module):
     if runtime == "containerd" and state == "present":
         for imported in imports_overriding_cri(edit.text, path):
             module.warn(
-                "{0} also configures the plugin io.containerd.grpc.v1.cri; containerd 1.x replaces that whole "
-                "section with the imported one, so the runtime added to {1} does not take effect there "
-                "(set config_path to {0} instead).".format(imported, path)
+                f"{imported} also configures the plugin io.containerd.grpc.v1.cri; containerd 1.x replaces that whole "
+                f"section with the imported one, so the runtime added to {path} does not take effect there "
+                f"(set config_path to {imported} instead)."
             )
 
     new_text = edit.text
@@ -301,7 +304,7 @@ def run_module(module):
             else:
                 write_atomic(module, state_path, json.dumps(edit.state_doc, indent=2, sort_keys=True) + "\n", 0o600)
     except OSError as exc:
-        module.fail_json(msg="Cannot write {0}: {1}.".format(path, exc), **result)
+        module.fail_json(msg=f"Cannot write {path}: {exc}.", **result)
     module.exit_json(**result)
 
 

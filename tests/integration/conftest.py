@@ -45,7 +45,7 @@ class ModuleRunner:
         module_args = dict(args)
         module_args["_ansible_check_mode"] = check
         module_args["_ansible_diff"] = diff
-        args_file = self.tmp_path / "args-{0}.json".format(self.calls)
+        args_file = self.tmp_path / f"args-{self.calls}.json"
         args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": module_args}))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(self.collection_root), *self.extra_path])
@@ -59,8 +59,8 @@ class ModuleRunner:
         )
         try:
             result = json.loads(proc.stdout)
-        except ValueError:
-            raise AssertionError("module printed no JSON: rc={0}\n{1}\n{2}".format(proc.returncode, proc.stdout, proc.stderr))
+        except ValueError as err:
+            raise AssertionError(f"module printed no JSON: rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}") from err
         assert bool(result.get("failed")) is expect_failure, result
         return result
 
@@ -99,7 +99,7 @@ def config_dump(binary, path):
     proc = subprocess.run(
         [binary, "--config", str(path), "config", "dump"], capture_output=True, text=True, timeout=60, check=False
     )
-    assert proc.returncode == 0, "containerd rejected {0}: {1}".format(path, proc.stderr)
+    assert proc.returncode == 0, f"containerd rejected {path}: {proc.stderr}"
     return tomllib.loads(proc.stdout)
 
 

@@ -9,9 +9,9 @@ must give back the original effective config.
 from __future__ import annotations
 
 import shutil
-import tomllib
 
 import pytest
+import tomllib
 from conftest import CONFIGS, config_dump, containerd_default
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
@@ -32,13 +32,24 @@ def flatten(node, prefix=()):
 
 def effective(options, key):
     """An option as the runc shim sees it: a missing option is its zero value."""
-    return options.get(key, ZERO.get(type(RUNC_DEFAULTS.get(key)), None))
+    return options.get(key, ZERO.get(type(RUNC_DEFAULTS.get(key))))
 
 
 ZERO = {str: "", int: 0, bool: False, list: []}
 # The option types of containerd's runc shim (its default config lists them all with zero values).
-RUNC_DEFAULTS = {"BinaryName": "", "CriuImagePath": "", "CriuPath": "", "CriuWorkPath": "", "IoGid": 0, "IoUid": 0,
-                 "NoNewKeyring": False, "NoPivotRoot": False, "Root": "", "ShimCgroup": "", "SystemdCgroup": False}
+RUNC_DEFAULTS = {
+    "BinaryName": "",
+    "CriuImagePath": "",
+    "CriuPath": "",
+    "CriuWorkPath": "",
+    "IoGid": 0,
+    "IoUid": 0,
+    "NoNewKeyring": False,
+    "NoPivotRoot": False,
+    "Root": "",
+    "ShimCgroup": "",
+    "SystemdCgroup": False,
+}
 
 
 def comment_lines(text):
@@ -87,9 +98,9 @@ def assert_present_and_absent(run_module, binary, path, version):
     for key, value in flat_before.items():
         if key == (*cri, "default_runtime_name"):
             continue
-        assert flat_after.get(key, "<missing>") == value, "containerd lost {0}".format(".".join(key))
+        assert flat_after.get(key, "<missing>") == value, "containerd lost {}".format(".".join(key))
     for key in set(flat_after) - set(flat_before):
-        assert key[: len(cri) + 2] == (*cri, "runtimes", "nvidia"), "unexpected new setting {0}".format(key)
+        assert key[: len(cri) + 2] == (*cri, "runtimes", "nvidia"), f"unexpected new setting {key}"
 
     section = after
     for key in cri:
@@ -102,10 +113,10 @@ def assert_present_and_absent(run_module, binary, path, version):
     # Either way the shim sees the same values.
     for key, value in runc.get("options", {}).items():
         if key != "BinaryName":
-            assert effective(nvidia["options"], key) == value, "nvidia did not inherit runc's {0}".format(key)
+            assert effective(nvidia["options"], key) == value, f"nvidia did not inherit runc's {key}"
     for key, value in runc.items():
         if key not in ("options", "runtime_type"):
-            assert nvidia.get(key) == value, "nvidia did not inherit runc's {0}".format(key)
+            assert nvidia.get(key) == value, f"nvidia did not inherit runc's {key}"
     assert result["runtime_entry"]["options"]["BinaryName"] == RUNTIME
 
     removed = run_module(runtime="containerd", config_path=str(path), state="absent")
@@ -189,7 +200,7 @@ def test_unparsable_file_is_left_alone(tmp_path, run_module):
     path = tmp_path / "config.toml"
     path.write_bytes(b'version = 2\n[plugins."io.containerd.grpc.v1.cri"\n')
     result = run_module(runtime="containerd", config_path=str(path), expect_failure=True)
-    assert result["msg"].startswith("{0} could not be parsed as TOML: line 2".format(path))
+    assert result["msg"].startswith(f"{path} could not be parsed as TOML: line 2")
     assert path.read_bytes() == b'version = 2\n[plugins."io.containerd.grpc.v1.cri"\n'
 
 
@@ -204,7 +215,7 @@ def test_an_import_that_carries_the_cri_section_wins_in_containerd_1(tmp_path, r
     warning = result["warnings"][0]
     if isinstance(warning, dict):  # ansible-core 2.19 sends warnings as structured summaries
         warning = warning["event"]["msg"]
-    assert warning.startswith("{0} also configures the plugin io.containerd.grpc.v1.cri".format(override))
+    assert warning.startswith(f"{override} also configures the plugin io.containerd.grpc.v1.cri")
     old = config_dump(containerd16, path)["plugins"][CRI[2]]
     assert old["containerd"]["default_runtime_name"] == "runc"  # what the warning is about
     assert "nvidia" not in old["containerd"]["runtimes"]

@@ -23,11 +23,18 @@ class Containerd:
         # Unix socket paths are short-lived and must stay under 108 bytes: a short private directory.
         self.dir = tempfile.mkdtemp(prefix="gpuops-rt-")
         self.address = os.path.join(self.dir, "c.sock")
-        self.log = open(os.path.join(self.dir, "containerd.log"), "w+")
+        self.log = open(os.path.join(self.dir, "containerd.log"), "w+")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [
-                binary, "--config", str(config), "--root", os.path.join(self.dir, "root"),
-                "--state", os.path.join(self.dir, "state"), "--address", self.address,
+                binary,
+                "--config",
+                str(config),
+                "--root",
+                os.path.join(self.dir, "root"),
+                "--state",
+                os.path.join(self.dir, "state"),
+                "--address",
+                self.address,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -73,7 +80,7 @@ class Containerd:
 def daemon_config(tmp_path, containerd16):
     text = containerd_default(containerd16)
     # Keep the daemon's optional-plugin directory private too.
-    text = text.replace('path = "/opt/containerd"', 'path = "{0}"'.format(tmp_path / "opt"))
+    text = text.replace('path = "/opt/containerd"', 'path = "{}"'.format(tmp_path / "opt"))
     path = tmp_path / "config.toml"
     path.write_text(text)
     return path

@@ -29,9 +29,12 @@ def test_module_runs_with_debian_tomlkit(tmp_path, collection_root, ansible_only
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(collection_root), ansible_only_path]))
     probe = subprocess.run(
         [SYSTEM_PYTHON, "-c", "import tomlkit; print(tomlkit.__version__, tomlkit.__file__)"],
-        capture_output=True, text=True, env=env, check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     ).stdout.split()
-    assert probe[0].startswith("0.11."), "expected Debian 12's python3-tomlkit 0.11.x, got {0}".format(probe)
+    assert probe[0].startswith("0.11."), f"expected Debian 12's python3-tomlkit 0.11.x, got {probe}"
     assert probe[1].startswith("/usr/lib/python3/dist-packages/"), probe
 
     run = ModuleRunner(collection_root, tmp_path, python=SYSTEM_PYTHON, extra_path=[ansible_only_path])

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import tomllib
 
+import tomllib
 from conftest import CONFIGS
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
@@ -44,7 +44,12 @@ def test_crio_drop_in(tmp_path, run_module):
     path = tmp_path / "crio.conf.d" / "99-nvidia.toml"
     result = run_module(runtime="crio", config_path=str(path))
     assert tomllib.loads(path.read_text()) == {
-        "crio": {"runtime": {"default_runtime": "nvidia", "runtimes": {"nvidia": {"runtime_path": RUNTIME, "runtime_type": "oci"}}}}
+        "crio": {
+            "runtime": {
+                "default_runtime": "nvidia",
+                "runtimes": {"nvidia": {"runtime_path": RUNTIME, "runtime_type": "oci"}},
+            }
+        }
     }
     assert result["changed"] is True
     site = tmp_path / "crio-site.toml"

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import tomllib
 
 import pytest
 import tomlkit
-
+import tomllib
 from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_config as rc
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
@@ -115,7 +114,10 @@ def test_minimal_file_gets_the_whole_path_and_absent_removes_it_again():
     result = containerd(rc.MINIMAL_CONTAINERD_CONFIG)
     section = cri(result.text)
     assert section["default_runtime_name"] == "nvidia"
-    assert section["runtimes"]["nvidia"] == {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": RUNTIME}}
+    assert section["runtimes"]["nvidia"] == {
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"BinaryName": RUNTIME},
+    }
     assert lines(containerd(result.text, state="absent").text) == lines(rc.MINIMAL_CONTAINERD_CONFIG)
 
 
@@ -233,7 +235,7 @@ def test_unsupported_versions_get_one_sentence(text, expected):
 
 def test_parse_error_names_file_line_and_column():
     with pytest.raises(rc.ConfigError) as err:
-        containerd('version = 2\n[plugins\nx = 1\n')
+        containerd("version = 2\n[plugins\nx = 1\n")
     message = str(err.value)
     assert message.startswith("/etc/containerd/config.toml could not be parsed as TOML: line 2, column")
     assert "\n" not in message
@@ -329,7 +331,10 @@ def docker(text, state="present", set_as_default=True, memo=None):
     return rc.edit_docker(text, "/etc/docker/daemon.json", "nvidia", RUNTIME, set_as_default, state, memo)
 
 
-DAEMON = '{\n  "log-driver": "json-file",\n  "exec-opts": ["native.cgroupdriver=systemd"],\n  "data-root": "/srv/docker"\n}\n'
+DAEMON = (
+    '{\n  "log-driver": "json-file",\n  "exec-opts": ["native.cgroupdriver=systemd"],\n'
+    '  "data-root": "/srv/docker"\n}\n'
+)
 
 
 def test_docker_present_keeps_keys_order_and_indent():
@@ -368,7 +373,7 @@ def test_docker_absent_without_memo_drops_the_default():
 def test_docker_empty_file_and_unchanged_file():
     result = docker("")
     assert json.loads(result.text)["runtimes"]["nvidia"]["path"] == RUNTIME
-    assert "\n    \"runtimes\"" in result.text
+    assert '\n    "runtimes"' in result.text
     unchanged = docker('{"a":1}', state="absent")
     assert not unchanged.changed
     assert unchanged.text == '{"a":1}'
@@ -453,5 +458,6 @@ def test_tomlkit_internal_errors_become_one_sentence(monkeypatch):
     with pytest.raises(rc.ConfigError) as err:
         containerd(V2)
     assert str(err.value) == (
-        "/etc/containerd/config.toml could not be parsed as TOML: 'OutOfOrderTableProxy' object has no attribute 'trivia'."
+        "/etc/containerd/config.toml could not be parsed as TOML: "
+        "'OutOfOrderTableProxy' object has no attribute 'trivia'."
     )

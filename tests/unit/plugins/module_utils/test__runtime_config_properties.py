@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
-import tomllib
 
 import pytest
 import tomlkit
+import tomllib
+from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_config as rc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_config as rc
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tomllib
 
 import pytest
+import tomllib
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
-
 from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_config
 from ansible_collections.gpuops.k8s.plugins.modules import nvidia_runtime
 
@@ -62,16 +61,14 @@ def run(args, check=False, diff=False):
         args["_ansible_check_mode"] = True
     if diff:
         args["_ansible_diff"] = True
-    with patch_module_args(args):
-        with pytest.raises(ModuleExit) as done:
-            nvidia_runtime.main()
+    with patch_module_args(args), pytest.raises(ModuleExit) as done:
+        nvidia_runtime.main()
     return done.value.result
 
 
 def fail(args):
-    with patch_module_args(args):
-        with pytest.raises(ModuleFail) as failed:
-            nvidia_runtime.main()
+    with patch_module_args(args), pytest.raises(ModuleFail) as failed:
+        nvidia_runtime.main()
     return failed.value.result
 
 
@@ -170,7 +167,10 @@ def test_unknown_version_fails_cleanly(tmp_path):
 
 
 def test_clobber_is_refused(config):
-    config.write_text(V2 + '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\nruntime_type = "io.containerd.kata.v2"\n')
+    config.write_text(
+        V2
+        + '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\nruntime_type = "io.containerd.kata.v2"\n'
+    )
     before = snapshot(config)
     result = fail({"runtime": "containerd", "config_path": str(config)})
     assert "already has a runtime" in result["msg"]
@@ -272,7 +272,10 @@ def test_docker_does_not_need_tomlkit(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["", 'nv"idia', "a\nb"])
 def test_bad_runtime_name(config, name):
-    assert "runtime_name must be" in fail({"runtime": "containerd", "config_path": str(config), "runtime_name": name})["msg"]
+    assert (
+        "runtime_name must be"
+        in fail({"runtime": "containerd", "config_path": str(config), "runtime_name": name})["msg"]
+    )
 
 
 def test_config_path_that_is_a_directory(tmp_path):
@@ -356,6 +359,6 @@ def test_warns_when_an_import_overrides_the_cri_section(tmp_path, monkeypatch):
     assert len(warnings) == 1
     assert warnings[0].startswith(f"{confd / 'a.toml'} also configures the plugin io.containerd.grpc.v1.cri")
     warnings.clear()
-    path.write_text("version = 3\nimports = [\"conf.d/*.toml\"]\n")
+    path.write_text('version = 3\nimports = ["conf.d/*.toml"]\n')
     run({"runtime": "containerd", "config_path": str(path)})
     assert warnings == []
