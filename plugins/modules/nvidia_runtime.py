@@ -34,7 +34,7 @@ description:
   - Writes are atomic and keep the file's mode and owner. A file that cannot be parsed is left untouched.
   - The container runtime is not restarted; notify a handler for that.
 author:
-  - gpuops.k8s maintainers
+  - gpuops.k8s maintainers (@gpuops)
 requirements:
   - tomlkit >= 0.11 on the target (for O(runtime=containerd) and O(runtime=crio); Debian 12 C(python3-tomlkit))
 options:
