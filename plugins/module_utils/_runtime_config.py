@@ -59,8 +59,11 @@ class ConfigError(Exception):
 class EditResult:
     """The outcome of one edit: the new text and what the nvidia runtime looks like in it."""
 
-    def __init__(self, text, changed, runtime_entry, default_runtime, config_version=None, state_doc=None):
+    def __init__(
+        self, text, changed, runtime_entry, default_runtime, config_version=None, state_doc=None, imports=None
+    ):
         self.text = text
+        self.imports = imports  # containerd: the file's imports list, if any
         self.changed = changed
         self.runtime_entry = runtime_entry
         self.default_runtime = default_runtime
@@ -408,23 +411,20 @@ def edit_containerd(text, source, name, runtime_path, set_as_default, state):
     after = _plain(doc)
     new_text, changed = _finish_toml(doc, text, before, after)
     entry, default = _toml_effective(after, parent_parts, "default_runtime_name", name)
-    return EditResult(new_text, changed, entry, default or "runc", config_version=version)
+    imports = after.get("imports") if isinstance(after, dict) else None
+    return EditResult(new_text, changed, entry, default or "runc", config_version=version, imports=imports)
 
 
-def imports_overriding_cri(text, config_path):
+def imports_overriding_cri(imports, config_version, config_path):
     """Imported files that define the version 2 CRI plugin section themselves.
 
     containerd 1.x merges an imported file's plugin sections over the main file's by replacing each
     whole section, so a runtime added to the main file has no effect when an import also carries
     ``plugins."io.containerd.grpc.v1.cri"``. (containerd 2.x merges them key by key.)
     """
-    try:
-        data = _plain(tomlkit.parse(text))
-    except Exception:
+    if config_version != 2 or not isinstance(imports, list):
         return []
-    patterns = data.get("imports") if isinstance(data, dict) else None
-    if data.get("version") != 2 or not isinstance(patterns, list):
-        return []
+    patterns = imports
     base = os.path.dirname(os.path.abspath(config_path))
     found = []
     for pattern in patterns:

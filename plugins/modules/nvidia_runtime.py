@@ -269,7 +269,7 @@ def run_module(module):
         module.exit_json(**result)
 
     if runtime == "containerd" and state == "present":
-        for imported in imports_overriding_cri(edit.text, path):
+        for imported in imports_overriding_cri(edit.imports, edit.config_version, path):
             module.warn(
                 f"{imported} also configures the plugin io.containerd.grpc.v1.cri; containerd 1.x replaces that whole "
                 f"section with the imported one, so the runtime added to {path} does not take effect there "
