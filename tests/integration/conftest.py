@@ -100,7 +100,10 @@ def config_dump(binary, path):
         [binary, "--config", str(path), "config", "dump"], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, f"containerd rejected {path}: {proc.stderr}"
-    return tomllib.loads(proc.stdout)
+    data = tomllib.loads(proc.stdout)
+    if isinstance(data.get("imports"), list):
+        data["imports"] = sorted(data["imports"])  # containerd lists the loaded files in no fixed order
+    return data
 
 
 def containerd_default(binary):
