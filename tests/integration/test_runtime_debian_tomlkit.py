@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import ansible
@@ -54,3 +55,29 @@ def test_module_runs_with_debian_tomlkit(tmp_path, collection_root, ansible_only
     crio = tmp_path / "99-nvidia.toml"
     assert run(runtime="crio", config_path=str(crio))["changed"] is True
     assert run(runtime="crio", config_path=str(crio))["changed"] is False
+
+
+def test_edit_unit_and_property_tests_pass_with_debian_tomlkit(tmp_path, collection_root):
+    # The same edit tests `make units` runs, with Debian's tomlkit 0.11.x put first on the path.
+    shadow = tmp_path / "debian-tomlkit"
+    shadow.mkdir()
+    (shadow / "tomlkit").symlink_to("/usr/lib/python3/dist-packages/tomlkit")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shadow), str(collection_root)]))
+    version = subprocess.run(
+        [sys.executable, "-c", "import tomlkit; print(tomlkit.__version__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.strip()
+    assert version.startswith("0.11."), version
+    tests = Path(__file__).resolve().parents[1] / "unit" / "plugins" / "module_utils"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
