@@ -1,0 +1,586 @@
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Edits of container runtime configuration files for the nvidia runtime (private to gpuops.k8s).
+
+Everything here works on text in and text out, so the module, the unit and property tests and the
+benchmark share one implementation, and the module alone owns the file system.
+
+TOML files are edited with tomlkit, not parsed into plain dicts and dumped again: tomlkit keeps
+comments, key order, quoting and indentation of everything it is not asked to change, and an
+operator's hand-written containerd config is mostly comments. tomlkit >= 0.11 is required (Debian 12
+ships 0.11.7); older releases lack ``unwrap()`` and explicit super tables.
+
+Where the previous default runtime is remembered: in TOML files, as a comment on the default-runtime
+line that ``present`` writes (``# gpuops.k8s.nvidia_runtime: previous default "runc"``), which
+``absent`` reads back. JSON has no comments and Docker rejects unknown keys, so for Docker the same
+facts live in a small state document that the module keeps next to daemon.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import re
+import traceback
+
+try:
+    import tomlkit
+    from tomlkit.exceptions import ParseError as TomlParseError
+    from tomlkit.items import AoT, InlineTable, Table
+
+    HAS_TOMLKIT = True
+    TOMLKIT_IMPORT_ERROR = None
+    TOMLKIT_VERSION = getattr(tomlkit, "__version__", "0")
+except ImportError:
+    HAS_TOMLKIT = False
+    TOMLKIT_IMPORT_ERROR = traceback.format_exc()
+    TOMLKIT_VERSION = None
+
+MIN_TOMLKIT = (0, 11)
+MARKER = "gpuops.k8s.nvidia_runtime"
+RUNC_SHIM = "io.containerd.runc.v2"
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+MINIMAL_CONTAINERD_CONFIG = "version = 2\n"
+
+_MARKER_RE = re.compile(
+    r"gpuops\.k8s\.nvidia_runtime: previous default (?P<value>\"(?:[^\"\\]|\\.)*\"|unset)(?P<added>; table added)?"
+)
+_PARSE_POSITION_RE = re.compile(r"\s+at line \d+ col \d+\s*$")
+
+
+class ConfigError(Exception):
+    """The input cannot be edited safely; the message is one sentence for the user."""
+
+
+class EditResult:
+    """The outcome of one edit: the new text and what the nvidia runtime looks like in it."""
+
+    def __init__(
+        self, text, changed, runtime_entry, default_runtime, config_version=None, state_doc=None, imports=None
+    ):
+        self.text = text
+        self.imports = imports  # containerd: the file's imports list, if any
+        self.changed = changed
+        self.runtime_entry = runtime_entry
+        self.default_runtime = default_runtime
+        self.config_version = config_version
+        # Docker only: the state document kept next to daemon.json (None: there should be none).
+        self.state_doc = state_doc
+
+
+def tomlkit_too_old():
+    """True when the importable tomlkit predates the features this code relies on."""
+    if not HAS_TOMLKIT:
+        return False
+    parts = []
+    for piece in str(TOMLKIT_VERSION).split(".")[:2]:
+        digits = re.match(r"\d+", piece)
+        parts.append(int(digits.group(0)) if digits else 0)
+    return tuple(parts) < MIN_TOMLKIT
+
+
+# ---------------------------------------------------------------------------------------------
+# TOML helpers
+
+
+def parse_toml(text, source):
+    try:
+        return tomlkit.parse(text)
+    except TomlParseError as exc:
+        reason = _PARSE_POSITION_RE.sub("", str(exc))
+        raise ConfigError(
+            f"{source} could not be parsed as TOML: line {exc.line}, column {exc.col}: {reason}."
+        ) from None
+    except Exception as exc:  # tomlkit raises other errors on some layouts it cannot represent
+        raise ConfigError(f"{source} could not be parsed as TOML: {exc}.") from None
+
+
+def _finish_toml(doc, text, before, after):
+    """The new text, and whether the meaning changed.
+
+    tomlkit reproduces nearly every file verbatim, but not all (e.g. indented sibling headers under
+    an implicit parent gain indentation). A run that changes no key or value therefore returns the
+    original text untouched instead of tomlkit's rendering, which keeps second runs idempotent.
+    """
+    if after == before:
+        return text, False
+    return tomlkit.dumps(doc), True
+
+
+def _dotted(parts):
+    return ".".join(json.dumps(p) if not re.match(r"^[A-Za-z0-9_-]+$", p) else p for p in parts)
+
+
+def _parts(value):
+    """The concrete tables behind a table value, or None when the value is not a table.
+
+    A table whose sub-tables are spread over the file (``[a.b]``, then ``[c]``, then ``[a.d]``) comes
+    back from tomlkit as one merged view that is meant for reading; writes have to go to the real
+    table that holds (or should hold) the key, so every lookup here works on the list of those.
+    """
+    if isinstance(value, (Table, InlineTable)):
+        return [value]
+    if type(value).__name__ == "OutOfOrderTableProxy":
+        return list(value._tables)
+    return None
+
+
+class _Node:
+    """A concrete table and where it hangs (to remove it again)."""
+
+    def __init__(self, table, parent=None, key=None):
+        self.table = table
+        self.parent = parent
+        self.key = key
+
+
+def _descend(nodes, key, source, path_parts):
+    found = []
+    for node in nodes:
+        if key not in node.table:
+            continue
+        parts = _parts(node.table[key])
+        if parts is None:
+            raise ConfigError(
+                f"{source}: {_dotted(path_parts)} is a {type(_plain(node.table[key])).__name__}, "
+                "but a table was expected there."
+            )
+        found.extend(_Node(part, node, key) for part in parts)
+    return found
+
+
+def _create(node, key, explicit):
+    table = tomlkit.inline_table() if isinstance(node.table, InlineTable) else tomlkit.table(not explicit)
+    node.table[key] = table
+    return _Node(node.table[key], node, key)
+
+
+def _holding(nodes, key):
+    """The node among ``nodes`` that holds ``key``, else None."""
+    for node in nodes:
+        if key in node.table:
+            return node
+    return None
+
+
+def _set_value(nodes, key, value):
+    """Set ``key`` where it already is (or in the first table); True when something changed."""
+    node = _holding(nodes, key) or nodes[0]
+    if key in node.table and _plain(node.table[key]) == value:
+        return False
+    node.table[key] = value
+    return True
+
+
+def _plain(item):
+    """A plain Python value (dicts, lists, scalars) for a tomlkit item or container."""
+    if hasattr(item, "unwrap"):
+        return item.unwrap()
+    return item
+
+
+def _plain_at(data, parts):
+    """The value at ``parts`` in plain data (unwrapped once per edit: unwrapping a large document is slow)."""
+    node = data
+    for key in parts:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _new_table(parent):
+    return tomlkit.inline_table() if isinstance(parent, InlineTable) else tomlkit.table()
+
+
+def _marker_comment(previous, table_added):
+    value = "unset" if previous is None else json.dumps(previous)
+    return "{}: previous default {}{}".format(MARKER, value, "; table added" if table_added else "")
+
+
+def _read_marker(item):
+    """(found, previous default or None, table added) from the comment on a default-runtime line."""
+    trivia = getattr(item, "trivia", None)
+    comment = getattr(trivia, "comment", "") or ""
+    match = _MARKER_RE.search(comment)
+    if not match:
+        return False, None, False
+    value = match.group("value")
+    previous = None if value == "unset" else json.loads(value)
+    return True, previous, bool(match.group("added"))
+
+
+def _comment_without_marker(item):
+    """The comment on an item's line with this module's marker (and what follows it) taken out."""
+    trivia = getattr(item, "trivia", None)
+    comment = getattr(trivia, "comment", "") or ""
+    at = comment.find(MARKER)
+    if at < 0:
+        return comment
+    kept = comment[:at].rstrip()
+    if kept.endswith("#"):
+        kept = kept[:-1].rstrip()
+    return kept
+
+
+def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state, set_as_default, entry_ops):
+    """Shared edit of ``<parent_parts>.runtimes.<name>`` and ``<parent_parts>.<default_key>``.
+
+    ``entry_ops`` supplies the runtime-specific pieces: ``check(entry)`` raises ConfigError when an
+    existing entry belongs to something else, ``build(template, inline)`` returns a new entry, and
+    ``update(entry_nodes, template)`` brings an existing compatible entry up to date. Implicit tables
+    that end up empty need no pruning: tomlkit writes nothing for them.
+    """
+    present = state == "present"
+    nodes = [_Node(doc)]
+    created_parent = False
+    for depth, key in enumerate(parent_parts):
+        found = _descend(nodes, key, source, parent_parts[: depth + 1])
+        if not found:
+            if not present:
+                return
+            explicit = depth == len(parent_parts) - 1 and set_as_default
+            found = [_create(nodes[0], key, explicit)]
+            created_parent = explicit
+        nodes = found
+    parent_nodes = nodes
+
+    runtimes_path = [*parent_parts, "runtimes"]
+    runtimes_nodes = _descend(parent_nodes, "runtimes", source, runtimes_path)
+    entry_path = [*runtimes_path, name]
+    entry_nodes = _descend(runtimes_nodes, name, source, entry_path)
+    entry = _plain_at(data, entry_path)
+    if entry is not None:
+        entry_ops.check(entry)
+    template = _plain_at(data, [*runtimes_path, entry_ops.template_name])
+    template = template if isinstance(template, dict) else {}
+    default_node = _holding(parent_nodes, default_key)
+    current_default = _plain(default_node.table[default_key]) if default_node else None
+
+    if present:
+        if entry is None:
+            if not runtimes_nodes:
+                runtimes_nodes = [_create(_holding(parent_nodes, default_key) or parent_nodes[0], "runtimes", False)]
+            home = (entry_ops.template_name and _holding(runtimes_nodes, entry_ops.template_name)) or runtimes_nodes[0]
+            home.table[name] = entry_ops.build(template, isinstance(home.table, InlineTable))
+        else:
+            entry_ops.update(entry_nodes, template)
+        if set_as_default and current_default != name:
+            if default_node is None:
+                default_node = next((n for n in parent_nodes if not _is_super(n.table)), parent_nodes[0])
+            user_comment = _comment_without_marker(default_node.table[default_key]) if current_default else ""
+            default_node.table[default_key] = name
+            item = default_node.table[default_key]
+            if current_default is None:
+                _indent_like_siblings(default_node.table, item)
+            marker = _marker_comment(current_default, created_parent)
+            if user_comment:
+                # Keep the operator's own comment on that line; the marker goes after it.
+                item.trivia.comment = f"{user_comment} # {marker}"
+            elif hasattr(item, "comment"):
+                item.comment(marker)
+        return
+
+    for node in runtimes_nodes:
+        if name in node.table:
+            del node.table[name]
+    if current_default == name:
+        found, previous, table_added = _read_marker(default_node.table[default_key])
+        if not found:
+            # Set by someone else: fall back to the runtime's built-in default rather than leave
+            # the default pointing at a runtime that no longer exists.
+            previous = None
+        if previous is None:
+            del default_node.table[default_key]
+            holder = default_node.parent
+            if table_added and _holds_nothing(default_node.table) and len(_parts(holder.table[default_node.key])) == 1:
+                del holder.table[default_node.key]
+        else:
+            default_node.table[default_key] = previous
+            item = default_node.table[default_key]
+            user_comment = _comment_without_marker(item)
+            item.trivia.comment = user_comment
+            if not user_comment:
+                item.trivia.comment_ws = ""
+
+
+def _holds_nothing(table):
+    """True when a table has no keys other than implicit tables that are themselves empty."""
+    return all(_is_super(value) and _holds_nothing(value) for value in table.values())
+
+
+def _indent_like_siblings(table, item):
+    """Give a new key the indentation of the table's other keys (cosmetic; containerd indents)."""
+    for _key, value in table.value.body:
+        trivia = getattr(value, "trivia", None)
+        if value is not item and trivia is not None and not isinstance(value, (Table, AoT)) and trivia.indent:
+            item.trivia.indent = trivia.indent
+            return
+
+
+def _is_super(table):
+    return isinstance(table, Table) and table.is_super_table()
+
+
+def _toml_effective(data, parent_parts, default_key, name):
+    node = _plain_at(data, parent_parts)
+    if not isinstance(node, dict):
+        return None, None
+    runtimes = node.get("runtimes")
+    entry = runtimes.get(name) if isinstance(runtimes, dict) else None
+    return entry, node.get(default_key)
+
+
+# ---------------------------------------------------------------------------------------------
+# containerd
+
+
+class _ContainerdEntry:
+    template_name = "runc"
+
+    def __init__(self, source, name, runtime_path, entry_path):
+        self.source = source
+        self.name = name
+        self.runtime_path = runtime_path
+        self.entry_path = entry_path
+
+    def check(self, entry):
+        runtime_type = entry.get("runtime_type")
+        options = entry.get("options") if isinstance(entry.get("options"), dict) else {}
+        binary = options.get("BinaryName")
+        if runtime_type not in (None, "", RUNC_SHIM) or binary not in (None, "", self.runtime_path):
+            raise ConfigError(
+                f"{self.source} already has a runtime {_dotted(self.entry_path)} with runtime_type "
+                f"{json.dumps(runtime_type)} and BinaryName {json.dumps(binary)}, which is not the "
+                f"nvidia runtime at {self.runtime_path}; choose another runtime_name or remove that entry first."
+            )
+
+    def build(self, runc, inline):
+        entry = tomlkit.inline_table() if inline else tomlkit.table()
+        entry["runtime_type"] = RUNC_SHIM
+        # Inherit everything runc is configured with (privileged_without_host_devices, base spec,
+        # sandboxer...) so GPU pods behave like every other pod on the node.
+        for key, value in runc.items():
+            if key not in ("runtime_type", "options"):
+                entry[key] = copy.deepcopy(value)
+        options = tomlkit.inline_table() if inline else tomlkit.table()
+        runc_options = runc.get("options") if isinstance(runc.get("options"), dict) else {}
+        for key, value in runc_options.items():
+            if key != "BinaryName":
+                options[key] = copy.deepcopy(value)
+        options["BinaryName"] = self.runtime_path
+        entry["options"] = options
+        return entry
+
+    def update(self, entry_nodes, runc):
+        _set_value(entry_nodes, "runtime_type", RUNC_SHIM)
+        options_nodes = _descend(entry_nodes, "options", self.source, [*self.entry_path, "options"])
+        if not options_nodes:
+            options_nodes = [_create(entry_nodes[0], "options", True)]
+        _set_value(options_nodes, "BinaryName", self.runtime_path)
+        # The cgroup driver has to match the kubelet's: follow runc when it says which one.
+        runc_options = runc.get("options")
+        if isinstance(runc_options, dict) and "SystemdCgroup" in runc_options:
+            _set_value(options_nodes, "SystemdCgroup", runc_options["SystemdCgroup"])
+
+
+def containerd_version(doc, source):
+    if "version" not in doc:
+        raise ConfigError(
+            f"{source} has no top-level version key, which containerd reads as config version 1; "
+            "this module edits versions 2 and 3 only (convert it with `containerd config migrate`)."
+        )
+    version = _plain(doc["version"])
+    if isinstance(version, bool) or version not in CRI_PLUGIN:
+        raise ConfigError(
+            f"{source} declares containerd config version {json.dumps(version)}; "
+            "this module edits versions 2 and 3 only."
+        )
+    return version
+
+
+def edit_containerd(text, source, name, runtime_path, set_as_default, state):
+    doc = parse_toml(text, source)
+    before = _plain(doc)
+    version = containerd_version(doc, source)
+    parent_parts = ["plugins", CRI_PLUGIN[version], "containerd"]
+    ops = _ContainerdEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
+    _edit_toml_runtime(doc, before, source, parent_parts, "default_runtime_name", name, state, set_as_default, ops)
+    after = _plain(doc)
+    new_text, changed = _finish_toml(doc, text, before, after)
+    entry, default = _toml_effective(after, parent_parts, "default_runtime_name", name)
+    imports = after.get("imports") if isinstance(after, dict) else None
+    return EditResult(new_text, changed, entry, default or "runc", config_version=version, imports=imports)
+
+
+def imports_overriding_cri(imports, config_version, config_path):
+    """Imported files that define the version 2 CRI plugin section themselves.
+
+    containerd 1.x merges an imported file's plugin sections over the main file's by replacing each
+    whole section, so a runtime added to the main file has no effect when an import also carries
+    ``plugins."io.containerd.grpc.v1.cri"``. (containerd 2.x merges them key by key.)
+    """
+    if config_version != 2 or not isinstance(imports, list):
+        return []
+    patterns = imports
+    base = os.path.dirname(os.path.abspath(config_path))
+    found = []
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            continue
+        for imported in sorted(glob.glob(pattern if os.path.isabs(pattern) else os.path.join(base, pattern))):
+            if os.path.abspath(imported) == os.path.abspath(config_path):
+                continue
+            try:
+                with open(imported) as handle:
+                    imported_data = _plain(tomlkit.parse(handle.read()))
+            except Exception:
+                continue
+            plugins = imported_data.get("plugins")
+            if isinstance(plugins, dict) and CRI_PLUGIN[2] in plugins:
+                found.append(imported)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# CRI-O
+
+
+class _CrioEntry:
+    template_name = None
+
+    def __init__(self, source, name, runtime_path, entry_path):
+        self.source = source
+        self.name = name
+        self.runtime_path = runtime_path
+        self.entry_path = entry_path
+
+    def check(self, entry):
+        runtime_type = entry.get("runtime_type")
+        path = entry.get("runtime_path")
+        if runtime_type not in (None, "", "oci") or path not in (None, "", self.runtime_path):
+            raise ConfigError(
+                f"{self.source} already has a runtime {_dotted(self.entry_path)} with runtime_type "
+                f"{json.dumps(runtime_type)} and runtime_path {json.dumps(path)}, which is not the "
+                f"nvidia runtime at {self.runtime_path}; choose another runtime_name or remove that entry first."
+            )
+
+    def build(self, template, inline):
+        entry = tomlkit.inline_table() if inline else tomlkit.table()
+        entry["runtime_path"] = self.runtime_path
+        entry["runtime_type"] = "oci"
+        return entry
+
+    def update(self, entry_nodes, template):
+        _set_value(entry_nodes, "runtime_path", self.runtime_path)
+        _set_value(entry_nodes, "runtime_type", "oci")
+
+
+def edit_crio(text, source, name, runtime_path, set_as_default, state):
+    doc = parse_toml(text, source)
+    before = _plain(doc)
+    parent_parts = ["crio", "runtime"]
+    ops = _CrioEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
+    _edit_toml_runtime(doc, before, source, parent_parts, "default_runtime", name, state, set_as_default, ops)
+    after = _plain(doc)
+    new_text, changed = _finish_toml(doc, text, before, after)
+    entry, default = _toml_effective(after, parent_parts, "default_runtime", name)
+    return EditResult(new_text, changed, entry, default)
+
+
+# ---------------------------------------------------------------------------------------------
+# Docker
+
+
+def detect_json_indent(text):
+    """The indentation unit of a pretty-printed JSON document, or None when there is none to see."""
+    for line in text.splitlines()[1:]:
+        stripped = line.lstrip(" \t")
+        if stripped and stripped != line:
+            lead = line[: len(line) - len(stripped)]
+            return "\t" if lead.startswith("\t") else " " * len(lead)
+    return None
+
+
+def dump_docker(data, indent):
+    return json.dumps(data, indent=indent if indent is not None else 4, ensure_ascii=False) + "\n"
+
+
+def parse_docker(text, source):
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        line = getattr(exc, "lineno", "?")
+        column = getattr(exc, "colno", "?")
+        reason = getattr(exc, "msg", str(exc))
+        raise ConfigError(f"{source} is not valid JSON: line {line}, column {column}: {reason}.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "{} must hold a JSON object at the top level, but it holds a {}.".format(
+                source, {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
+            )
+        )
+    return data
+
+
+def edit_docker(text, source, name, runtime_path, set_as_default, state, state_doc=None):
+    """Edit daemon.json. ``state_doc`` is what the module remembered from its last ``present``."""
+    data = parse_docker(text, source)
+    new = copy.deepcopy(data)
+    memo = dict(state_doc or {})
+    runtimes = new.get("runtimes")
+    if runtimes is not None and not isinstance(runtimes, dict):
+        raise ConfigError(f"{source}: the runtimes key must be a JSON object.")
+    entry = runtimes.get(name) if runtimes else None
+    if entry is not None:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or path not in (None, "", runtime_path):
+            raise ConfigError(
+                f"{source} already has a runtime runtimes.{name} with path {json.dumps(path)}, "
+                f"which is not the nvidia runtime at {runtime_path}; "
+                "choose another runtime_name or remove that entry first."
+            )
+    current_default = new.get("default-runtime")
+
+    if state == "present":
+        if runtimes is None:
+            new["runtimes"] = runtimes = {}
+            memo["added_runtimes"] = True
+        if entry is None:
+            # "args" is the key nvidia-ctk writes, so entries it made compare equal to ours.
+            runtimes[name] = {"path": runtime_path, "args": []}
+        elif entry.get("path") != runtime_path:
+            entry["path"] = runtime_path
+        if set_as_default and current_default != name:
+            memo["previous_default_runtime"] = current_default
+            new["default-runtime"] = name
+    else:
+        if runtimes is not None and name in runtimes:
+            del runtimes[name]
+            if not runtimes and memo.get("added_runtimes"):
+                del new["runtimes"]
+        if current_default == name:
+            previous = memo.get("previous_default_runtime")
+            if previous is None:
+                del new["default-runtime"]
+            else:
+                new["default-runtime"] = previous
+        memo = {}
+
+    new_state_doc = memo or None
+    new_text = text if new == data else dump_docker(new, detect_json_indent(text))
+    effective_entry = (new.get("runtimes") or {}).get(name)
+    return EditResult(
+        new_text,
+        new_text != text,
+        effective_entry,
+        new.get("default-runtime", "runc"),
+        state_doc=new_state_doc,
+    )
+
+
+EDITORS = {"containerd": edit_containerd, "crio": edit_crio}
