@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: test setup lint sanity units integration daemon collection bench clean
+.PHONY: demo test setup lint sanity units integration daemon collection bench clean
 
-test: setup lint sanity units integration daemon
+test: setup lint sanity units integration daemon demo
 	@echo "make test: every tier passed"
 
 setup:
@@ -50,3 +50,7 @@ bench: setup
 
 clean:
 	rm -rf .build tests/output
+
+# The README's first command: set up, then show the modules at work on sample configs (check mode).
+demo: setup collection
+	ANSIBLE_STDOUT_CALLBACK=default ansible-playbook demo/modules.yml --diff
