@@ -11,3 +11,32 @@ if SRC not in sys.path:
     sys.path.insert(0, SRC)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A device-plugin directory with a kubelet double serving kubelet.sock, and a copy of h100x8."""
+    from harness import KubeletDouble, fixture, write_spec
+
+    plugin_dir = tmp_path / "device-plugins"
+    plugin_dir.mkdir()
+    kubelet = KubeletDouble(str(plugin_dir / "kubelet.sock"))
+    kubelet.start()
+    spec = str(tmp_path / "gpus.yaml")
+    write_spec(spec, fixture("h100x8.yaml"))
+
+    class Node:
+        pass
+
+    n = Node()
+    n.dir, n.kubelet, n.spec, n.kubelet_socket, n.tmp = (
+        str(plugin_dir),
+        kubelet,
+        spec,
+        str(plugin_dir / "kubelet.sock"),
+        tmp_path,
+    )
+    yield n
+    kubelet.stop()
