@@ -54,6 +54,7 @@ class Daemon:
     async def run(self) -> int:
         self._loop = asyncio.get_running_loop()
         self._stop, self._kick = asyncio.Event(), asyncio.Event()
+        self._lock = asyncio.Lock()  # one reconcile or reload at a time
         self.ready = asyncio.Event()
         policy = self._policy(self.config)
         self.state = DeviceState(self.config, HealthTracker(policy), self.metrics)
@@ -197,6 +198,10 @@ class Daemon:
                 self._loop.call_later(1.0, self.kick)
 
     async def _reconcile(self) -> None:
+        async with self._lock:
+            await self._reconcile_locked()
+
+    async def _reconcile_locked(self) -> None:
         wanted = list(self.state.plans)
         for name in [n for n in self.servers if n not in wanted]:
             await self.servers.pop(name).stop(remove_socket=True)
@@ -250,6 +255,10 @@ class Daemon:
             log.error("SIGHUP: configuration rejected; keeping the running one", extra={"reason": str(exc)})
             return
         log.info("SIGHUP: configuration reloaded; serving and registering again")
+        async with self._lock:
+            await self._apply(config, policy, builder)
+
+    async def _apply(self, config: Config, policy: Any, builder: allocation.ResponseBuilder) -> None:
         backend_changed = (config.backend, config.simulated_spec) != (self.config.backend, self.config.simulated_spec)
         self.config, self.builder = config, builder
         for server in self.servers.values():
@@ -264,7 +273,7 @@ class Daemon:
                 return
         self.state.replace_config(config, self.state.tracker)
         self._register_attempts.clear()
-        await self._reconcile()
+        await self._reconcile_locked()
 
     def healthz(self) -> tuple[bool, dict[str, Any]]:
         serving = bool(self.servers) and all(s.socket_is_ours() for s in self.servers.values())
