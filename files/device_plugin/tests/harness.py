@@ -114,8 +114,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float 
 
 def start_subprocess(args: list[str], env_extra: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(env_extra or {})
+    extra = dict(env_extra or {})
+    paths = [SRC, extra.pop("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.update(extra)
     return subprocess.Popen(
         [sys.executable, "-m", "gpu_device_plugin", *args],
         env=env,
