@@ -40,6 +40,7 @@ integration: setup
 	python -m pytest -q -p no:cacheprovider tests/integration
 
 daemon: setup
+	cd $(PLUGIN_DIR) && mypy --config-file pyproject.toml --cache-dir $(GPUOPS_CACHE)/mypy-device-plugin
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
 
 bench: setup

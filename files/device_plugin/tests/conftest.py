@@ -18,10 +18,14 @@ import pytest  # noqa: E402
 @pytest.fixture
 def node(tmp_path):
     """A device-plugin directory with a kubelet double serving kubelet.sock, and a copy of h100x8."""
+    import pathlib
+    import shutil
+    import tempfile
+
     from harness import KubeletDouble, fixture, write_spec
 
-    plugin_dir = tmp_path / "device-plugins"
-    plugin_dir.mkdir()
+    # unix socket paths are limited to 107 bytes: keep the directory short, as the kubelet's is.
+    plugin_dir = pathlib.Path(tempfile.mkdtemp(prefix="gdp-"))
     kubelet = KubeletDouble(str(plugin_dir / "kubelet.sock"))
     kubelet.start()
     spec = str(tmp_path / "gpus.yaml")
@@ -40,3 +44,4 @@ def node(tmp_path):
     )
     yield n
     kubelet.stop()
+    shutil.rmtree(plugin_dir, ignore_errors=True)

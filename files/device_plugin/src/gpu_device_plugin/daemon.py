@@ -213,13 +213,14 @@ class Daemon:
                 server = registration.PluginServer(
                     servicer, os.path.join(self.config.plugin_dir, sharing.socket_name(name))
                 )
-                await server.start()
+                if not await self._serve(server.start, name):
+                    continue
                 self.servers[name] = server
                 self._needs_register.add(name)
             elif not server.socket_is_ours():
                 log.info("our socket was removed (kubelet restart); serving again", extra={"resource": name})
-                await server.restart()
-                self._needs_register.add(name)
+                if await self._serve(server.restart, name):
+                    self._needs_register.add(name)
         if not os.path.exists(self.config.kubelet_socket):
             return
         for name in sorted(self._needs_register):
@@ -241,6 +242,16 @@ class Daemon:
                 continue
             self._needs_register.discard(name)
             self._register_attempts.pop(name, None)
+
+    async def _serve(self, start: Callable[[], Any], name: str) -> bool:
+        try:
+            await start()
+        except registration.ServeError as exc:
+            self.metrics.errors.labels("serve").inc()
+            log.error("cannot serve; retrying in 1 s", extra={"resource": name, "reason": str(exc)})
+            self._loop.call_later(1.0, self.kick)
+            return False
+        return True
 
     # -- reload and health ---------------------------------------------------------------------
     async def reload(self) -> None:

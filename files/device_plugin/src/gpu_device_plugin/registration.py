@@ -25,6 +25,10 @@ API_VERSION = "v1beta1"
 IGNORED_FILES = ("DEPRECATION", "kubelet_internal_checkpoint")
 
 
+class ServeError(RuntimeError):
+    """The plugin's socket cannot be served (directory missing or read-only, path too long)."""
+
+
 class PluginServer:
     """One resource: a grpc.aio server on `<plugin dir>/<socket name>`."""
 
@@ -48,6 +52,9 @@ class PluginServer:
         try:
             server.add_insecure_port("unix:" + self.socket_path)
             await server.start()
+        except RuntimeError as exc:
+            await server.stop(grace=None)
+            raise ServeError(f"cannot serve {self.resource} on {self.socket_path}: {exc}") from None
         finally:
             os.umask(old_umask)
         os.chmod(self.socket_path, stat.S_IRUSR | stat.S_IWUSR)
