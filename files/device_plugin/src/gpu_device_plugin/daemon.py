@@ -287,13 +287,14 @@ class Daemon:
         await self._reconcile_locked()
 
     def healthz(self) -> tuple[bool, dict[str, Any]]:
-        serving = bool(self.servers) and all(s.socket_is_ours() for s in self.servers.values())
+        servers = dict(self.servers)  # called from the HTTP thread: work on a copy
+        serving = bool(servers) and all(s.socket_is_ours() for s in servers.values())
         resources = {
             name: {
                 "devices": len(self.state.listing(name)),
                 "unhealthy": sum(1 for row in self.state.listing(name) if row[1] == UNHEALTHY),
                 "registered": name not in self._needs_register,
             }
-            for name in self.servers
+            for name in servers
         }
         return serving, {"serving": serving, "backend_error": self.backend_error, "resources": resources}
