@@ -4,37 +4,37 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 from conftest import SRC
 
 API = os.path.join(SRC, "gpu_device_plugin", "api")
-GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
 
 
 def test_regenerating_gives_the_committed_files(tmp_path):
+    sys.path.insert(0, os.path.dirname(SRC))
+    try:
+        from regenerate_stubs import OUTPUTS, generate
+    finally:
+        sys.path.remove(os.path.dirname(SRC))
     target = tmp_path / "gpu_device_plugin" / "api"
     target.mkdir(parents=True)
     shutil.copy(os.path.join(API, "api.proto"), target / "api.proto")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            "-I.",
-            "--python_out=.",
-            "--pyi_out=.",
-            "--grpc_python_out=.",
-            "gpu_device_plugin/api/api.proto",
-        ],
-        cwd=tmp_path,
-        check=True,
-    )
-    for name in GENERATED:
+    generate(str(tmp_path))
+    for name in OUTPUTS:
         with open(os.path.join(API, name), "rb") as committed:
-            assert (target / name).read_bytes() == committed.read(), f"{name} is stale: run regenerate-stubs.sh"
+            assert (target / name).read_bytes() == committed.read(), f"{name} is stale: run regenerate_stubs.py"
+
+
+def test_the_descriptor_survives_the_line_splitting():
+    from google.protobuf import descriptor_pb2
+    from gpu_device_plugin.api import api_pb2
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    api_pb2.DESCRIPTOR.CopyToProto(proto)
+    assert proto.package == "v1beta1"
+    assert len(proto.message_type) == 20 and [s.name for s in proto.service] == ["Registration", "DevicePlugin"]
 
 
 @pytest.mark.parametrize(

@@ -4,84 +4,116 @@
 # source: gpu_device_plugin/api/api.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
+
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
+
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC,
-    7,
-    35,
-    1,
-    '',
-    'gpu_device_plugin/api/api.proto'
+    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "gpu_device_plugin/api/api.proto"
 )
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
 
 
-
-
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fgpu_device_plugin/api/api.proto\x12\x07v1beta1\"]\n\x13\x44\x65vicePluginOptions\x12\x1a\n\x12pre_start_required\x18\x01 \x01(\x08\x12*\n\"get_preferred_allocation_available\x18\x02 \x01(\x08\"z\n\x0fRegisterRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x15\n\rresource_name\x18\x03 \x01(\t\x12-\n\x07options\x18\x04 \x01(\x0b\x32\x1c.v1beta1.DevicePluginOptions\"\x07\n\x05\x45mpty\"8\n\x14ListAndWatchResponse\x12 \n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x0f.v1beta1.Device\"0\n\x0cTopologyInfo\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.v1beta1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"M\n\x06\x44\x65vice\x12\n\n\x02ID\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\'\n\x08topology\x18\x03 \x01(\x0b\x32\x15.v1beta1.TopologyInfo\"/\n\x18PreStartContainerRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t\"\x1b\n\x19PreStartContainerResponse\"f\n\x1aPreferredAllocationRequest\x12H\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerPreferredAllocationRequest\"{\n#ContainerPreferredAllocationRequest\x12\x1b\n\x13\x61vailable_deviceIDs\x18\x01 \x03(\t\x12\x1e\n\x16must_include_deviceIDs\x18\x02 \x03(\t\x12\x17\n\x0f\x61llocation_size\x18\x03 \x01(\x05\"i\n\x1bPreferredAllocationResponse\x12J\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32-.v1beta1.ContainerPreferredAllocationResponse\"9\n$ContainerPreferredAllocationResponse\x12\x11\n\tdeviceIDs\x18\x01 \x03(\t\"P\n\x0f\x41llocateRequest\x12=\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32!.v1beta1.ContainerAllocateRequest\"/\n\x18\x43ontainerAllocateRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"S\n\x10\x41llocateResponse\x12?\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32\".v1beta1.ContainerAllocateResponse\"\xf1\x02\n\x19\x43ontainerAllocateResponse\x12:\n\x04\x65nvs\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerAllocateResponse.EnvsEntry\x12\x1e\n\x06mounts\x18\x02 \x03(\x0b\x32\x0e.v1beta1.Mount\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.v1beta1.DeviceSpec\x12H\n\x0b\x61nnotations\x18\x04 \x03(\x0b\x32\x33.v1beta1.ContainerAllocateResponse.AnnotationsEntry\x12\'\n\x0b\x63\x64i_devices\x18\x05 \x03(\x0b\x32\x12.v1beta1.CDIDevice\x1a+\n\tEnvsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t2F\n\x0cRegistration\x12\x36\n\x08Register\x12\x18.v1beta1.RegisterRequest\x1a\x0e.v1beta1.Empty\"\x00\x32\xa3\x03\n\x0c\x44\x65vicePlugin\x12H\n\x16GetDevicePluginOptions\x12\x0e.v1beta1.Empty\x1a\x1c.v1beta1.DevicePluginOptions\"\x00\x12\x41\n\x0cListAndWatch\x12\x0e.v1beta1.Empty\x1a\x1d.v1beta1.ListAndWatchResponse\"\x00\x30\x01\x12\x65\n\x16GetPreferredAllocation\x12#.v1beta1.PreferredAllocationRequest\x1a$.v1beta1.PreferredAllocationResponse\"\x00\x12\x41\n\x08\x41llocate\x12\x18.v1beta1.AllocateRequest\x1a\x19.v1beta1.AllocateResponse\"\x00\x12\\\n\x11PreStartContainer\x12!.v1beta1.PreStartContainerRequest\x1a\".v1beta1.PreStartContainerResponse\"\x00\x42.Z,k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
+    b'\n\x1fgpu_device_plugin/api/api.proto\x12\x07v1beta1"]\n\x13\x44\x65vicePluginOptions\x12\x1a\n\x12'
+    b'pre_start_required\x18\x01 \x01(\x08\x12*\n"get_preferred_allocation_available\x18\x02 \x01(\x08"z'
+    b"\n\x0fRegisterRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t"
+    b"\x12\x15\n\rresource_name\x18\x03 \x01(\t\x12-\n\x07options\x18\x04 \x01(\x0b\x32\x1c.v1beta1.Device"
+    b'PluginOptions"\x07\n\x05\x45mpty"8\n\x14ListAndWatchResponse\x12 \n\x07\x64\x65vices\x18\x01 \x03('
+    b'\x0b\x32\x0f.v1beta1.Device"0\n\x0cTopologyInfo\x12 \n\x05nodes\x18\x01 \x03(\x0b\x32\x11.v1beta1.N'
+    b'UMANode"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03"M\n\x06\x44\x65vice\x12\n\n\x02ID\x18'
+    b"\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12'\n\x08topology\x18\x03 \x01(\x0b\x32\x15.v1bet"
+    b'a1.TopologyInfo"/\n\x18PreStartContainerRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t"'
+    b'\x1b\n\x19PreStartContainerResponse"f\n\x1aPreferredAllocationRequest\x12H\n\x12\x63ontainer_reques'
+    b'ts\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerPreferredAllocationRequest"{\n#ContainerPreferredAllocat'
+    b"ionRequest\x12\x1b\n\x13\x61vailable_deviceIDs\x18\x01 \x03(\t\x12\x1e\n\x16must_include_deviceIDs"
+    b'\x18\x02 \x03(\t\x12\x17\n\x0f\x61llocation_size\x18\x03 \x01(\x05"i\n\x1bPreferredAllocationRespon'
+    b"se\x12J\n\x13\x63ontainer_responses\x18\x01 \x03(\x0b\x32-.v1beta1.ContainerPreferredAllocationRespo"
+    b'nse"9\n$ContainerPreferredAllocationResponse\x12\x11\n\tdeviceIDs\x18\x01 \x03(\t"P\n\x0f\x41lloca'
+    b'teRequest\x12=\n\x12\x63ontainer_requests\x18\x01 \x03(\x0b\x32!.v1beta1.ContainerAllocateRequest"/'
+    b'\n\x18\x43ontainerAllocateRequest\x12\x13\n\x0b\x64\x65vices_ids\x18\x01 \x03(\t"\x19\n\tCDIDevice'
+    b'\x12\x0c\n\x04name\x18\x01 \x01(\t"S\n\x10\x41llocateResponse\x12?\n\x13\x63ontainer_responses\x18'
+    b'\x01 \x03(\x0b\x32".v1beta1.ContainerAllocateResponse"\xf1\x02\n\x19\x43ontainerAllocateResponse'
+    b"\x12:\n\x04\x65nvs\x18\x01 \x03(\x0b\x32,.v1beta1.ContainerAllocateResponse.EnvsEntry\x12\x1e\n\x06m"
+    b"ounts\x18\x02 \x03(\x0b\x32\x0e.v1beta1.Mount\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.v1be"
+    b"ta1.DeviceSpec\x12H\n\x0b\x61nnotations\x18\x04 \x03(\x0b\x32\x33.v1beta1.ContainerAllocateResponse."
+    b"AnnotationsEntry\x12'\n\x0b\x63\x64i_devices\x18\x05 \x03(\x0b\x32\x12.v1beta1.CDIDevice\x1a+\n\tEn"
+    b"vsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10"
+    b'\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"'
+    b"E\n\x05Mount\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t\x12\x11\n\thost_path\x18\x02 \x01(\t\x12"
+    b'\x11\n\tread_only\x18\x03 \x01(\x08"L\n\nDeviceSpec\x12\x16\n\x0e\x63ontainer_path\x18\x01 \x01(\t'
+    b"\x12\x11\n\thost_path\x18\x02 \x01(\t\x12\x13\n\x0bpermissions\x18\x03 \x01(\t2F\n\x0cRegistration"
+    b'\x12\x36\n\x08Register\x12\x18.v1beta1.RegisterRequest\x1a\x0e.v1beta1.Empty"\x00\x32\xa3\x03\n\x0c'
+    b"\x44\x65vicePlugin\x12H\n\x16GetDevicePluginOptions\x12\x0e.v1beta1.Empty\x1a\x1c.v1beta1.DevicePlug"
+    b'inOptions"\x00\x12\x41\n\x0cListAndWatch\x12\x0e.v1beta1.Empty\x1a\x1d.v1beta1.ListAndWatchResponse'
+    b'"\x00\x30\x01\x12\x65\n\x16GetPreferredAllocation\x12#.v1beta1.PreferredAllocationRequest\x1a$.v1be'
+    b'ta1.PreferredAllocationResponse"\x00\x12\x41\n\x08\x41llocate\x12\x18.v1beta1.AllocateRequest\x1a'
+    b'\x19.v1beta1.AllocateResponse"\x00\x12\\\n\x11PreStartContainer\x12!.v1beta1.PreStartContainerReque'
+    b'st\x1a".v1beta1.PreStartContainerResponse"\x00\x42.Z,k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1b'
+    b"\x06proto3"
+)
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpu_device_plugin.api.api_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "gpu_device_plugin.api.api_pb2", _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  _globals['DESCRIPTOR']._loaded_options = None
-  _globals['DESCRIPTOR']._serialized_options = b'Z,k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1'
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._loaded_options = None
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_options = b'8\001'
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._loaded_options = None
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_options = b'8\001'
-  _globals['_DEVICEPLUGINOPTIONS']._serialized_start=44
-  _globals['_DEVICEPLUGINOPTIONS']._serialized_end=137
-  _globals['_REGISTERREQUEST']._serialized_start=139
-  _globals['_REGISTERREQUEST']._serialized_end=261
-  _globals['_EMPTY']._serialized_start=263
-  _globals['_EMPTY']._serialized_end=270
-  _globals['_LISTANDWATCHRESPONSE']._serialized_start=272
-  _globals['_LISTANDWATCHRESPONSE']._serialized_end=328
-  _globals['_TOPOLOGYINFO']._serialized_start=330
-  _globals['_TOPOLOGYINFO']._serialized_end=378
-  _globals['_NUMANODE']._serialized_start=380
-  _globals['_NUMANODE']._serialized_end=402
-  _globals['_DEVICE']._serialized_start=404
-  _globals['_DEVICE']._serialized_end=481
-  _globals['_PRESTARTCONTAINERREQUEST']._serialized_start=483
-  _globals['_PRESTARTCONTAINERREQUEST']._serialized_end=530
-  _globals['_PRESTARTCONTAINERRESPONSE']._serialized_start=532
-  _globals['_PRESTARTCONTAINERRESPONSE']._serialized_end=559
-  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_start=561
-  _globals['_PREFERREDALLOCATIONREQUEST']._serialized_end=663
-  _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_start=665
-  _globals['_CONTAINERPREFERREDALLOCATIONREQUEST']._serialized_end=788
-  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_start=790
-  _globals['_PREFERREDALLOCATIONRESPONSE']._serialized_end=895
-  _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_start=897
-  _globals['_CONTAINERPREFERREDALLOCATIONRESPONSE']._serialized_end=954
-  _globals['_ALLOCATEREQUEST']._serialized_start=956
-  _globals['_ALLOCATEREQUEST']._serialized_end=1036
-  _globals['_CONTAINERALLOCATEREQUEST']._serialized_start=1038
-  _globals['_CONTAINERALLOCATEREQUEST']._serialized_end=1085
-  _globals['_CDIDEVICE']._serialized_start=1087
-  _globals['_CDIDEVICE']._serialized_end=1112
-  _globals['_ALLOCATERESPONSE']._serialized_start=1114
-  _globals['_ALLOCATERESPONSE']._serialized_end=1197
-  _globals['_CONTAINERALLOCATERESPONSE']._serialized_start=1200
-  _globals['_CONTAINERALLOCATERESPONSE']._serialized_end=1569
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_start=1474
-  _globals['_CONTAINERALLOCATERESPONSE_ENVSENTRY']._serialized_end=1517
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_start=1519
-  _globals['_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY']._serialized_end=1569
-  _globals['_MOUNT']._serialized_start=1571
-  _globals['_MOUNT']._serialized_end=1640
-  _globals['_DEVICESPEC']._serialized_start=1642
-  _globals['_DEVICESPEC']._serialized_end=1718
-  _globals['_REGISTRATION']._serialized_start=1720
-  _globals['_REGISTRATION']._serialized_end=1790
-  _globals['_DEVICEPLUGIN']._serialized_start=1793
-  _globals['_DEVICEPLUGIN']._serialized_end=2212
+    _globals["DESCRIPTOR"]._loaded_options = None
+    _globals["DESCRIPTOR"]._serialized_options = b"Z,k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+    _globals["_CONTAINERALLOCATERESPONSE_ENVSENTRY"]._loaded_options = None
+    _globals["_CONTAINERALLOCATERESPONSE_ENVSENTRY"]._serialized_options = b"8\001"
+    _globals["_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY"]._loaded_options = None
+    _globals["_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY"]._serialized_options = b"8\001"
+    _globals["_DEVICEPLUGINOPTIONS"]._serialized_start = 44
+    _globals["_DEVICEPLUGINOPTIONS"]._serialized_end = 137
+    _globals["_REGISTERREQUEST"]._serialized_start = 139
+    _globals["_REGISTERREQUEST"]._serialized_end = 261
+    _globals["_EMPTY"]._serialized_start = 263
+    _globals["_EMPTY"]._serialized_end = 270
+    _globals["_LISTANDWATCHRESPONSE"]._serialized_start = 272
+    _globals["_LISTANDWATCHRESPONSE"]._serialized_end = 328
+    _globals["_TOPOLOGYINFO"]._serialized_start = 330
+    _globals["_TOPOLOGYINFO"]._serialized_end = 378
+    _globals["_NUMANODE"]._serialized_start = 380
+    _globals["_NUMANODE"]._serialized_end = 402
+    _globals["_DEVICE"]._serialized_start = 404
+    _globals["_DEVICE"]._serialized_end = 481
+    _globals["_PRESTARTCONTAINERREQUEST"]._serialized_start = 483
+    _globals["_PRESTARTCONTAINERREQUEST"]._serialized_end = 530
+    _globals["_PRESTARTCONTAINERRESPONSE"]._serialized_start = 532
+    _globals["_PRESTARTCONTAINERRESPONSE"]._serialized_end = 559
+    _globals["_PREFERREDALLOCATIONREQUEST"]._serialized_start = 561
+    _globals["_PREFERREDALLOCATIONREQUEST"]._serialized_end = 663
+    _globals["_CONTAINERPREFERREDALLOCATIONREQUEST"]._serialized_start = 665
+    _globals["_CONTAINERPREFERREDALLOCATIONREQUEST"]._serialized_end = 788
+    _globals["_PREFERREDALLOCATIONRESPONSE"]._serialized_start = 790
+    _globals["_PREFERREDALLOCATIONRESPONSE"]._serialized_end = 895
+    _globals["_CONTAINERPREFERREDALLOCATIONRESPONSE"]._serialized_start = 897
+    _globals["_CONTAINERPREFERREDALLOCATIONRESPONSE"]._serialized_end = 954
+    _globals["_ALLOCATEREQUEST"]._serialized_start = 956
+    _globals["_ALLOCATEREQUEST"]._serialized_end = 1036
+    _globals["_CONTAINERALLOCATEREQUEST"]._serialized_start = 1038
+    _globals["_CONTAINERALLOCATEREQUEST"]._serialized_end = 1085
+    _globals["_CDIDEVICE"]._serialized_start = 1087
+    _globals["_CDIDEVICE"]._serialized_end = 1112
+    _globals["_ALLOCATERESPONSE"]._serialized_start = 1114
+    _globals["_ALLOCATERESPONSE"]._serialized_end = 1197
+    _globals["_CONTAINERALLOCATERESPONSE"]._serialized_start = 1200
+    _globals["_CONTAINERALLOCATERESPONSE"]._serialized_end = 1569
+    _globals["_CONTAINERALLOCATERESPONSE_ENVSENTRY"]._serialized_start = 1474
+    _globals["_CONTAINERALLOCATERESPONSE_ENVSENTRY"]._serialized_end = 1517
+    _globals["_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY"]._serialized_start = 1519
+    _globals["_CONTAINERALLOCATERESPONSE_ANNOTATIONSENTRY"]._serialized_end = 1569
+    _globals["_MOUNT"]._serialized_start = 1571
+    _globals["_MOUNT"]._serialized_end = 1640
+    _globals["_DEVICESPEC"]._serialized_start = 1642
+    _globals["_DEVICESPEC"]._serialized_end = 1718
+    _globals["_REGISTRATION"]._serialized_start = 1720
+    _globals["_REGISTRATION"]._serialized_end = 1790
+    _globals["_DEVICEPLUGIN"]._serialized_start = 1793
+    _globals["_DEVICEPLUGIN"]._serialized_end = 2212
 # @@protoc_insertion_point(module_scope)
