@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Device-plugin figures on an 8-GPU simulated node (tests/fixtures/simulated/h100x8.yaml).
 
 Runs the real daemon as a process against the kubelet double over unix-socket gRPC and prints:
@@ -109,12 +109,12 @@ def main() -> int:
         stub = api_pb2_grpc.DevicePluginStub(channel)
         # Baseline: the cost of any round trip on this machine (an RPC that does nothing).
         base = []
-        for _ in range(CALLS):
+        for _call in range(CALLS):
             started = time.perf_counter()
             stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
             base.append((time.perf_counter() - started) * 1000)
         runs = []
-        for _ in range(3):
+        for _run in range(3):
             samples = []
             for n in range(CALLS):
                 request = api_pb2.AllocateRequest(
@@ -146,7 +146,7 @@ def main() -> int:
 
         # Kubelet restart -> registered again.
         register_times = []
-        for _ in range(10):
+        for _restart in range(10):
             count = kubelet.registered(GPU)
             started = time.perf_counter()
             kubelet.restart()

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Regenerates the Python gRPC stubs in src/gpu_device_plugin/api from api.proto.
 
 The pipeline: the pinned grpcio-tools' protoc, then the serialized descriptor's one very long bytes

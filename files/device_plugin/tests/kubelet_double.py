@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """A test double of the kubelet's device manager (there is no kubelet on the test hosts).
 
 It does what the kubelet does with a device plugin, over real unix-socket gRPC: serves

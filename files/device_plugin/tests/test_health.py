@@ -202,7 +202,7 @@ def test_the_real_daemon_process_with_the_pynvml_double_module(node, tmp_path):
         "PYNVML_DOUBLE_FAIL_FILE": str(fail_file),
     }
     proc = start_subprocess(["--kubelet-socket", node.kubelet_socket, "--metrics-address", ""], env_extra=env)
-    out, _ = proc.communicate(timeout=20)
+    out, _err = proc.communicate(timeout=20)
     assert proc.returncode == 1
     assert "cannot discover GPUs; exiting" in out and "NVML Shared Library Not Found" in out
     assert "Traceback" not in out

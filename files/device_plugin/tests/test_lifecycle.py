@@ -91,7 +91,7 @@ def test_sigterm_stops_cleanly_and_removes_the_socket(node):
         assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None, timeout=10)
         endpoint = node.kubelet.endpoints[GPU]
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=10)
+        out, _err = proc.communicate(timeout=10)
         assert proc.returncode == 0, out
     finally:
         if proc.poll() is None:
@@ -136,7 +136,7 @@ def test_sighup_reloads_the_config_file_and_registers_again(node, tmp_path):
         assert proc.poll() is None
         assert node.kubelet.registered(GPU) == 2
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=10)
+        out, _err = proc.communicate(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -153,7 +153,7 @@ def test_sighup_reloads_the_config_file_and_registers_again(node, tmp_path):
 )
 def test_bad_settings_fail_with_one_sentence(node, args, message):
     proc = start_subprocess(["--kubelet-socket", node.kubelet_socket, *args])
-    out, _ = proc.communicate(timeout=20)
+    out, _err = proc.communicate(timeout=20)
     assert proc.returncode == 2
     assert message in out
     assert "Traceback" not in out

@@ -275,7 +275,7 @@ def test_many_list_and_watch_streams_do_not_starve_allocate(node, plugin):
     from gpu_device_plugin.api import api_pb2_grpc
 
     stub = api_pb2_grpc.DevicePluginStub(channel)
-    streams = [stub.ListAndWatch(api_pb2.Empty()) for _ in range(200)]
+    streams = [stub.ListAndWatch(api_pb2.Empty()) for _stream in range(200)]
     firsts = []
 
     def first(stream):
@@ -287,7 +287,7 @@ def test_many_list_and_watch_streams_do_not_starve_allocate(node, plugin):
     for r in readers:
         r.join(10)
     assert firsts == [8] * 200
-    for _ in range(20):
+    for _call in range(20):
         reply = stub.Allocate(
             api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[H100[0]])]),
             timeout=5,

@@ -257,7 +257,7 @@ def _text(value: Any) -> str:
 def _bus_id(raw: Any) -> str:
     """NVML writes an 8-digit PCI domain ("00000000:18:00.0"); sysfs and the spec use 4."""
     text = _text(raw).lower()
-    domain, _, rest = text.partition(":")
+    domain, _sep, rest = text.partition(":")
     return f"{domain[-4:]}:{rest}"
 
 

@@ -75,6 +75,10 @@ def find(settings: MountsSettings) -> HostDriver:
     else:
         log.info(
             "driver files for the mounts strategy",
-            extra={"libraries": len(libraries), "binaries": [b for _, b in binaries], "devices": list(controls)},
+            extra={
+                "libraries": len(libraries),
+                "binaries": [name for _path, name in binaries],
+                "devices": list(controls),
+            },
         )
     return found

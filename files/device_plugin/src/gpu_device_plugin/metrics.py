@@ -47,7 +47,7 @@ class HttpEndpoint:
     """`/metrics` (Prometheus text format) and `/healthz` (200 while the daemon serves, else 503)."""
 
     def __init__(self, address: str, metrics: Metrics, health: Callable[[], tuple[bool, dict[str, Any]]]) -> None:
-        host, _, port = address.rpartition(":")
+        host, _sep, port = address.rpartition(":")
         metrics_ref, health_ref = metrics, health
 
         class Handler(BaseHTTPRequestHandler):

@@ -13,13 +13,14 @@ from typing import Any, AsyncIterator
 import grpc
 
 from gpu_device_plugin import allocation
-from gpu_device_plugin.api import api_pb2, api_pb2_grpc
+from gpu_device_plugin.api import api_pb2
 from gpu_device_plugin.state import DeviceState, Listing
 
 log = logging.getLogger(__name__)
 
 
-class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+class DevicePluginServicer:
+    # Not derived from the generated (synchronous) base class: these methods are coroutines for grpc.aio.
     def __init__(
         self,
         resource: str,

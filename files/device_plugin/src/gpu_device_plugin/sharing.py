@@ -69,7 +69,7 @@ def plan(inventory: Inventory, config: Config) -> dict[str, ResourcePlan]:
                 extra={"mig_gpus": [g.uuid for g in mig_gpus], "profiles": sorted(profiles)},
             )
         else:
-            base = [d for g in inventory.gpus for _, d in _migs(g, config)]
+            base = [d for g in inventory.gpus for _profile, d in _migs(g, config)]
     else:  # mixed
         for gpu in inventory.gpus:
             if gpu.mig_mode == "enabled":
