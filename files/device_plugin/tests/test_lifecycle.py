@@ -181,3 +181,58 @@ def test_metrics_and_healthz_over_http(node):
         assert 'gpu_device_plugin_registrations_total{resource="nvidia.com/gpu",result="ok"} 1.0' in text
     finally:
         daemon.stop()
+
+
+def test_the_kubelet_double_standalone_writes_its_report(tmp_path):
+    """The mode molecule scenarios use: the double as a process, the daemon registering with it."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from harness import fixture, write_spec
+
+    plugin_dir = tempfile.mkdtemp(prefix="gdp-")
+    kubelet_socket = os.path.join(plugin_dir, "kubelet.sock")
+    report = tmp_path / "report.json"
+    double = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(os.path.dirname(__file__), "kubelet_double.py"),
+            "--socket",
+            kubelet_socket,
+            "--report",
+            str(report),
+        ]
+    )
+    spec = str(tmp_path / "gpus.yaml")
+    write_spec(spec, fixture("t4x1.yaml"))
+    daemon = None
+    try:
+        assert wait_until(lambda: os.path.exists(kubelet_socket), timeout=20)
+        daemon = DaemonThread(make_config(kubelet_socket, spec)).start()
+
+        def devices():
+            try:
+                data = json.loads(report.read_text())
+            except (OSError, ValueError):
+                return None
+            return data["resources"].get(GPU, {}).get("devices"), data
+
+        assert wait_until(lambda: (devices() or (None,))[0], timeout=10)
+        found, data = devices()
+        assert found == [{"id": "GPU-7e570000-0000-4000-8000-0000000000f4", "health": "Healthy", "numa": []}]
+        assert data["registrations"] == [
+            {
+                "version": "v1beta1",
+                "endpoint": SOCKET,
+                "resource_name": GPU,
+                "pre_start_required": False,
+                "get_preferred_allocation_available": True,
+            }
+        ]
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        double.send_signal(signal.SIGTERM)
+        assert double.wait(10) == 0
+    assert not os.path.exists(kubelet_socket)
