@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: test setup lint sanity units integration daemon collection bench clean
+.PHONY: test setup lint sanity units integration daemon daemon-image collection bench clean
 
-test: setup lint sanity units integration daemon
+test: setup lint sanity units integration daemon daemon-image
 	@echo "make test: every tier passed"
 
 setup:
@@ -42,6 +42,10 @@ integration: setup
 daemon: setup
 	cd $(PLUGIN_DIR) && mypy --config-file pyproject.toml --cache-dir $(GPUOPS_CACHE)/mypy-device-plugin
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
+
+# The device-plugin image built with podman from the local base image and run against the kubelet double.
+daemon-image: setup
+	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/image_tests
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
