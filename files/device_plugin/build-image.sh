@@ -20,13 +20,13 @@ log() { printf '[device-plugin-image] %s\n' "$*" >&2; }
 base=$("$repo/scripts/build-base-image.sh")
 base_id=$(podman image inspect --format '{{.Id}}' "$base")
 hash=$( (cd "$here" && find src -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
-         sha256sum Containerfile build-image.sh pyproject.toml; echo "$base_id") | sha256sum | cut -c1-12)
+         sha256sum Containerfile build-image.sh lower_bounds.py pyproject.toml; echo "$base_id") | sha256sum | cut -c1-12)
 tag="localhost/gpu-device-plugin:$hash"
 
 if ! podman image exists "$tag"; then
   # Wheels come from the package index through pip, once per dependency set, outside the build.
-  deps=$("$python" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
-    "$here/pyproject.toml")
+  # The dependencies at the lower bounds pyproject.toml declares: the versions the tests use.
+  deps=$("$python" "$here/lower_bounds.py")
   wheels="$cache/wheels/device-plugin-$(printf '%s' "$deps" | sha256sum | cut -c1-12)"
   if [ ! -f "$wheels/.complete" ]; then
     log "downloading wheels into $wheels"

@@ -6,11 +6,19 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.abspath(os.path.join(HERE, "..", "src"))
-if SRC not in sys.path:
+PLUGIN = os.path.dirname(HERE)  # regenerate_stubs.py, lower_bounds.py, pyproject.toml
+SRC = os.path.join(PLUGIN, "src")
+if os.environ.get("GPU_DEVICE_PLUGIN_TEST_INSTALLED") == "1":
+    # `make daemon-py39`: test the package as pip installed it, not the source tree.
+    import gpu_device_plugin
+
+    SRC = os.path.dirname(os.path.dirname(os.path.abspath(gpu_device_plugin.__file__)))
+    assert not SRC.startswith(PLUGIN + os.sep), f"gpu_device_plugin is imported from the source tree ({SRC})"
+elif SRC not in sys.path:
     sys.path.insert(0, SRC)
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+for path in (HERE, PLUGIN):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 import pytest  # noqa: E402
 

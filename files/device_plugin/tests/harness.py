@@ -12,12 +12,12 @@ import time
 from typing import Any, Callable, Optional
 
 import yaml
-from conftest import SRC
+from conftest import PLUGIN, SRC
 from gpu_device_plugin import config
 from gpu_device_plugin.daemon import Daemon
 from kubelet_double import KubeletDouble
 
-REPO = os.path.abspath(os.path.join(SRC, "..", "..", ".."))
+REPO = os.path.abspath(os.path.join(PLUGIN, "..", ".."))
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "simulated")
 H100 = [f"GPU-6f1c0a3e-0000-4000-8000-00000000000{i}" for i in range(1, 9)]
 

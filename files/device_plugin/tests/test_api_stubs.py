@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import sys
 
 import pytest
 from conftest import SRC
@@ -13,11 +13,8 @@ API = os.path.join(SRC, "gpu_device_plugin", "api")
 
 
 def test_regenerating_gives_the_committed_files(tmp_path):
-    sys.path.insert(0, os.path.dirname(SRC))
-    try:
-        from regenerate_stubs import OUTPUTS, generate
-    finally:
-        sys.path.remove(os.path.dirname(SRC))
+    from regenerate_stubs import OUTPUTS, generate
+
     target = tmp_path / "gpu_device_plugin" / "api"
     target.mkdir(parents=True)
     shutil.copy(os.path.join(API, "api.proto"), target / "api.proto")
@@ -86,3 +83,50 @@ def test_method_paths_carry_the_v1beta1_package():
         "PreStartContainer",
     ]
     assert services["DevicePlugin"].methods_by_name["ListAndWatch"].server_streaming
+
+
+def _gencode_versions() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    with open(os.path.join(API, "api_pb2.py"), encoding="utf-8") as handle:
+        pb2 = handle.read()
+    with open(os.path.join(API, "api_pb2_grpc.py"), encoding="utf-8") as handle:
+        grpc_stub = handle.read()
+    protobuf = re.search(r"Domain\.PUBLIC,\s*(\d+),\s*(\d+),\s*(\d+),", pb2)
+    grpc = re.search(r'GRPC_GENERATED_VERSION = "([\d.]+)"', grpc_stub)
+    assert protobuf and grpc, "the stubs no longer carry their generated versions"
+    return tuple(int(n) for n in protobuf.groups()), tuple(int(n) for n in grpc.group(1).split("."))
+
+
+def test_declared_dependency_ranges_satisfy_the_stubs_version_checks():
+    """Every grpcio/protobuf the package admits passes the checks the stubs run at import: the runtime
+    may not be older than the gencode, and protobuf stays within the gencode's major version."""
+    from lower_bounds import PYPROJECT, lower_bounds
+
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+
+    with open(PYPROJECT, "rb") as handle:
+        declared = {re.split(r"[<>=!~ ]", d, maxsplit=1)[0]: d for d in tomllib.load(handle)["project"]["dependencies"]}
+    bounds = lower_bounds()
+    protobuf_gencode, grpc_gencode = _gencode_versions()
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in text.split("."))
+
+    assert version(bounds["grpcio"]) >= grpc_gencode
+    assert version(bounds["protobuf"]) >= protobuf_gencode
+    assert f"<{protobuf_gencode[0] + 1}" in declared["protobuf"].replace(" ", "")
+    assert re.search(r"<\s*2(?:,|$)", declared["grpcio"])
+
+
+def test_the_installed_runtimes_pass_the_stubs_checks():
+    """Importing the stubs runs their version checks against the installed grpcio and protobuf."""
+    import grpc
+    from google.protobuf import __version__ as protobuf_version
+    from gpu_device_plugin.api import api_pb2, api_pb2_grpc
+
+    protobuf_gencode, grpc_gencode = _gencode_versions()
+    assert tuple(int(n) for n in grpc.__version__.split(".")[:3]) >= grpc_gencode
+    assert tuple(int(n) for n in protobuf_version.split(".")[:3]) >= protobuf_gencode
+    assert api_pb2_grpc.DevicePluginServicer and api_pb2.DESCRIPTOR.package == "v1beta1"

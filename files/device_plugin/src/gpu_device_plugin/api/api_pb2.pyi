@@ -12,7 +12,7 @@ class DevicePluginOptions(_message.Message):
     GET_PREFERRED_ALLOCATION_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     pre_start_required: bool
     get_preferred_allocation_available: bool
-    def __init__(self, pre_start_required: _Optional[bool] = ..., get_preferred_allocation_available: _Optional[bool] = ...) -> None: ...
+    def __init__(self, pre_start_required: bool = ..., get_preferred_allocation_available: bool = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("version", "endpoint", "resource_name", "options")
@@ -156,7 +156,7 @@ class Mount(_message.Message):
     container_path: str
     host_path: str
     read_only: bool
-    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., read_only: _Optional[bool] = ...) -> None: ...
+    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., read_only: bool = ...) -> None: ...
 
 class DeviceSpec(_message.Message):
     __slots__ = ("container_path", "host_path", "permissions")

@@ -5,7 +5,7 @@ import grpc
 
 from gpu_device_plugin.api import api_pb2 as gpu__device__plugin_dot_api_dot_api__pb2
 
-GRPC_GENERATED_VERSION = "1.85.1"
+GRPC_GENERATED_VERSION = "1.80.1"
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class RegistrationStub:
+class RegistrationStub(object):
     """Served by the kubelet on kubelet.sock. A plugin must already be serving DevicePlugin on its own
     socket when it calls Register: the kubelet dials back before it answers.
     """
@@ -45,7 +45,7 @@ class RegistrationStub:
         )
 
 
-class RegistrationServicer:
+class RegistrationServicer(object):
     """Served by the kubelet on kubelet.sock. A plugin must already be serving DevicePlugin on its own
     socket when it calls Register: the kubelet dials back before it answers.
     """
@@ -71,7 +71,7 @@ def add_RegistrationServicer_to_server(servicer, server):
 
 
 # This class is part of an EXPERIMENTAL API.
-class Registration:
+class Registration(object):
     """Served by the kubelet on kubelet.sock. A plugin must already be serving DevicePlugin on its own
     socket when it calls Register: the kubelet dials back before it answers.
     """
@@ -107,7 +107,7 @@ class Registration:
         )
 
 
-class DevicePluginStub:
+class DevicePluginStub(object):
     """Served by the plugin on its own socket."""
 
     def __init__(self, channel):
@@ -148,7 +148,7 @@ class DevicePluginStub:
         )
 
 
-class DevicePluginServicer:
+class DevicePluginServicer(object):
     """Served by the plugin on its own socket."""
 
     def GetDevicePluginOptions(self, request, context):
@@ -216,7 +216,7 @@ def add_DevicePluginServicer_to_server(servicer, server):
 
 
 # This class is part of an EXPERIMENTAL API.
-class DevicePlugin:
+class DevicePlugin(object):
     """Served by the plugin on its own socket."""
 
     @staticmethod
