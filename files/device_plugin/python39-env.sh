@@ -24,7 +24,7 @@ fi
 constraints=$("$host_python" "$here/lower_bounds.py")
 tools=$(grep -E '^grpcio-tools==' "$repo/requirements/test.txt")
 key=$( ("$python39" -VV; printf '%s\n%s\n' "$constraints" "$tools";
-        cd "$here" && sha256sum pyproject.toml lower_bounds.py python39-env.sh tests/requirements-py39.txt) | sha256sum | cut -c1-12)
+        cd "$here" && sha256sum lower_bounds.py python39-env.sh tests/requirements-py39.txt) | sha256sum | cut -c1-12)
 venv="$cache/venv-device-plugin-py39-$key"
 # pip builds a project in place: build from a copy so the source tree stays clean.
 copy=$(mktemp -d)

@@ -8,7 +8,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.dirname(HERE)  # regenerate_stubs.py, lower_bounds.py, pyproject.toml
 SRC = os.path.join(PLUGIN, "src")
-if os.environ.get("GPU_DEVICE_PLUGIN_TEST_INSTALLED") == "1":
+INSTALLED = os.environ.get("GPU_DEVICE_PLUGIN_TEST_INSTALLED") == "1"
+if INSTALLED:
     # `make daemon-py39`: test the package as pip installed it, not the source tree.
     import gpu_device_plugin
 

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Optional
 
 import yaml
-from conftest import PLUGIN, SRC
+from conftest import INSTALLED, PLUGIN, SRC
 from gpu_device_plugin import config
 from gpu_device_plugin.daemon import Daemon
 from kubelet_double import KubeletDouble
@@ -115,7 +115,8 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float 
 def start_subprocess(args: list[str], env_extra: Optional[dict[str, str]] = None) -> subprocess.Popen[str]:
     env = dict(os.environ)
     extra = dict(env_extra or {})
-    paths = [SRC, extra.pop("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
+    # The installed package is on the interpreter's own path; the source tree has to be added.
+    paths = ["" if INSTALLED else SRC, extra.pop("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env.update(extra)
     return subprocess.Popen(
