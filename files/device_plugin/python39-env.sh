@@ -42,7 +42,11 @@ if [ ! -f "$venv/.complete" ]; then
   pip39 install --no-build-isolation -c "$venv/constraints.txt" "$copy"
   touch "$venv/.complete"
 fi
-# The environment outlives source changes: reinstall the package itself (offline, a few seconds).
-pip39 install --no-build-isolation --no-deps --no-index --force-reinstall "$copy"
+# The environment outlives source changes: reinstall the package itself (offline) when it changed.
+source_hash=$(cd "$copy" && find . -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)
+if [ "$(cat "$venv/.installed-source" 2>/dev/null || true)" != "$source_hash" ]; then
+  pip39 install --no-build-isolation --no-deps --no-index --force-reinstall "$copy"
+  printf '%s\n' "$source_hash" > "$venv/.installed-source"
+fi
 "$venv/bin/python" -m pip check --disable-pip-version-check >&2
 printf '%s\n' "$venv"
