@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: demo test setup lint sanity units integration daemon collection bench clean
+.PHONY: demo test setup lint sanity units integration daemon daemon-py39 daemon-image collection bench clean
 
-test: setup lint sanity units integration daemon demo
+test: setup lint sanity units integration daemon daemon-py39 daemon-image demo
 	@echo "make test: every tier passed"
 
 setup:
@@ -43,7 +43,18 @@ integration: setup
 	python -m pytest -q -p no:cacheprovider tests/integration
 
 daemon: setup
+	cd $(PLUGIN_DIR) && mypy --config-file pyproject.toml --cache-dir $(GPUOPS_CACHE)/mypy-device-plugin
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
+
+# The daemon's suite on Python 3.9 (the oldest it supports) against the package as pip installs it,
+# its dependencies at their declared lower bounds; the environment is cached in $(GPUOPS_CACHE).
+daemon-py39: setup
+	venv=$$($(PLUGIN_DIR)/python39-env.sh) && \
+	  GPU_DEVICE_PLUGIN_TEST_INSTALLED=1 "$$venv/bin/pytest" -q -p no:cacheprovider $(PLUGIN_DIR)/tests
+
+# The device-plugin image built with podman from the local base image and run against the kubelet double.
+daemon-image: setup
+	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/image_tests
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
