@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: test setup lint sanity units integration daemon collection bench clean
+.PHONY: test setup lint sanity units integration daemon molecule collection bench clean
 
-test: setup lint sanity units integration daemon
+test: setup lint sanity units integration daemon molecule
 	@echo "make test: every tier passed"
 
 setup:
@@ -43,6 +43,9 @@ integration: setup
 
 daemon: setup
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
+
+molecule: setup
+	scripts/molecule.sh
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
