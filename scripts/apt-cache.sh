@@ -13,10 +13,14 @@ running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
 case "${1:-}" in
   start)
-    mkdir -p "$dir/cache" "$dir/log" "$dir/run"
+    mkdir -p "$dir/cache" "$dir/log" "$dir/run" "$dir/conf"
+    # Our own configuration: the package's default one remaps Debian URLs to its list of backends,
+    # which need not be reachable from here; requests go to the host the client asked for instead.
+    printf 'CacheDir: %s\nLogDir: %s\nSupportDir: /usr/lib/apt-cacher-ng\nReportPage: acng-report.html\n' \
+      "$dir/cache" "$dir/log" > "$dir/conf/acng.conf"
     if ! running; then
-      apt-cacher-ng -c /etc/apt-cacher-ng ForeGround=0 Port="$port" BindAddress=127.0.0.1 \
-        CacheDir="$dir/cache" LogDir="$dir/log" PidFile="$pidfile" SocketPath="$dir/run/socket" \
+      apt-cacher-ng -c "$dir/conf" ForeGround=0 Port="$port" BindAddress=127.0.0.1 \
+        PidFile="$pidfile" SocketPath="$dir/run/socket" \
         ExThreshold=30 >/dev/null
       for _ in $(seq 50); do
         running && timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null && break

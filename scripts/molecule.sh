@@ -13,6 +13,7 @@ GPUOPS_TOOLKIT_REPO=$(scripts/build-toolkit-repo.sh)
 export GPUOPS_TOOLKIT_REPO
 GPUOPS_APT_PROXY=$(scripts/apt-cache.sh start)
 export GPUOPS_APT_PROXY
+export GPUOPS_TOOLKIT_REPO_PORT=${GPUOPS_TOOLKIT_REPO_PORT:-38917}
 trap 'scripts/apt-cache.sh stop' EXIT
 scripts/collection-tree.sh >/dev/null
 
