@@ -41,7 +41,8 @@ mkdir -p "$work/bin"
 log "building $module commands at v$version (cached in $GOCACHE)"
 for cmd in nvidia-ctk nvidia-container-runtime nvidia-container-runtime.cdi \
   nvidia-container-runtime.legacy nvidia-cdi-hook nvidia-container-runtime-hook; do
-  GOBIN="$work/bin" timeout 1200 nice go install -trimpath -ldflags "-s -w" "$module/cmd/$cmd@v$version"
+  GOBIN="$work/bin" timeout 1200 nice go install -trimpath \
+    -ldflags "-s -w -X $module/internal/info.version=$version" "$module/cmd/$cmd@v$version"
 done
 
 # package NAME DESCRIPTION DEPENDS  (files come from $work/pkg/NAME)
