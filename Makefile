@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: demo test setup lint sanity units integration daemon daemon-py39 daemon-image collection bench clean
+.PHONY: demo test setup lint sanity units integration daemon daemon-py39 daemon-image molecule collection bench clean
 
-test: setup lint sanity units integration daemon daemon-py39 daemon-image demo
+test: setup lint sanity units integration daemon daemon-py39 daemon-image molecule demo
 	@echo "make test: every tier passed"
 
 setup:
@@ -55,6 +55,9 @@ daemon-py39: setup
 # The device-plugin image built with podman from the local base image and run against the kubelet double.
 daemon-image: setup
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/image_tests
+
+molecule: setup
+	scripts/molecule.sh
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
