@@ -10,7 +10,15 @@ image_repo=localhost/gpuops-debian12
 script_hash=$(sha256sum "$0" | cut -c1-12)
 tag="$image_repo:$script_hash"
 tarball="$cache/images/debian12-$script_hash.tar"
-mirror=${GPUOPS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian mirror: GPUOPS_DEBIAN_MIRROR, else the first one this machine's own apt sources use.
+host_mirror() {
+  { sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\/debian\)[[:space:]]*$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null
+    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\/debian\)[[:space:]]\+bookworm[[:space:]].*/\2/p' \
+      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
+  } | head -n 1
+}
+mirror=${GPUOPS_DEBIAN_MIRROR:-$(host_mirror)}
+[ -n "$mirror" ] || { echo "build-base-image.sh: no Debian mirror found in this machine's apt sources; set GPUOPS_DEBIAN_MIRROR." >&2; exit 1; }
 
 log() { printf '[base-image] %s\n' "$*" >&2; }
 
