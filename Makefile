@@ -13,7 +13,7 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: test setup lint sanity units integration daemon collection bench clean
+.PHONY: test setup lint sanity units integration daemon collection bench clean e2e lab-up lab-down
 
 test: setup lint sanity units integration daemon
 	@echo "make test: every tier passed"
@@ -41,6 +41,18 @@ integration: setup
 
 daemon: setup
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
+
+# The end-to-end tier: a real control plane and GPU node containers (tests/e2e/lab.sh). The first
+# run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
+LAB_NODES ?= 2
+e2e: setup
+	python -m pytest -q -p no:cacheprovider tests/e2e
+
+lab-up: setup
+	tests/e2e/lab.sh up $(LAB_NODES)
+
+lab-down:
+	tests/e2e/lab.sh down
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
