@@ -21,7 +21,14 @@ cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
 here=$(cd "$(dirname "$0")" && pwd)
 go=${GO:-/usr/local/go/bin/go}
 commands=(kube-apiserver kubelet kubectl)
+staging_version="v0.${version#v1.}"
+minor=${version#v1.}
+minor=${minor%%.*}
+# Version stamps the official build sets with -X, so nodes report e.g. kubeletVersion v1.33.13.
 ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
 # Bump when the recipe changes in a way that changes the binaries.
 recipe_revision=1
 
@@ -52,7 +59,6 @@ fi
 
 rm -rf "$out"
 mkdir -p "$out/src" "$out/bin"
-staging_version="v0.${version#v1.}"
 export GOFLAGS="-trimpath -buildvcs=false -mod=mod" GOMAXPROCS="$jobs" CGO_ENABLED=0
 export GOTOOLCHAIN=local
 

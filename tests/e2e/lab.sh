@@ -300,7 +300,7 @@ start_node() { # index
   for volume in "$name-containerd" "$name-kubelet"; do
     podman volume exists "$volume" || podman volume create "$volume" >/dev/null
   done
-  podman run -d --name "$name" --hostname "$name" --privileged --systemd=always --network host \
+  podman run -d --name "$name" --hostname "$name" --privileged --systemd=always --network host --cgroupns private \
     --label gpuops-lab=node \
     -v "$name-containerd:/var/lib/containerd" \
     -v "$name-kubelet:/var/lib/kubelet" \

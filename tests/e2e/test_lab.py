@@ -42,6 +42,8 @@ def pod_manifest(name: str, node: str) -> dict:
         "spec": {
             "nodeName": node,
             "automountServiceAccountToken": False,
+            # The lab runs no cluster DNS.
+            "dnsPolicy": "Default",
             "terminationGracePeriodSeconds": 1,
             "containers": [
                 {"name": "pause", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"},

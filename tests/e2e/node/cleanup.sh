@@ -4,8 +4,8 @@
 # are shared with the machine rather than nested in the container's own cgroup, so they would stay
 # behind otherwise.
 set -u
-. /etc/gpuops-lab/kubelet.env
-root=${GPUOPS_LAB_CGROUP_ROOT#/}
+root=$(sed -n 's#^GPUOPS_LAB_CGROUP_ROOT=/*##p' /etc/gpuops-lab/kubelet.env)
+[ -n "$root" ] || exit 0
 systemctl stop kubelet 2>/dev/null
 if [ -d "/sys/fs/cgroup/memory/$root" ]; then
   find "/sys/fs/cgroup/memory/$root" -name cgroup.procs -exec cat {} + | xargs -r kill -9 2>/dev/null
