@@ -369,30 +369,40 @@ cmd_up() {
   log "lab up with $n node(s) in $((SECONDS - start))s; kubeconfig: $lab/admin.kubeconfig"
 }
 
-remove_node_container() { # name
-  local name=$1 pid cgroup ctrl
-  pid=$(podman inspect --format '{{.State.Pid}}' "$name" 2>/dev/null || echo 0)
-  cgroup=
-  if [ "$pid" -gt 0 ]; then cgroup=$(sed -n 's/^[0-9]*:memory:\(.*\)$/\1/p' "/proc/$pid/cgroup" 2>/dev/null || true); fi
-  log "removing node container $name"
-  if [ "$pid" -gt 0 ]; then
-    podman exec "$name" /usr/local/sbin/gpuops-lab-cleanup || log "warning: pod cleanup in $name failed"
-  fi
-  podman rm -f -t 5 "$name" >/dev/null
-  # The kubelet's pod cgroups nest inside the container's own cgroup; podman only removes an empty
+# The node containers' own cgroup paths (from the machine's view), read before they go.
+node_cgroup() { # name
+  local pid
+  pid=$(podman inspect --format '{{.State.Pid}}' "$1" 2>/dev/null || echo 0)
+  if [ "$pid" -gt 0 ]; then sed -n 's/^[0-9]*:memory:\(.*\)$/\1/p' "/proc/$pid/cgroup" 2>/dev/null || true; fi
+}
+
+remove_node_containers() { # names...
+  local name cgroup ctrl cgroups=()
+  [ $# -gt 0 ] || return 0
+  # Every node first: the pod cleanup runs `podman exec`, and a node's systemd shutting down can
+  # remove a sibling node's empty name=systemd cgroup, after which exec into that sibling fails.
+  for name in "$@"; do
+    cgroups+=("$(node_cgroup "$name")")
+    if [ "$(podman inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; then
+      podman exec "$name" /usr/local/sbin/gpuops-lab-cleanup || log "warning: pod cleanup in $name failed"
+    fi
+  done
+  log "removing node containers $*"
+  podman rm -f -t 5 "$@" >/dev/null
+  # The kubelet's pod cgroups nest inside each container's own cgroup; podman only removes an empty
   # one. Every process in them died with the container, so they can go now, deepest first.
-  if [ -n "$cgroup" ] && [ "$cgroup" != / ]; then
+  for cgroup in "${cgroups[@]}"; do
+    [ -n "$cgroup" ] && [ "$cgroup" != / ] || continue
     for ctrl in /sys/fs/cgroup/*/; do
       if [ -d "$ctrl${cgroup#/}" ]; then find "$ctrl${cgroup#/}" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
     done
-  fi
+  done
 }
 
 cmd_down() {
   local name i volume
-  for name in $(podman ps -a --filter label=gpuops-lab=node --format '{{.Names}}'); do
-    remove_node_container "$name"
-  done
+  # shellcheck disable=SC2046 # one name per word
+  remove_node_containers $(podman ps -a --filter label=gpuops-lab=node --format '{{.Names}}')
   for ((i = 1; i <= 9; i++)); do
     name=$(node_name "$i")
     for volume in "$name-containerd" "$name-kubelet"; do
