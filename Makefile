@@ -15,7 +15,7 @@ PLUGIN_DIR := files/device_plugin
 
 .PHONY: test setup lint sanity units integration daemon collection bench clean e2e lab-up lab-down
 
-test: setup lint sanity units integration daemon
+test: setup lint sanity units integration daemon e2e
 	@echo "make test: every tier passed"
 
 setup:

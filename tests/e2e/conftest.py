@@ -14,7 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +81,11 @@ class Lab:
     def node_ready(self, node: str, since: datetime | None = None) -> bool:
         """Whether the node is Ready, optionally by a kubelet heartbeat at or after ``since``."""
         conditions = self.node(node).status.conditions or []
+        if since is not None and since.microsecond:
+            # Heartbeats have whole seconds: round up so one from before `since` never counts.
+            since = since.replace(microsecond=0) + timedelta(seconds=1)
         return any(
-            c.type == "Ready"
-            and c.status == "True"
-            and (since is None or c.last_heartbeat_time >= since.replace(microsecond=0))
+            c.type == "Ready" and c.status == "True" and (since is None or c.last_heartbeat_time >= since)
             for c in conditions
         )
 
