@@ -184,6 +184,11 @@ build_images() {
     log "building the node image $node_image (containerd, runc, CNI plugins from Debian; about a minute)"
     podman build -q --network host --build-arg BASE="$base" ${mirror:+--build-arg MIRROR="$mirror"} \
       -t "$node_image" -f "$here/node/Containerfile" "$here/node" >/dev/null
+    # Older node images are out of date now; keep only this one.
+    local stale
+    for stale in $(podman images --format '{{.Repository}}:{{.Tag}}' "$node_image_repo"); do
+      if [ "$stale" != "$node_image" ]; then podman rmi "$stale" >/dev/null 2>&1 || true; fi
+    done
   fi
 
   # The pause image is rebuilt only when the pause binary changes (its hash is a label).
