@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: demo test setup lint sanity units integration daemon daemon-py39 daemon-image molecule collection bench clean
+.PHONY: demo test setup lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
 
-test: setup lint sanity units integration daemon daemon-py39 daemon-image molecule demo
+test: setup lint sanity units integration daemon daemon-py39 daemon-image molecule e2e demo
 	@echo "make test: every tier passed"
 
 setup:
@@ -58,6 +58,18 @@ daemon-image: setup
 
 molecule: setup
 	scripts/molecule.sh
+
+# The end-to-end tier: a real control plane and GPU node containers (tests/e2e/lab.sh). The first
+# run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
+LAB_NODES ?= 2
+e2e: setup
+	python -m pytest -q -p no:cacheprovider tests/e2e
+
+lab-up: setup
+	tests/e2e/lab.sh up $(LAB_NODES)
+
+lab-down:
+	tests/e2e/lab.sh down
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
