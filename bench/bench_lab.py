@@ -59,7 +59,7 @@ def main() -> int:
     ups: list[float] = []
     restarts: list[float] = []
     try:
-        for _ in range(args.ups):
+        for _attempt in range(args.ups):
             run_lab("down")
             ups.append(time_up(args.nodes))
         kubeconfig = Path(run_lab("kubeconfig").strip())
@@ -68,7 +68,7 @@ def main() -> int:
             nodes=run_lab("nodes").split(),
             api=config.new_client_from_config(config_file=str(kubeconfig)),
         )
-        for _ in range(args.restarts):
+        for _attempt in range(args.restarts):
             restarts.append(time_kubelet_restart(lab, lab.nodes[0]))
     finally:
         run_lab("down")

@@ -397,7 +397,7 @@ remove_node_containers() { # names...
   # The kubelet's pod cgroups nest inside each container's own cgroup; podman only removes an empty
   # one. Every process in them died with the container, so they can go now, deepest first.
   for cgroup in "${cgroups[@]}"; do
-    [ -n "$cgroup" ] && [ "$cgroup" != / ] || continue
+    if [ -z "$cgroup" ] || [ "$cgroup" = / ]; then continue; fi
     for ctrl in /sys/fs/cgroup/*/; do
       if [ -d "$ctrl${cgroup#/}" ]; then find "$ctrl${cgroup#/}" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
     done

@@ -8,7 +8,7 @@ root=$(sed -n 's#^GPUOPS_LAB_CGROUP_ROOT=/*##p' /etc/gpuops-lab/kubelet.env)
 [ -n "$root" ] || exit 0
 systemctl stop kubelet 2>/dev/null
 if [ -d "/sys/fs/cgroup/memory/$root" ]; then
-  find "/sys/fs/cgroup/memory/$root" -name cgroup.procs -exec cat {} + | xargs -r kill -9 2>/dev/null
+  find "/sys/fs/cgroup/memory/$root" -name cgroup.procs -exec cat {} + | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
   sleep 1
 fi
 for hierarchy in /sys/fs/cgroup/*/; do
