@@ -9,9 +9,13 @@ mkdir -p "$dest"
 cd "$here"
 git ls-files -co --exclude-standard -z | rsync -a --delete --files-from=- --from0 ./ "$dest/"
 # rsync --delete only prunes inside directories it was given; remove files that git no longer lists.
-(cd "$dest" && find . -type f -printf '%P\n' | sort) > "$dest/../.mirror-have"
+(cd "$dest" && find . -path ./.git -prune -o -type f -printf '%P\n' | sort) > "$dest/../.mirror-have"
 git ls-files -co --exclude-standard | sort > "$dest/../.mirror-want"
 comm -23 "$dest/../.mirror-have" "$dest/../.mirror-want" | while IFS= read -r f; do rm -f "$dest/$f"; done
 rm -f "$dest/../.mirror-have" "$dest/../.mirror-want"
-find "$dest" -type d -empty -delete
+find "$dest" -type d -empty -not -path "$dest/.git/*" -delete
+# ansible-test lists a collection's files through the nearest git repository above it; that would be
+# this checkout, which ignores .build/, so every target would be skipped. A repository of its own in
+# the mirror (nothing committed) makes ansible-test list the mirrored files.
+[ -e "$dest/.git" ] || git init -q "$dest"
 echo "$dest"

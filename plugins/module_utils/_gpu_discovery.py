@@ -1,0 +1,329 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""GPU discovery shared by the collection's modules: NVML through pynvml, and the PCI bus in sysfs.
+
+NVML answers once a driver is loaded; sysfs answers before one exists, so a play can decide whether
+to install a driver (and Fabric Manager, when NVSwitches are present).
+"""
+
+import os
+import contextlib
+
+try:
+    import pynvml
+
+    PYNVML_IMPORT_ERROR = None
+except ImportError as exc:  # pragma: no cover - exercised by the sanity import test
+    pynvml = None
+    PYNVML_IMPORT_ERROR = exc
+
+NVIDIA_VENDOR_ID = "0x10de"
+# PCI class prefixes: 0x0300 VGA controller, 0x0302 3D controller, 0x0680 other bridge (NVSwitch).
+GPU_CLASS_PREFIXES = ("0x0300", "0x0302")
+NVSWITCH_CLASS_PREFIX = "0x0680"
+
+_MIB = 1024 * 1024
+# NVML constants, repeated here so that the sysfs path never needs pynvml.
+_MIG_ENABLE = 1
+_FEATURE_ENABLED = 1
+_NVLINK_MAX_LINKS_FALLBACK = 18
+_NVLINK_DEVICE_TYPE_GPU = 0
+_NVLINK_DEVICE_TYPE_SWITCH = 2
+
+
+class DiscoveryError(Exception):
+    """Discovery failed; the message is one sentence for the user."""
+
+
+def to_text(value):
+    """pynvml returns bytes before nvidia-ml-py 11.515 and str after; give str either way."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace").rstrip("\x00")
+    return value
+
+
+def normalize_bus_id(bus_id):
+    """NVML says 00000000:18:00.0, sysfs says 0000:18:00.0: use the sysfs form, lower case."""
+    bus_id = to_text(bus_id).strip().lower()
+    parts = bus_id.split(":")
+    if len(parts) == 3 and len(parts[0]) > 4:
+        parts[0] = parts[0][-4:]
+    elif len(parts) == 2:
+        parts.insert(0, "0000")
+    return ":".join(parts)
+
+
+def format_cuda_version(value):
+    """NVML encodes CUDA 12.8 as 12080."""
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+# ---------------------------------------------------------------------------------------------
+# sysfs
+
+
+def _read_attr(device_dir, name):
+    try:
+        with open(os.path.join(device_dir, name)) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _numa_from_text(text):
+    if text is None:
+        return None
+    try:
+        node = int(text)
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+def sysfs_numa_node(sysfs_root, bus_id):
+    """The NUMA node sysfs gives for a PCI device, or None when unknown (-1 or missing)."""
+    return _numa_from_text(_read_attr(os.path.join(sysfs_root, "bus", "pci", "devices", bus_id), "numa_node"))
+
+
+def scan_pci(sysfs_root):
+    """Return (gpus, nvswitches): NVIDIA PCI functions found under <sysfs_root>/bus/pci/devices."""
+    if not os.path.isdir(sysfs_root):
+        raise DiscoveryError(f"sysfs_root {sysfs_root} is not a directory.")
+    devices_dir = os.path.join(sysfs_root, "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(devices_dir))
+    except OSError:
+        return [], []
+    gpus = []
+    nvswitches = []
+    for name in names:
+        device_dir = os.path.join(devices_dir, name)
+        vendor = (_read_attr(device_dir, "vendor") or "").lower()
+        if vendor != NVIDIA_VENDOR_ID:
+            continue
+        pci_class = (_read_attr(device_dir, "class") or "").lower()
+        if pci_class.startswith(GPU_CLASS_PREFIXES):
+            target = gpus
+        elif pci_class.startswith(NVSWITCH_CLASS_PREFIX):
+            target = nvswitches
+        else:
+            continue
+        driver_link = os.path.join(device_dir, "driver")
+        driver = os.path.basename(os.path.realpath(driver_link)) if os.path.islink(driver_link) else None
+        target.append(
+            {
+                "bus_id": name.lower(),
+                "vendor_id": vendor,
+                "device_id": (_read_attr(device_dir, "device") or "").lower() or None,
+                "class": pci_class,
+                "numa_node": _numa_from_text(_read_attr(device_dir, "numa_node")),
+                "driver": driver,
+            }
+        )
+    return gpus, nvswitches
+
+
+# ---------------------------------------------------------------------------------------------
+# NVML
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used on this host; the message says why, as one sentence."""
+
+
+class _Reader:
+    """Runs NVML calls for one GPU and turns an unexpected NVML error into one sentence."""
+
+    def __init__(self, nvml, where):
+        self.nvml = nvml
+        self.where = where
+
+    def call(self, name, *args, **kwargs):
+        try:
+            return getattr(self.nvml, name)(*args, **kwargs)
+        except self.nvml.NVMLError as exc:
+            raise DiscoveryError(f"NVML call {name} failed for {self.where}: {to_text(str(exc))}.") from None
+
+    def optional(self, name, *args, **kwargs):
+        """Like call, but NotSupported (or a function this pynvml lacks) gives None."""
+        function = getattr(self.nvml, name, None)
+        if function is None:
+            return None
+        try:
+            return function(*args, **kwargs)
+        except self.nvml.NVMLError as exc:
+            if _error_code(exc) in _codes(self.nvml, "NOT_SUPPORTED", "FUNCTION_NOT_FOUND"):
+                return None
+            raise DiscoveryError(f"NVML call {name} failed for {self.where}: {to_text(str(exc))}.") from None
+
+
+def _codes(nvml, *names):
+    return tuple(getattr(nvml, "NVML_ERROR_" + name) for name in names if hasattr(nvml, "NVML_ERROR_" + name))
+
+
+def _error_code(exc):
+    return getattr(exc, "value", None)
+
+
+def nvml_discover(nvml, sysfs_root):
+    """Everything NVML knows about the GPUs, with exactly one nvmlInit and one nvmlShutdown.
+
+    Raises NvmlUnavailable when NVML cannot be initialised and DiscoveryError when a call fails
+    after initialisation.
+    """
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise NvmlUnavailable(
+            f"NVML could not be initialised ({to_text(str(exc))}), so the GPUs were read from the PCI bus in sysfs."
+        ) from None
+    try:
+        return _discover_initialised(nvml, sysfs_root)
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def _discover_initialised(nvml, sysfs_root):
+    system = _Reader(nvml, "the system")
+    driver_version = to_text(system.call("nvmlSystemGetDriverVersion"))
+    if hasattr(nvml, "nvmlSystemGetCudaDriverVersion_v2"):
+        cuda = system.call("nvmlSystemGetCudaDriverVersion_v2")
+    else:
+        cuda = system.call("nvmlSystemGetCudaDriverVersion")
+    count = system.call("nvmlDeviceGetCount")
+
+    gpus = []
+    links = []
+    for index in range(count):
+        gpu, gpu_links = _read_gpu(nvml, index, sysfs_root)
+        gpus.append(gpu)
+        links.append(gpu_links)
+    _resolve_nvlink_peers(gpus, links)
+    return {
+        "driver_version": driver_version,
+        "cuda_driver_version": format_cuda_version(cuda),
+        "gpus": gpus,
+    }
+
+
+def _read_gpu(nvml, index, sysfs_root):
+    reader = _Reader(nvml, f"GPU index {index}")
+    handle = reader.call("nvmlDeviceGetHandleByIndex", index)
+    uuid = to_text(reader.call("nvmlDeviceGetUUID", handle))
+    reader.where = f"GPU index {index} ({uuid})"
+    name = to_text(reader.call("nvmlDeviceGetName", handle))
+    pci_call = "nvmlDeviceGetPciInfo_v3" if hasattr(nvml, "nvmlDeviceGetPciInfo_v3") else "nvmlDeviceGetPciInfo"
+    bus_id = normalize_bus_id(reader.call(pci_call, handle).busId)
+    memory_total = reader.call("nvmlDeviceGetMemoryInfo", handle).total
+    major, minor = reader.call("nvmlDeviceGetCudaComputeCapability", handle)
+
+    numa_node = reader.optional("nvmlDeviceGetNumaNodeId", handle)
+    if numa_node is None:
+        numa_node = sysfs_numa_node(sysfs_root, bus_id)
+    elif numa_node < 0:
+        numa_node = None
+
+    persistence = reader.optional("nvmlDeviceGetPersistenceMode", handle)
+    mig_mode, mig_devices = _read_mig(nvml, reader, handle)
+
+    gpu = {
+        "index": index,
+        "uuid": uuid,
+        "name": name,
+        "pci_bus_id": bus_id,
+        "memory_total_mib": memory_total // _MIB,
+        "compute_capability": f"{major}.{minor}",
+        "numa_node": numa_node,
+        "persistence_mode": None if persistence is None else persistence == _FEATURE_ENABLED,
+        "mig_mode": mig_mode,
+        "mig_devices": mig_devices,
+        "minor_number": reader.optional("nvmlDeviceGetMinorNumber", handle),
+        "nvlink_peers": [],
+    }
+    return gpu, _read_nvlinks(nvml, reader, handle)
+
+
+def _read_mig(nvml, reader, handle):
+    modes = reader.optional("nvmlDeviceGetMigMode", handle)
+    if modes is None:
+        return "unsupported", []
+    if modes[0] != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", _MIG_ENABLE):
+        return "disabled", []
+    devices = []
+    not_found = _codes(nvml, "NOT_FOUND", "INVALID_ARGUMENT")
+    for slot in range(reader.call("nvmlDeviceGetMaxMigDeviceCount", handle)):
+        # Slots without a MIG device answer NOT_FOUND: MIG devices need not be numbered densely.
+        try:
+            mig_handle = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except nvml.NVMLError as exc:
+            if _error_code(exc) in not_found:
+                continue
+            raise DiscoveryError(
+                f"NVML call nvmlDeviceGetMigDeviceHandleByIndex failed for {reader.where}, MIG slot {slot}: "
+                f"{to_text(str(exc))}."
+            ) from None
+        mig_uuid = to_text(reader.call("nvmlDeviceGetUUID", mig_handle))
+        mig_name = to_text(reader.call("nvmlDeviceGetName", mig_handle))
+        memory = reader.call("nvmlDeviceGetMemoryInfo", mig_handle).total
+        devices.append(
+            {
+                "uuid": mig_uuid,
+                "profile": _mig_profile(mig_name),
+                "memory_mib": memory // _MIB,
+            }
+        )
+    return "enabled", devices
+
+
+def _mig_profile(name):
+    """NVML names a MIG device "<GPU name> MIG 1g.5gb"; the profile is the last word."""
+    marker = " MIG "
+    if marker in name:
+        return name.rsplit(marker, 1)[1].strip()
+    return name
+
+
+def _read_nvlinks(nvml, reader, handle):
+    """Active NVLinks of one GPU: the remote bus IDs, and whether any link ends at an NVSwitch."""
+    remote_gpus = set()
+    to_switch = False
+    absent = _codes(nvml, "NOT_SUPPORTED", "INVALID_ARGUMENT", "NOT_FOUND", "FUNCTION_NOT_FOUND")
+    max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", _NVLINK_MAX_LINKS_FALLBACK)
+    for link in range(max_links):
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except nvml.NVMLError as exc:
+            # A GPU without NVLink answers NOT_SUPPORTED, and links past its last INVALID_ARGUMENT.
+            if _error_code(exc) in absent:
+                continue
+            raise DiscoveryError(
+                f"NVML call nvmlDeviceGetNvLinkState failed for {reader.where}, link {link}: {to_text(str(exc))}."
+            ) from None
+        if state != _FEATURE_ENABLED:
+            continue
+        remote = normalize_bus_id(reader.call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link).busId)
+        remote_type = reader.optional("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if remote_type == _NVLINK_DEVICE_TYPE_SWITCH:
+            to_switch = True
+        else:
+            remote_gpus.add(remote)
+    return {"remote_gpus": remote_gpus, "to_switch": to_switch}
+
+
+def _resolve_nvlink_peers(gpus, links):
+    """Turn remote bus IDs into peer UUIDs; GPUs on the same NVSwitch fabric are all peers."""
+    by_bus_id = dict((gpu["pci_bus_id"], gpu["uuid"]) for gpu in gpus)
+    peers = dict((gpu["uuid"], set()) for gpu in gpus)
+    on_fabric = [gpu["uuid"] for gpu, link in zip(gpus, links) if link["to_switch"]]
+    for gpu, link in zip(gpus, links):
+        for remote in link["remote_gpus"]:
+            peer = by_bus_id.get(remote)
+            if peer is not None and peer != gpu["uuid"]:
+                peers[gpu["uuid"]].add(peer)
+                peers[peer].add(gpu["uuid"])
+        if link["to_switch"]:
+            peers[gpu["uuid"]].update(uuid for uuid in on_fabric if uuid != gpu["uuid"])
+    for gpu in gpus:
+        gpu["nvlink_peers"] = [other["uuid"] for other in gpus if other["uuid"] in peers[gpu["uuid"]]]

@@ -1,0 +1,247 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""Reader for the simulated-GPU spec format described in docs/simulated-gpus.md.
+
+Labs and CI only: nothing in a spec is checked against hardware. Every rule violation is reported
+as one sentence that names the file and, where there is one, the GPU.
+"""
+
+import re
+
+try:
+    import yaml
+
+    HAS_YAML = True
+    YAML_IMPORT_ERROR = None
+except ImportError as exc:  # pragma: no cover - exercised by the sanity import test
+    yaml = None
+    HAS_YAML = False
+    YAML_IMPORT_ERROR = exc
+
+TOP_LEVEL_KEYS = ("driver_version", "cuda_driver_version", "gpus")
+GPU_REQUIRED_KEYS = ("uuid", "name", "memory_mib", "pci_bus_id", "compute_capability")
+GPU_OPTIONAL_KEYS = (
+    "numa_node",
+    "pcie_switch",
+    "nvlink_peers",
+    "persistence_mode",
+    "minor_number",
+    "xid",
+    "lost",
+    "mig_mode",
+    "mig_devices",
+)
+MIG_DEVICE_KEYS = ("uuid", "profile", "memory_mib")
+MIG_MODES = ("enabled", "disabled", "unsupported")
+
+_MAJOR_MINOR = re.compile(r"^[0-9]+\.[0-9]+$")
+_PCI_BUS_ID = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+class SpecError(Exception):
+    """A simulated-GPU spec breaks a rule; the message is one sentence naming the file and GPU."""
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_str(value):
+    return isinstance(value, str)
+
+
+def _gpu_label(index, raw):
+    uuid = raw.get("uuid") if isinstance(raw, dict) else None
+    if _is_str(uuid):
+        return f"GPU {index} ({uuid})"
+    return f"GPU {index}"
+
+
+def load_spec(path):
+    """Read and validate the spec at ``path``; return the discovery result it describes."""
+    if not HAS_YAML:
+        raise RuntimeError("PyYAML is required to read a simulated-GPU spec")
+    try:
+        with open(path) as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        raise SpecError(f"Simulated-GPU spec {path} cannot be read: {exc.strerror or exc}.") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(f"Simulated-GPU spec {path} is not valid YAML{where}: {problem}.") from None
+    return parse_spec(data, path)
+
+
+def parse_spec(data, path):
+    """Validate already-loaded spec ``data`` (from file ``path``) and return its discovery result."""
+    if not isinstance(data, dict):
+        raise SpecError(f"Simulated-GPU spec {path} must be a YAML mapping at the top level.")
+    for key in sorted(data, key=str):
+        if key not in TOP_LEVEL_KEYS:
+            raise SpecError(f"Simulated-GPU spec {path} has unknown top-level key '{key}'.")
+    for key in TOP_LEVEL_KEYS:
+        if key not in data:
+            raise SpecError(f"Simulated-GPU spec {path} lacks the required key '{key}'.")
+    if not _is_str(data["driver_version"]) or not data["driver_version"]:
+        raise SpecError(f"Simulated-GPU spec {path}: driver_version must be a non-empty string.")
+    cuda = data["cuda_driver_version"]
+    if not _is_str(cuda) or not _MAJOR_MINOR.match(cuda):
+        raise SpecError(f'Simulated-GPU spec {path}: cuda_driver_version must be a string "MAJOR.MINOR", not {cuda!r}.')
+    if not isinstance(data["gpus"], list):
+        raise SpecError(f"Simulated-GPU spec {path}: gpus must be a list.")
+
+    gpus = []
+    seen_uuids = {}
+    seen_bus_ids = {}
+    for index, raw in enumerate(data["gpus"]):
+        gpu = _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids)
+        gpus.append(gpu)
+
+    _resolve_peers(gpus, path)
+    return {
+        "driver_version": data["driver_version"],
+        "cuda_driver_version": cuda,
+        "gpus": gpus,
+    }
+
+
+def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
+    label = _gpu_label(index, raw)
+
+    def fail(message):
+        raise SpecError(f"Simulated-GPU spec {path}, {label}: {message}.")
+
+    if not isinstance(raw, dict):
+        fail("each entry of gpus must be a mapping")
+    for key in sorted(raw, key=str):
+        if key not in GPU_REQUIRED_KEYS and key not in GPU_OPTIONAL_KEYS:
+            fail(f"unknown key '{key}'")
+    for key in GPU_REQUIRED_KEYS:
+        if key not in raw:
+            fail(f"the required key '{key}' is missing")
+
+    uuid = raw["uuid"]
+    if not _is_str(uuid) or not uuid.startswith("GPU-"):
+        fail('uuid must be a string starting with "GPU-"')
+    if uuid in seen_uuids:
+        fail(f"uuid {uuid} is already used by {seen_uuids[uuid]}")
+    seen_uuids[uuid] = f"GPU {index}"
+
+    if not _is_str(raw["name"]) or not raw["name"]:
+        fail("name must be a non-empty string")
+    if not _is_int(raw["memory_mib"]) or raw["memory_mib"] <= 0:
+        fail("memory_mib must be a positive integer")
+
+    bus_id = raw["pci_bus_id"]
+    if not _is_str(bus_id) or not _PCI_BUS_ID.match(bus_id):
+        fail(f"pci_bus_id must be a string DDDD:BB:DD.F, not {bus_id!r}")
+    bus_id = bus_id.lower()
+    if bus_id in seen_bus_ids:
+        fail(f"pci_bus_id {bus_id} is already used by {seen_bus_ids[bus_id]}")
+    seen_bus_ids[bus_id] = f"GPU {index}"
+
+    capability = raw["compute_capability"]
+    if not _is_str(capability) or not _MAJOR_MINOR.match(capability):
+        fail(f'compute_capability must be a string "MAJOR.MINOR", not {capability!r}')
+
+    numa_node = raw.get("numa_node")
+    if numa_node is not None and not _is_int(numa_node):
+        fail("numa_node must be an integer or null")
+
+    pcie_switch = raw.get("pcie_switch")
+    if pcie_switch is not None and not _is_str(pcie_switch):
+        fail("pcie_switch must be a string")
+
+    peers = raw.get("nvlink_peers", [])
+    if peers is None:
+        peers = []
+    if not isinstance(peers, list) or not all(_is_str(peer) for peer in peers):
+        fail("nvlink_peers must be a list of GPU UUIDs")
+
+    persistence_mode = raw.get("persistence_mode", True)
+    if not isinstance(persistence_mode, bool):
+        fail("persistence_mode must be true or false")
+
+    minor_number = raw.get("minor_number", index)
+    if not _is_int(minor_number) or minor_number < 0:
+        fail("minor_number must be a non-negative integer")
+
+    if "xid" in raw and not _is_int(raw["xid"]):
+        fail("xid must be an integer")
+    if "lost" in raw and not isinstance(raw["lost"], bool):
+        fail("lost must be true or false")
+
+    mig_mode = raw.get("mig_mode", "disabled")
+    if mig_mode not in MIG_MODES:
+        fail(f"mig_mode must be one of enabled, disabled, unsupported, not {mig_mode!r}")
+
+    mig_devices = []
+    if "mig_devices" in raw:
+        if mig_mode != "enabled":
+            fail(f"mig_devices is only allowed with mig_mode: enabled (mig_mode is {mig_mode})")
+        if not isinstance(raw["mig_devices"], list):
+            fail("mig_devices must be a list")
+        for mig_index, mig in enumerate(raw["mig_devices"]):
+            mig_devices.append(_parse_mig_device(mig, mig_index, fail, seen_uuids, index))
+
+    return {
+        "index": index,
+        "uuid": uuid,
+        "name": raw["name"],
+        "pci_bus_id": bus_id,
+        "memory_total_mib": raw["memory_mib"],
+        "compute_capability": capability,
+        "numa_node": numa_node,
+        "persistence_mode": persistence_mode,
+        "mig_mode": mig_mode,
+        "mig_devices": mig_devices,
+        "minor_number": minor_number,
+        "nvlink_peers": list(peers),
+        "pcie_switch": pcie_switch,
+    }
+
+
+def _parse_mig_device(mig, mig_index, fail, seen_uuids, gpu_index):
+    where = f"MIG device {mig_index}"
+    if not isinstance(mig, dict):
+        fail(f"{where} must be a mapping")
+    for key in sorted(mig, key=str):
+        if key not in MIG_DEVICE_KEYS:
+            fail(f"{where} has unknown key '{key}'")
+    for key in MIG_DEVICE_KEYS:
+        if key not in mig:
+            fail(f"{where} lacks the required key '{key}'")
+    if not _is_str(mig["uuid"]) or not mig["uuid"]:
+        fail(f"{where}: uuid must be a non-empty string")
+    if mig["uuid"] in seen_uuids:
+        fail("{}: uuid {} is already used by {}".format(where, mig["uuid"], seen_uuids[mig["uuid"]]))
+    seen_uuids[mig["uuid"]] = f"GPU {gpu_index} {where}"
+    if not _is_str(mig["profile"]) or not mig["profile"]:
+        fail(f"{where}: profile must be a non-empty string")
+    if not _is_int(mig["memory_mib"]) or mig["memory_mib"] <= 0:
+        fail(f"{where}: memory_mib must be a positive integer")
+    return {"uuid": mig["uuid"], "profile": mig["profile"], "memory_mib": mig["memory_mib"]}
+
+
+def _resolve_peers(gpus, path):
+    """Check that every peer is a GPU of this file and make the relation symmetric."""
+    by_uuid = dict((gpu["uuid"], gpu) for gpu in gpus)
+    links = dict((gpu["uuid"], set()) for gpu in gpus)
+    for gpu in gpus:
+        for peer in gpu["nvlink_peers"]:
+            if peer == gpu["uuid"]:
+                raise SpecError(
+                    f"Simulated-GPU spec {path}, GPU {gpu['index']} ({gpu['uuid']}): nvlink_peers names the GPU itself."
+                )
+            if peer not in by_uuid:
+                raise SpecError(
+                    f"Simulated-GPU spec {path}, GPU {gpu['index']} ({gpu['uuid']}): nvlink_peers names {peer}, "
+                    "which is not a GPU in this file."
+                )
+            links[gpu["uuid"]].add(peer)
+            links[peer].add(gpu["uuid"])
+    for gpu in gpus:
+        gpu["nvlink_peers"] = [other["uuid"] for other in gpus if other["uuid"] in links[gpu["uuid"]]]

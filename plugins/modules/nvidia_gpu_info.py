@@ -1,0 +1,347 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+
+
+DOCUMENTATION = r"""
+---
+module: nvidia_gpu_info
+short_description: Discover NVIDIA GPUs through NVML, or on the PCI bus before a driver exists
+version_added: 0.1.0
+description:
+  - Reports the NVIDIA GPUs of the target host. It never changes anything.
+  - When the NVIDIA driver is loaded and the C(pynvml) Python module (package C(nvidia-ml-py)) is
+    installed, the GPUs are read through NVML, with exactly one NVML initialisation and one shutdown
+    per call.
+  - When NVML cannot be used (no driver loaded, no C(libnvidia-ml), no C(pynvml)), the module does
+    not fail. It returns O(ignore:nvml_available=false), a sentence saying why, and the NVIDIA
+    devices it finds on the PCI bus in sysfs, so a play can decide whether to install a driver.
+  - The PCI devices (GPUs and NVSwitches) are read from sysfs in every case, so a play can also
+    decide whether Fabric Manager is needed.
+  - With O(simulate_from), the module reports the fake GPUs of a simulated-GPU spec instead. That is
+    for labs and CI only, never for production.
+author:
+  - gpuops.k8s maintainers
+options:
+  sysfs_root:
+    description:
+      - The directory where sysfs is mounted.
+      - The PCI devices are read from C(<sysfs_root>/bus/pci/devices).
+      - Point it at a tree of your own to test plays on machines without NVIDIA hardware.
+    type: path
+    default: /sys
+  simulate_from:
+    description:
+      - Path, on the target, of a simulated-GPU spec (the format of C(docs/simulated-gpus.md), which the
+        collection's device plugin also reads). When set, NVML and sysfs are not consulted at all.
+      - B(Labs and CI only; never use it in production.) Nothing in the spec is checked against hardware.
+      - An invalid spec (unknown key, duplicate UUID or PCI bus ID, an NVLink peer that is not in the
+        file, MIG devices without O(ignore:mig_mode=enabled), ...) fails the task with one sentence naming
+        the file and the GPU.
+      - Needs PyYAML on the target.
+    type: path
+attributes:
+  check_mode:
+    support: full
+    description: The module only reads; it behaves the same in check mode.
+  diff_mode:
+    support: none
+    description: The module changes nothing, so there is nothing to show.
+  platform:
+    platforms: posix
+    support: full
+    description: Linux hosts. NVML is read through C(pynvml); the fallback reads Linux sysfs.
+requirements:
+  - The C(pynvml) Python module (package C(nvidia-ml-py)) on the target, for the NVML facts. Without it
+    the module falls back to sysfs.
+  - PyYAML on the target, only for O(simulate_from).
+notes:
+  - A GPU whose NVML calls fail after NVML was initialised (for example a GPU that fell off the bus)
+    fails the task with one sentence naming the GPU index, the NVML call and NVML's message.
+  - PCI bus IDs are returned in the sysfs form C(0000:18:00.0) (lower case, four-digit domain), also when
+    NVML reports the eight-digit form.
+seealso:
+  - name: NVIDIA Management Library (NVML)
+    description: The library the facts come from.
+    link: https://docs.nvidia.com/deploy/nvml-api/
+"""
+
+EXAMPLES = r"""
+- name: Discover the GPUs of the node
+  gpuops.k8s.nvidia_gpu_info:
+  register: gpu_info
+
+- name: Install the driver only where GPUs are present and NVML does not answer yet
+  ansible.builtin.debug:
+    msg: "{{ gpu_info.pci_devices | length }} GPU(s) found, driver needed: {{ not gpu_info.nvml_available }}"
+  when: gpu_info.pci_devices | length > 0
+
+- name: Fabric Manager is needed only with NVSwitches
+  ansible.builtin.set_fact:
+    needs_fabric_manager: "{{ gpu_info.nvswitch_devices | length > 0 }}"
+
+- name: Read a sysfs tree of your own (tests and labs)
+  gpuops.k8s.nvidia_gpu_info:
+    sysfs_root: /srv/lab/fake-sys
+  register: lab_gpus
+
+- name: Labs only, never production - report the fake GPUs of a simulated-GPU spec
+  gpuops.k8s.nvidia_gpu_info:
+    simulate_from: /etc/gpuops/simulated-gpus.yaml
+  register: simulated_gpus
+"""
+
+RETURN = r"""
+source:
+  description: Where the facts come from.
+  returned: always
+  type: str
+  choices: [nvml, sysfs, simulated]
+  sample: nvml
+nvml_available:
+  description:
+    - Whether NVML answered. False without a loaded driver or without C(pynvml), and with O(simulate_from).
+  returned: always
+  type: bool
+  sample: true
+nvml_unavailable_reason:
+  description: One sentence saying why NVML was not used.
+  returned: when RV(nvml_available) is false
+  type: str
+  sample: NVML could not be initialised (Driver Not Loaded), so the GPUs were read from the PCI bus in sysfs.
+driver_version:
+  description: The NVIDIA driver version; null when NVML did not answer.
+  returned: always
+  type: str
+  sample: 580.95.05
+cuda_driver_version:
+  description: The highest CUDA version the driver supports, as C(MAJOR.MINOR); null when NVML did not answer.
+  returned: always
+  type: str
+  sample: "13.0"
+gpu_count:
+  description:
+    - The number of GPUs found. With NVML or O(simulate_from), the length of RV(gpus); with the sysfs
+      fallback, the number of NVIDIA GPU functions on the PCI bus.
+  returned: always
+  type: int
+  sample: 8
+gpus:
+  description: The GPUs NVML (or the simulated spec) reports, in NVML index order. Empty with the sysfs fallback.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: The NVML index.
+      type: int
+      sample: 0
+    uuid:
+      description: The GPU UUID.
+      type: str
+      sample: GPU-6f1c0a3e-0000-4000-8000-000000000001
+    name:
+      description: The product name.
+      type: str
+      sample: NVIDIA H100 80GB HBM3
+    pci_bus_id:
+      description: The PCI bus ID, in the sysfs form.
+      type: str
+      sample: "0000:18:00.0"
+    memory_total_mib:
+      description: The total framebuffer memory in MiB.
+      type: int
+      sample: 81559
+    compute_capability:
+      description: The CUDA compute capability, C(MAJOR.MINOR).
+      type: str
+      sample: "9.0"
+    numa_node:
+      description:
+        - The NUMA node of the GPU; null when unknown. Taken from sysfs when NVML does not support the query.
+      type: int
+      sample: 0
+    persistence_mode:
+      description: Whether persistence mode is on; null when NVML does not support the query.
+      type: bool
+      sample: true
+    mig_mode:
+      description: The current MIG mode.
+      type: str
+      choices: [enabled, disabled, unsupported]
+      sample: disabled
+    mig_devices:
+      description: The MIG devices of the GPU; empty unless RV(gpus[].mig_mode) is C(enabled).
+      type: list
+      elements: dict
+      contains:
+        uuid:
+          description: The MIG device UUID.
+          type: str
+          sample: MIG-8a2b0000-0000-4000-8000-000000000001
+        profile:
+          description: The MIG profile.
+          type: str
+          sample: 1g.10gb
+        memory_mib:
+          description: The memory of the MIG device in MiB.
+          type: int
+          sample: 9984
+    minor_number:
+      description: The minor number of the device node C(/dev/nvidia<minor>); null when NVML does not support the query.
+      type: int
+      sample: 0
+    nvlink_peers:
+      description:
+        - UUIDs of the GPUs joined to this one by an active NVLink, directly or through NVSwitches, in index order.
+      type: list
+      elements: str
+      sample: [GPU-6f1c0a3e-0000-4000-8000-000000000002]
+    pcie_switch:
+      description: The PCIe switch the GPU shares with others, as named in the simulated spec.
+      type: str
+      returned: when RV(source) is C(simulated)
+      sample: sw0
+pci_devices:
+  description:
+    - NVIDIA GPU functions (vendor C(0x10de), class C(0x0300xx) or C(0x0302xx)) on the PCI bus in sysfs.
+    - With O(simulate_from), one entry per simulated GPU.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    bus_id:
+      description: The PCI bus ID.
+      type: str
+      sample: "0000:18:00.0"
+    vendor_id:
+      description: The PCI vendor ID.
+      type: str
+      sample: "0x10de"
+    device_id:
+      description: The PCI device ID; null with O(simulate_from).
+      type: str
+      sample: "0x2330"
+    class:
+      description: The PCI class code.
+      type: str
+      sample: "0x030200"
+    numa_node:
+      description: The NUMA node; null when unknown (sysfs says -1).
+      type: int
+      sample: 0
+    driver:
+      description: The kernel driver bound to the device; null when none is.
+      type: str
+      sample: nvidia
+nvswitch_devices:
+  description:
+    - NVIDIA NVSwitch functions (vendor C(0x10de), class C(0x0680xx)) on the PCI bus in sysfs, with the same
+      keys as RV(pci_devices). Empty with O(simulate_from).
+  returned: always
+  type: list
+  elements: dict
+  sample: []
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.gpuops.k8s.plugins.module_utils import _simulated_spec
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
+    DiscoveryError,
+    NvmlUnavailable,
+    nvml_discover,
+    pynvml,
+    scan_pci,
+)
+
+NO_PYNVML_REASON = (
+    "The pynvml Python module (package nvidia-ml-py) is not installed on the target, "
+    "so the GPUs were read from the PCI bus in sysfs."
+)
+SIMULATED_REASON = "simulate_from is set, so NVML was not queried and the GPUs come from the simulated-GPU spec."
+
+
+def _simulated(path):
+    spec = _simulated_spec.load_spec(path)
+    pci_devices = [
+        {
+            "bus_id": gpu["pci_bus_id"],
+            "vendor_id": "0x10de",
+            "device_id": None,
+            "class": "0x030200",
+            "numa_node": gpu["numa_node"],
+            "driver": "nvidia",
+        }
+        for gpu in spec["gpus"]
+    ]
+    return dict(
+        source="simulated",
+        nvml_available=False,
+        nvml_unavailable_reason=SIMULATED_REASON,
+        driver_version=spec["driver_version"],
+        cuda_driver_version=spec["cuda_driver_version"],
+        gpus=spec["gpus"],
+        gpu_count=len(spec["gpus"]),
+        pci_devices=pci_devices,
+        nvswitch_devices=[],
+    )
+
+
+def discover(nvml, sysfs_root):
+    """The facts from ``nvml`` (the pynvml module, a test double, or None) and the sysfs at ``sysfs_root``.
+
+    Raises DiscoveryError with one sentence when discovery fails.
+    """
+    pci_devices, nvswitch_devices = scan_pci(sysfs_root)
+    result = dict(pci_devices=pci_devices, nvswitch_devices=nvswitch_devices)
+    if nvml is None:
+        reason = NO_PYNVML_REASON
+    else:
+        try:
+            facts = nvml_discover(nvml, sysfs_root)
+        except NvmlUnavailable as exc:
+            reason = str(exc)
+        else:
+            result.update(facts)
+            result.update(source="nvml", nvml_available=True, gpu_count=len(facts["gpus"]))
+            return result
+    result.update(
+        source="sysfs",
+        nvml_available=False,
+        nvml_unavailable_reason=reason,
+        driver_version=None,
+        cuda_driver_version=None,
+        gpus=[],
+        gpu_count=len(pci_devices),
+    )
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            sysfs_root=dict(type="path", default="/sys"),
+            simulate_from=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    simulate_from = module.params["simulate_from"]
+    try:
+        if simulate_from:
+            if not _simulated_spec.HAS_YAML:
+                module.fail_json(
+                    msg=missing_required_lib("PyYAML"),
+                    exception=str(_simulated_spec.YAML_IMPORT_ERROR),
+                )
+            result = _simulated(simulate_from)
+        else:
+            result = discover(pynvml, module.params["sysfs_root"])
+    except (DiscoveryError, _simulated_spec.SpecError) as exc:
+        module.fail_json(msg=str(exc))
+    else:
+        module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()
