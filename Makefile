@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: test setup lint sanity units integration daemon collection bench clean
+.PHONY: test setup lint sanity units integration daemon molecule collection bench clean
 
-test: setup lint sanity units integration daemon
+test: setup lint sanity units integration daemon molecule
 	@echo "make test: every tier passed"
 
 setup:
@@ -41,6 +41,12 @@ integration: setup
 
 daemon: setup
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
+
+# Every scenario directory under molecule/ (podman, the local Debian 12 image); MOLECULE_SCENARIOS=x picks some.
+MOLECULE_SCENARIOS ?= $(patsubst molecule/%/molecule.yml,%,$(wildcard molecule/*/molecule.yml))
+molecule: setup collection
+	@scripts/build-base-image.sh >/dev/null
+	@for s in $(MOLECULE_SCENARIOS); do echo "== molecule scenario $$s"; molecule test -s $$s || exit 1; done
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
