@@ -1,0 +1,428 @@
+# Unit tests of the runtime config edits (text in, text out); tomllib is the independent judge of
+# what a TOML result means.
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+import tomlkit
+
+from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_config as rc
+
+RUNTIME = "/usr/bin/nvidia-container-runtime"
+CRI2 = "io.containerd.grpc.v1.cri"
+CRI3 = "io.containerd.cri.v1.runtime"
+
+V2 = """\
+version = 2
+root = "/var/lib/containerd"  # data lives here
+
+# the CRI plugin
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.9"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"   # kubelet default
+      snapshotter = "overlayfs"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        privileged_without_host_devices = false
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = true  # matches the kubelet
+          NoPivotRoot = false
+"""
+
+V3 = """\
+version = 3
+[plugins."io.containerd.cri.v1.runtime".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    sandboxer = "podsandbox"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+"""
+
+
+def lines(text):
+    """The non-blank lines: tomlkit may leave a blank line where a removed table was."""
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def containerd(text, state="present", set_as_default=True, name="nvidia", path=RUNTIME):
+    return rc.edit_containerd(text, "/etc/containerd/config.toml", name, path, set_as_default, state)
+
+
+def cri(text, plugin=CRI2):
+    return tomllib.loads(text)["plugins"][plugin]["containerd"]
+
+
+def test_v2_present_inherits_runc_and_becomes_default():
+    result = containerd(V2)
+    assert result.changed
+    assert result.config_version == 2
+    section = cri(result.text)
+    assert section["default_runtime_name"] == "nvidia"
+    nvidia = section["runtimes"]["nvidia"]
+    assert nvidia["runtime_type"] == "io.containerd.runc.v2"
+    assert nvidia["privileged_without_host_devices"] is False
+    assert nvidia["options"] == {"SystemdCgroup": True, "NoPivotRoot": False, "BinaryName": RUNTIME}
+    assert result.runtime_entry == nvidia
+    assert result.default_runtime == "nvidia"
+    # every original comment is still there, and the previous default is recorded
+    for comment in ("# data lives here", "# the CRI plugin", "# kubelet default", "# matches the kubelet"):
+        assert comment in result.text
+    assert 'previous default "runc"' in result.text
+
+
+def test_v2_second_present_is_a_no_op():
+    once = containerd(V2)
+    twice = containerd(once.text)
+    assert not twice.changed
+    assert twice.text == once.text
+
+
+def test_v2_present_then_absent_restores_every_line():
+    present = containerd(V2)
+    absent = containerd(present.text, state="absent")
+    assert absent.changed
+    assert lines(absent.text) == lines(V2)
+    assert absent.runtime_entry is None
+    assert absent.default_runtime == "runc"
+
+
+def test_v3_uses_the_cri_runtime_plugin_and_copies_runc_fields():
+    result = containerd(V3)
+    assert result.config_version == 3
+    nvidia = cri(result.text, CRI3)["runtimes"]["nvidia"]
+    assert nvidia["sandboxer"] == "podsandbox"
+    assert nvidia["options"]["SystemdCgroup"] is True
+    assert CRI2 not in result.text
+    assert lines(containerd(result.text, state="absent").text) == lines(V3)
+
+
+def test_set_as_default_false_leaves_the_default():
+    result = containerd(V2, set_as_default=False)
+    section = cri(result.text)
+    assert section["default_runtime_name"] == "runc"
+    assert "nvidia" in section["runtimes"]
+    assert result.default_runtime == "runc"
+    assert lines(containerd(result.text, state="absent", set_as_default=False).text) == lines(V2)
+
+
+def test_minimal_file_gets_the_whole_path_and_absent_removes_it_again():
+    result = containerd(rc.MINIMAL_CONTAINERD_CONFIG)
+    section = cri(result.text)
+    assert section["default_runtime_name"] == "nvidia"
+    assert section["runtimes"]["nvidia"] == {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": RUNTIME}}
+    assert lines(containerd(result.text, state="absent").text) == lines(rc.MINIMAL_CONTAINERD_CONFIG)
+
+
+def test_minimal_file_without_default_uses_implicit_tables_only():
+    result = containerd("version = 2\n", set_as_default=False)
+    assert "default_runtime_name" not in cri(result.text)
+    assert lines(containerd(result.text, state="absent").text) == ["version = 2"]
+
+
+def test_absent_without_marker_falls_back_to_containerd_default():
+    text = V2.replace('default_runtime_name = "runc"   # kubelet default', 'default_runtime_name = "nvidia"')
+    text += (
+        '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '        runtime_type = "io.containerd.runc.v2"\n'
+        '        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        f'          BinaryName = "{RUNTIME}"\n'
+    )
+    result = containerd(text, state="absent")
+    section = cri(result.text)
+    assert "default_runtime_name" not in section
+    assert "nvidia" not in section["runtimes"]
+    assert result.default_runtime == "runc"
+
+
+def test_absent_restores_a_previous_default_that_was_not_runc():
+    text = V2.replace('"runc"   # kubelet default', '"kata"   # kubelet default')
+    present = containerd(text)
+    assert 'previous default "kata"' in present.text
+    absent = containerd(present.text, state="absent")
+    assert lines(absent.text) == lines(text)
+
+
+def test_absent_on_a_config_without_nvidia_changes_nothing():
+    result = containerd(V2, state="absent")
+    assert not result.changed
+    assert result.text == V2
+
+
+def test_existing_compatible_entry_is_completed_not_duplicated():
+    text = V2 + (
+        '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '        runtime_type = "io.containerd.runc.v2"\n'
+        '        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        "          SystemdCgroup = false\n"
+    )
+    result = containerd(text)
+    nvidia = cri(result.text)["runtimes"]["nvidia"]
+    assert nvidia["options"] == {"SystemdCgroup": True, "BinaryName": RUNTIME}
+    assert result.text.count("runtimes.nvidia]") == 1
+    assert not containerd(result.text).changed
+
+
+def test_existing_entry_without_options_gets_them():
+    text = V2 + '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n        runtime_type = ""\n'
+    nvidia = cri(containerd(text).text)["runtimes"]["nvidia"]
+    assert nvidia["runtime_type"] == "io.containerd.runc.v2"
+    assert nvidia["options"]["BinaryName"] == RUNTIME
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'runtime_type = "io.containerd.kata.v2"\n',
+        'runtime_type = "io.containerd.runc.v2"\n        options = { BinaryName = "/usr/bin/other" }\n',
+    ],
+)
+@pytest.mark.parametrize("state", ["present", "absent"])
+def test_an_entry_of_another_runtime_is_not_clobbered(body, state):
+    text = V2 + '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n        ' + body
+    with pytest.raises(rc.ConfigError) as err:
+        containerd(text, state=state)
+    message = str(err.value)
+    assert "/etc/containerd/config.toml already has a runtime" in message
+    assert "choose another runtime_name" in message
+
+
+def test_runtime_name_is_configurable():
+    result = containerd(V2, name="nvidia-cdi")
+    assert "nvidia-cdi" in cri(result.text)["runtimes"]
+    assert cri(result.text)["default_runtime_name"] == "nvidia-cdi"
+
+
+def test_user_comment_on_the_default_line_survives_both_ways():
+    present = containerd(V2)
+    assert 'default_runtime_name = "nvidia"   # kubelet default # gpuops.k8s.nvidia_runtime' in present.text
+    again = containerd(present.text.replace('"nvidia"   #', '"runc"   #'))
+    assert again.text.count("gpuops.k8s.nvidia_runtime") == 1
+
+
+def test_inline_runtimes_table_gets_an_inline_entry():
+    text = (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+        'runtimes = { runc = { runtime_type = "io.containerd.runc.v2", options = { SystemdCgroup = true } } }\n'
+    )
+    result = containerd(text)
+    nvidia = cri(result.text)["runtimes"]["nvidia"]
+    assert nvidia["options"] == {"SystemdCgroup": True, "BinaryName": RUNTIME}
+    assert containerd(result.text, state="absent").text.count("nvidia") == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('root = "/x"\n', "has no top-level version key, which containerd reads as config version 1"),
+        ("version = 4\n", "declares containerd config version 4; this module edits versions 2 and 3 only"),
+        ('version = "2"\n', 'declares containerd config version "2"'),
+        ("version = true\n", "declares containerd config version true"),
+    ],
+)
+def test_unsupported_versions_get_one_sentence(text, expected):
+    with pytest.raises(rc.ConfigError) as err:
+        containerd(text)
+    assert expected in str(err.value)
+
+
+def test_parse_error_names_file_line_and_column():
+    with pytest.raises(rc.ConfigError) as err:
+        containerd('version = 2\n[plugins\nx = 1\n')
+    message = str(err.value)
+    assert message.startswith("/etc/containerd/config.toml is not valid TOML: line 2, column")
+    assert "\n" not in message
+
+
+def test_a_non_table_on_the_path_is_reported():
+    with pytest.raises(rc.ConfigError) as err:
+        containerd('version = 2\nplugins = "none"\n')
+    assert "plugins is a str, but a table was expected there" in str(err.value)
+    with pytest.raises(rc.ConfigError) as err:
+        containerd('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\nruntimes = 3\n')
+    assert 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes is a int' in str(err.value)
+
+
+def test_entry_that_is_not_a_table_is_reported():
+    with pytest.raises(rc.ConfigError) as err:
+        containerd('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes]\nnvidia = "x"\n')
+    assert "runtimes.nvidia is not a table" in str(err.value)
+
+
+def test_absent_on_a_file_without_the_plugin_section():
+    result = containerd('version = 2\nroot = "/x"\n', state="absent")
+    assert not result.changed
+
+
+def test_out_of_order_tables_are_edited_in_place():
+    text = (
+        "version = 2\n"
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\nruntime_type = "io.containerd.runc.v2"\n'
+        '[debug]\nlevel = "info"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd]\nsnapshotter = "overlayfs"\n'
+    )
+    result = containerd(text)
+    section = cri(result.text)
+    assert section["default_runtime_name"] == "nvidia"
+    assert section["snapshotter"] == "overlayfs"
+    assert tomllib.loads(result.text)["debug"] == {"level": "info"}
+    assert tomllib.loads(containerd(result.text, state="absent").text) == tomllib.loads(text)
+
+
+# ------------------------------------------------------------------------------------------- CRI-O
+
+
+def crio(text, state="present", set_as_default=True):
+    return rc.edit_crio(text, "/etc/crio/crio.conf.d/99-nvidia.toml", "nvidia", RUNTIME, set_as_default, state)
+
+
+def test_crio_new_drop_in():
+    result = crio("")
+    data = tomllib.loads(result.text)
+    assert data == {
+        "crio": {
+            "runtime": {
+                "default_runtime": "nvidia",
+                "runtimes": {"nvidia": {"runtime_path": RUNTIME, "runtime_type": "oci"}},
+            }
+        }
+    }
+    assert result.runtime_entry == {"runtime_path": RUNTIME, "runtime_type": "oci"}
+    assert not crio(result.text).changed
+    assert lines(crio(result.text, state="absent").text) == []
+
+
+def test_crio_existing_file_keeps_comments_and_restores_default():
+    text = '# site drop-in\n[crio.runtime]\ndefault_runtime = "crun"  # fast\nlog_size_max = 8192\n'
+    present = crio(text)
+    assert tomllib.loads(present.text)["crio"]["runtime"]["log_size_max"] == 8192
+    assert "# site drop-in" in present.text
+    assert lines(crio(present.text, state="absent").text) == lines(text)
+
+
+def test_crio_without_default():
+    result = crio("", set_as_default=False)
+    assert "default_runtime" not in tomllib.loads(result.text)["crio"]["runtime"]
+    assert result.default_runtime is None
+
+
+def test_crio_existing_entry_is_updated_or_refused():
+    ok = crio('[crio.runtime.runtimes.nvidia]\nruntime_type = ""\n')
+    assert tomllib.loads(ok.text)["crio"]["runtime"]["runtimes"]["nvidia"] == {
+        "runtime_type": "oci",
+        "runtime_path": RUNTIME,
+    }
+    with pytest.raises(rc.ConfigError) as err:
+        crio('[crio.runtime.runtimes.nvidia]\nruntime_path = "/usr/bin/crun"\n')
+    assert 'runtime_path "/usr/bin/crun"' in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------ Docker
+
+
+def docker(text, state="present", set_as_default=True, memo=None):
+    return rc.edit_docker(text, "/etc/docker/daemon.json", "nvidia", RUNTIME, set_as_default, state, memo)
+
+
+DAEMON = '{\n  "log-driver": "json-file",\n  "exec-opts": ["native.cgroupdriver=systemd"],\n  "data-root": "/srv/docker"\n}\n'
+
+
+def test_docker_present_keeps_keys_order_and_indent():
+    result = docker(DAEMON)
+    assert result.changed
+    data = json.loads(result.text)
+    assert list(data) == ["log-driver", "exec-opts", "data-root", "runtimes", "default-runtime"]
+    assert data["runtimes"] == {"nvidia": {"path": RUNTIME, "args": []}}
+    assert data["default-runtime"] == "nvidia"
+    assert result.text.endswith("}\n")
+    assert '\n  "log-driver"' in result.text
+    assert result.state_doc == {"added_runtimes": True, "previous_default_runtime": None}
+    second = docker(result.text, memo=result.state_doc)
+    assert not second.changed
+    assert second.state_doc == result.state_doc
+    absent = docker(result.text, state="absent", memo=result.state_doc)
+    assert json.loads(absent.text) == json.loads(DAEMON)
+    assert absent.state_doc is None
+
+
+def test_docker_restores_a_previous_default_and_keeps_tabs():
+    text = '{\n\t"default-runtime": "crun",\n\t"runtimes": {}\n}'
+    present = docker(text)
+    assert '\n\t"default-runtime": "nvidia"' in present.text
+    absent = docker(present.text, state="absent", memo=present.state_doc)
+    assert json.loads(absent.text) == json.loads(text)
+
+
+def test_docker_absent_without_memo_drops_the_default():
+    text = json.dumps({"default-runtime": "nvidia", "runtimes": {"nvidia": {"path": RUNTIME}}})
+    result = docker(text, state="absent")
+    assert json.loads(result.text) == {"runtimes": {}}
+    assert result.default_runtime == "runc"
+
+
+def test_docker_empty_file_and_unchanged_file():
+    result = docker("")
+    assert json.loads(result.text)["runtimes"]["nvidia"]["path"] == RUNTIME
+    assert "\n    \"runtimes\"" in result.text
+    unchanged = docker('{"a":1}', state="absent")
+    assert not unchanged.changed
+    assert unchanged.text == '{"a":1}'
+
+
+def test_docker_set_as_default_false():
+    result = docker("{}", set_as_default=False)
+    assert "default-runtime" not in json.loads(result.text)
+    assert result.default_runtime == "runc"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[1, 2]", "must hold a JSON object at the top level, but it holds a array"),
+        ('"x"', "holds a string"),
+        ("3", "holds a number"),
+        ("null", "holds a null"),
+        ('{"a": 1,\n "b": }', "is not valid JSON: line 2, column 7"),
+        ('{"runtimes": []}', "the runtimes key must be a JSON object"),
+        ('{"runtimes": {"nvidia": {"path": "/usr/bin/runc"}}}', 'runtimes.nvidia with path "/usr/bin/runc"'),
+        ('{"runtimes": {"nvidia": "x"}}', "runtimes.nvidia with path null"),
+    ],
+)
+def test_docker_bad_input(text, expected):
+    with pytest.raises(rc.ConfigError) as err:
+        docker(text)
+    assert expected in str(err.value)
+    assert str(err.value).startswith("/etc/docker/daemon.json")
+
+
+def test_docker_existing_entry_gets_the_path():
+    result = docker('{"runtimes": {"nvidia": {"path": "", "runtimeArgs": ["--x"]}}}')
+    assert json.loads(result.text)["runtimes"]["nvidia"] == {"path": RUNTIME, "runtimeArgs": ["--x"]}
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def test_detect_json_indent():
+    assert rc.detect_json_indent('{\n   "a": 1\n}') == "   "
+    assert rc.detect_json_indent('{"a": 1}') is None
+
+
+@pytest.mark.parametrize(("version", "old"), [("0.9.5", True), ("0.10.2", True), ("0.11.0", False), ("1.0.0", False)])
+def test_tomlkit_too_old(monkeypatch, version, old):
+    monkeypatch.setattr(rc, "TOMLKIT_VERSION", version)
+    assert rc.tomlkit_too_old() is old
+
+
+def test_marker_round_trip():
+    doc = tomlkit.parse('x = "a"\n')
+    doc["x"].comment(rc._marker_comment("runc", True))
+    assert rc._read_marker(doc["x"]) == (True, "runc", True)
+    doc["x"].comment(rc._marker_comment(None, False))
+    assert rc._read_marker(doc["x"]) == (True, None, False)
+    assert rc._read_marker(tomlkit.parse('x = "a" # other\n')["x"]) == (False, None, False)

@@ -1,0 +1,342 @@
+# Unit tests of the gpuops.k8s.nvidia_runtime module: arguments in, files on disk and results out.
+# AnsibleModule.exit_json/fail_json are replaced by exceptions so a test can read the result;
+# everything else (files, atomic_move, backup_local) is real and works in a temporary directory.
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tomllib
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_config
+from ansible_collections.gpuops.k8s.plugins.modules import nvidia_runtime
+
+RUNTIME = "/usr/bin/nvidia-container-runtime"
+V2 = """\
+version = 2
+# comment kept
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+"""
+
+
+class ModuleExit(Exception):
+    def __init__(self, result):
+        super().__init__(result)
+        self.result = result
+
+
+class ModuleFail(Exception):
+    def __init__(self, result):
+        super().__init__(result)
+        self.result = result
+
+
+def _exit_json(self, **kwargs):
+    kwargs.setdefault("changed", False)
+    raise ModuleExit(kwargs)
+
+
+def _fail_json(self, msg, **kwargs):
+    kwargs["msg"] = msg
+    raise ModuleFail(kwargs)
+
+
+@pytest.fixture(autouse=True)
+def patched(monkeypatch):
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
+
+
+def run(args, check=False, diff=False):
+    args = dict(args)
+    if check:
+        args["_ansible_check_mode"] = True
+    if diff:
+        args["_ansible_diff"] = True
+    with patch_module_args(args):
+        with pytest.raises(ModuleExit) as done:
+            nvidia_runtime.main()
+    return done.value.result
+
+
+def fail(args):
+    with patch_module_args(args):
+        with pytest.raises(ModuleFail) as failed:
+            nvidia_runtime.main()
+    return failed.value.result
+
+
+def snapshot(path):
+    st = os.stat(path)
+    with open(path, "rb") as handle:
+        return handle.read(), st.st_mtime_ns, st.st_ino
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(V2)
+    return path
+
+
+def test_present_changes_then_is_idempotent(config):
+    first = run({"runtime": "containerd", "config_path": str(config)})
+    assert first["changed"] is True
+    assert first["config_version"] == 2
+    assert first["default_runtime"] == "nvidia"
+    assert first["runtime_entry"]["options"] == {"SystemdCgroup": True, "BinaryName": RUNTIME}
+    assert "backup_file" not in first
+    assert "diff" not in first
+    data = tomllib.loads(config.read_text())
+    assert data["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["default_runtime_name"] == "nvidia"
+    assert "# comment kept" in config.read_text()
+    before = snapshot(config)
+    second = run({"runtime": "containerd", "config_path": str(config)})
+    assert second["changed"] is False
+    assert snapshot(config) == before
+
+
+def test_check_mode_writes_nothing_and_reports_the_diff(config):
+    before = snapshot(config)
+    result = run({"runtime": "containerd", "config_path": str(config)}, check=True, diff=True)
+    assert result["changed"] is True
+    assert snapshot(config) == before
+    diff = result["diff"]
+    assert diff["before"] == V2
+    assert diff["before_header"] == diff["after_header"] == str(config)
+    assert "runtimes.nvidia]" in diff["after"]
+    # what check mode announced is what a real run writes
+    run({"runtime": "containerd", "config_path": str(config)})
+    assert config.read_text() == diff["after"]
+
+
+def test_diff_of_a_no_change_run_is_empty(config):
+    run({"runtime": "containerd", "config_path": str(config)})
+    result = run({"runtime": "containerd", "config_path": str(config)}, diff=True)
+    assert result["changed"] is False
+    assert result["diff"]["before"] == result["diff"]["after"]
+
+
+def test_backup_and_mode_and_owner_are_kept(config):
+    os.chmod(config, 0o640)
+    result = run({"runtime": "containerd", "config_path": str(config), "backup": True})
+    assert result["changed"]
+    with open(result["backup_file"]) as handle:
+        assert handle.read() == V2
+    assert stat.S_IMODE(os.stat(config).st_mode) == 0o640
+    leftovers = [p for p in os.listdir(config.parent) if p.startswith(".config.toml.")]
+    assert leftovers == []
+
+
+def test_no_backup_when_nothing_changes(config):
+    run({"runtime": "containerd", "config_path": str(config)})
+    result = run({"runtime": "containerd", "config_path": str(config), "backup": True})
+    assert "backup_file" not in result
+
+
+def test_absent_restores_the_default(config):
+    run({"runtime": "containerd", "config_path": str(config)})
+    result = run({"runtime": "containerd", "config_path": str(config), "state": "absent"})
+    assert result["changed"]
+    assert result["runtime_entry"] is None
+    assert result["default_runtime"] == "runc"
+    assert tomllib.loads(config.read_text()) == tomllib.loads(V2)
+    assert run({"runtime": "containerd", "config_path": str(config), "state": "absent"})["changed"] is False
+
+
+def test_parse_error_leaves_the_file_byte_for_byte(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"version = 2\n[plugins\n")
+    before = snapshot(path)
+    result = fail({"runtime": "containerd", "config_path": str(path), "backup": True})
+    assert result["msg"].startswith(f"{path} is not valid TOML: line 2, column")
+    assert snapshot(path) == before
+    assert os.listdir(tmp_path) == ["config.toml"]
+
+
+def test_unknown_version_fails_cleanly(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("version = 1\n")
+    assert "declares containerd config version 1" in fail({"runtime": "containerd", "config_path": str(path)})["msg"]
+
+
+def test_clobber_is_refused(config):
+    config.write_text(V2 + '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\nruntime_type = "io.containerd.kata.v2"\n')
+    before = snapshot(config)
+    result = fail({"runtime": "containerd", "config_path": str(config)})
+    assert "already has a runtime" in result["msg"]
+    assert snapshot(config) == before
+
+
+def test_missing_containerd_file_uses_containerd_config_default(tmp_path, monkeypatch):
+    path = tmp_path / "etc" / "containerd" / "config.toml"
+    calls = []
+
+    def run_command(self, args, **kwargs):
+        calls.append(args)
+        return 0, V2, ""
+
+    # A double of the containerd binary: the real one is exercised by the integration tests.
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: "/usr/bin/containerd")
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    result = run({"runtime": "containerd", "config_path": str(path)}, diff=True)
+    assert calls == [["/usr/bin/containerd", "config", "default"]]
+    assert result["changed"]
+    assert result["diff"]["before"] == ""
+    assert result["diff"]["before_header"] == f"{path} (absent)"
+    text = path.read_text()
+    assert "# comment kept" in text
+    assert tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["nvidia"]["options"][
+        "SystemdCgroup"
+    ]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+
+
+def test_missing_containerd_file_without_binary_gets_minimal_v2(tmp_path, monkeypatch):
+    path = tmp_path / "config.toml"
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: None)
+    result = run({"runtime": "containerd", "config_path": str(path)})
+    assert result["config_version"] == 2
+    data = tomllib.loads(path.read_text())
+    assert data["version"] == 2
+    assert data["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["nvidia"] == {
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"BinaryName": RUNTIME},
+    }
+
+
+def test_failing_containerd_config_default_warns_and_uses_minimal(tmp_path, monkeypatch):
+    path = tmp_path / "config.toml"
+    warnings = []
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: "/usr/bin/containerd")
+    monkeypatch.setattr(basic.AnsibleModule, "run_command", lambda self, args, **k: (1, "", "boom"))
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, msg: warnings.append(msg))
+    run({"runtime": "containerd", "config_path": str(path)})
+    assert "boom" in warnings[0]
+    assert tomllib.loads(path.read_text())["version"] == 2
+
+
+def test_missing_file_check_mode_creates_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "config.toml"
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: None)
+    result = run({"runtime": "containerd", "config_path": str(path)}, check=True)
+    assert result["changed"]
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("runtime", ["containerd", "docker", "crio"])
+def test_absent_on_a_missing_file_creates_nothing(tmp_path, runtime):
+    path = tmp_path / "missing.conf"
+    result = run({"runtime": runtime, "config_path": str(path), "state": "absent"})
+    assert result["changed"] is False
+    assert not path.exists()
+
+
+def test_empty_containerd_file_absent(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("")
+    assert run({"runtime": "containerd", "config_path": str(path), "state": "absent"})["changed"] is False
+
+
+def test_missing_tomlkit_gives_missing_required_lib(config, monkeypatch):
+    monkeypatch.setattr(nvidia_runtime, "HAS_TOMLKIT", False)
+    monkeypatch.setattr(nvidia_runtime, "TOMLKIT_IMPORT_ERROR", "Traceback: No module named 'tomlkit'")
+    result = fail({"runtime": "containerd", "config_path": str(config)})
+    assert "Failed to import the required Python library (tomlkit)" in result["msg"]
+    assert config.read_text() == V2
+
+
+def test_old_tomlkit_is_refused(config, monkeypatch):
+    monkeypatch.setattr(_runtime_config, "TOMLKIT_VERSION", "0.9.5")
+    monkeypatch.setattr(nvidia_runtime, "TOMLKIT_VERSION", "0.9.5")
+    result = fail({"runtime": "crio", "config_path": str(config)})
+    assert result["msg"] == "tomlkit 0.9.5 is too old; this module needs tomlkit 0.11 or newer on the target."
+
+
+def test_docker_does_not_need_tomlkit(tmp_path, monkeypatch):
+    monkeypatch.setattr(nvidia_runtime, "HAS_TOMLKIT", False)
+    path = tmp_path / "daemon.json"
+    result = run({"runtime": "docker", "config_path": str(path)})
+    assert result["changed"]
+    assert json.loads(path.read_text())["default-runtime"] == "nvidia"
+
+
+@pytest.mark.parametrize("name", ["", 'nv"idia', "a\nb"])
+def test_bad_runtime_name(config, name):
+    assert "runtime_name must be" in fail({"runtime": "containerd", "config_path": str(config), "runtime_name": name})["msg"]
+
+
+def test_config_path_that_is_a_directory(tmp_path):
+    assert "is a directory" in fail({"runtime": "docker", "config_path": str(tmp_path)})["msg"]
+
+
+def test_default_paths():
+    assert nvidia_runtime.DEFAULT_PATHS == {
+        "containerd": "/etc/containerd/config.toml",
+        "docker": "/etc/docker/daemon.json",
+        "crio": "/etc/crio/crio.conf.d/99-nvidia.toml",
+    }
+
+
+def test_docker_round_trip_with_state_document(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text('{\n  "default-runtime": "crun",\n  "log-level": "warn"\n}\n')
+    state = tmp_path / "daemon.json.nvidia-runtime-state"
+    first = run({"runtime": "docker", "config_path": str(path)})
+    assert first["changed"]
+    assert first["default_runtime"] == "nvidia"
+    assert json.loads(state.read_text()) == {"added_runtimes": True, "previous_default_runtime": "crun"}
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o600
+    assert path.read_text().startswith('{\n  "default-runtime": "nvidia",\n  "log-level": "warn",\n  "runtimes"')
+    assert run({"runtime": "docker", "config_path": str(path)})["changed"] is False
+    absent = run({"runtime": "docker", "config_path": str(path), "state": "absent"})
+    assert absent["changed"]
+    assert json.loads(path.read_text()) == {"default-runtime": "crun", "log-level": "warn"}
+    assert not state.exists()
+
+
+def test_docker_bad_state_document(tmp_path):
+    path = tmp_path / "daemon.json"
+    (tmp_path / "daemon.json.nvidia-runtime-state").write_text("{")
+    assert "is not valid JSON; remove it or fix it" in fail({"runtime": "docker", "config_path": str(path)})["msg"]
+
+
+def test_docker_non_object(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text("[]\n")
+    result = fail({"runtime": "docker", "config_path": str(path)})
+    assert result["msg"] == f"{path} must hold a JSON object at the top level, but it holds a array."
+    assert path.read_text() == "[]\n"
+
+
+def test_crio_drop_in_directory_is_created(tmp_path):
+    path = tmp_path / "crio.conf.d" / "99-nvidia.toml"
+    result = run({"runtime": "crio", "config_path": str(path), "runtime_path": "/opt/nvidia/bin/runtime"})
+    assert result["runtime_entry"] == {"runtime_path": "/opt/nvidia/bin/runtime", "runtime_type": "oci"}
+    assert tomllib.loads(path.read_text())["crio"]["runtime"]["default_runtime"] == "nvidia"
+
+
+def test_write_failure_is_reported(config, monkeypatch):
+    def broken(self, src, dest, unsafe_writes=False, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(basic.AnsibleModule, "atomic_move", broken)
+    result = fail({"runtime": "containerd", "config_path": str(config)})
+    assert result["msg"].startswith(f"Cannot write {config}:")
+    assert config.read_text() == V2
+    assert os.listdir(config.parent) == ["config.toml"]
+
+
+def test_unreadable_file_is_reported(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"\xff\xfe")
+    assert fail({"runtime": "containerd", "config_path": str(path)})["msg"].startswith(f"Cannot read {path}:")
