@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: test setup lint sanity units integration daemon molecule collection bench clean
+.PHONY: test setup lint sanity units integration daemon daemon-image molecule collection bench clean
 
-test: setup lint sanity units integration daemon molecule
+test: setup lint sanity units integration daemon daemon-image molecule
 	@echo "make test: every tier passed"
 
 setup:
@@ -40,6 +40,7 @@ integration: setup
 	python -m pytest -q -p no:cacheprovider tests/integration
 
 daemon: setup
+	cd $(PLUGIN_DIR) && mypy --config-file pyproject.toml --cache-dir $(GPUOPS_CACHE)/mypy-device-plugin
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
 
 # Every scenario directory under molecule/ (podman, the local Debian 12 image); MOLECULE_SCENARIOS=x picks some.
@@ -47,6 +48,10 @@ MOLECULE_SCENARIOS ?= $(patsubst molecule/%/molecule.yml,%,$(wildcard molecule/*
 molecule: setup collection
 	@scripts/build-base-image.sh >/dev/null
 	@for s in $(MOLECULE_SCENARIOS); do echo "== molecule scenario $$s"; molecule test -s $$s || exit 1; done
+
+# The device-plugin image built with podman from the local base image and run against the kubelet double.
+daemon-image: setup
+	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/image_tests
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done

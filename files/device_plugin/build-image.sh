@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds the device-plugin image from the local Debian 12 base and, with --save, writes it as an
+# OCI archive for `ctr images import`. Cached by content: the image tag is a hash of the daemon's
+# sources, this script, the Containerfile and the base image; an unchanged tree rebuilds nothing.
+#   files/device_plugin/build-image.sh [--save FILE]   -> prints the image reference
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
+python=${PYTHON:-python3}
+save=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --save) save=$2; shift 2 ;;
+    *) echo "usage: $0 [--save FILE]" >&2; exit 2 ;;
+  esac
+done
+log() { printf '[device-plugin-image] %s\n' "$*" >&2; }
+
+base=$("$repo/scripts/build-base-image.sh")
+base_id=$(podman image inspect --format '{{.Id}}' "$base")
+hash=$( (cd "$here" && find src -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
+         sha256sum Containerfile build-image.sh pyproject.toml; echo "$base_id") | sha256sum | cut -c1-12)
+tag="localhost/gpu-device-plugin:$hash"
+
+if ! podman image exists "$tag"; then
+  # Wheels come from the package index through pip, once per dependency set, outside the build.
+  deps=$("$python" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
+    "$here/pyproject.toml")
+  wheels="$cache/wheels/device-plugin-$(printf '%s' "$deps" | sha256sum | cut -c1-12)"
+  if [ ! -f "$wheels/.complete" ]; then
+    log "downloading wheels into $wheels"
+    mkdir -p "$wheels"
+    printf '%s\n' "$deps" > "$wheels/requirements.txt"
+    "$python" -m pip download -q --only-binary=:all: -d "$wheels" -r "$wheels/requirements.txt"
+    touch "$wheels/.complete"
+  fi
+  context=$(mktemp -d)
+  trap 'rm -rf "$context"' EXIT
+  "$python" -m pip install -q --no-index --find-links "$wheels" --target "$context/site" -r "$wheels/requirements.txt"
+  cp -r "$here/src/gpu_device_plugin" "$context/site/"
+  find "$context/site" -name __pycache__ -type d -prune -exec rm -rf {} +
+  rm -rf "$context/site/bin"
+  cp "$here/Containerfile" "$context/"
+  log "building $tag from $base"
+  podman build -q --build-arg "BASE=$base" -t "$tag" "$context" >/dev/null
+fi
+podman tag "$tag" localhost/gpu-device-plugin:latest
+log "size: $(podman image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.1f MB", $1 / 1000000}')"
+
+if [ -n "$save" ]; then
+  archive="$cache/images/gpu-device-plugin-$hash.oci.tar"
+  if [ ! -f "$archive" ]; then
+    mkdir -p "$cache/images"
+    podman save -q --format oci-archive -o "$archive.tmp" "$tag"
+    mv "$archive.tmp" "$archive"
+  fi
+  cp "$archive" "$save"
+  log "saved $save ($(du -m "$save" | cut -f1) MB)"
+fi
+echo "$tag"

@@ -1,0 +1,105 @@
+"""The container image, for real: built with build-image.sh (podman, local base image), saved as an
+OCI archive, and run the way the DaemonSet runs it (UID 0, read-only root, no capabilities, no network)
+against the kubelet double over a bind-mounted device-plugin directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLUGIN = os.path.dirname(HERE)
+sys.path[:0] = [os.path.join(PLUGIN, "tests"), os.path.join(PLUGIN, "src")]
+
+from kubelet_double import KubeletDouble  # noqa: E402
+
+GPU = "nvidia.com/gpu"
+SPEC = os.path.join(PLUGIN, "..", "..", "tests", "fixtures", "simulated", "h100x8.yaml")
+
+
+def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
+    archive = tmp_path / "gpu-device-plugin.oci.tar"
+    built = subprocess.run(
+        [os.path.join(PLUGIN, "build-image.sh"), "--save", str(archive)],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    image = built.stdout.strip().splitlines()[-1]
+    sys.stderr.write(built.stderr)
+    assert archive.stat().st_size > 10_000_000
+    with open(archive, "rb") as handle:
+        handle.seek(257)
+        assert handle.read(5) == b"ustar"  # a tar archive, as `ctr images import` expects
+    work = tempfile.mkdtemp(prefix="gdp-img-")
+    plugin_dir, spec_dir = os.path.join(work, "dp"), os.path.join(work, "spec")
+    os.makedirs(plugin_dir)
+    os.makedirs(spec_dir)
+    shutil.copy(SPEC, os.path.join(spec_dir, "gpus.yaml"))
+    kubelet = KubeletDouble(os.path.join(plugin_dir, "kubelet.sock"))
+    kubelet.start()
+    name = f"gdp-image-test-{os.getpid()}"
+    try:
+        subprocess.run(
+            [
+                "podman",
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--network",
+                "none",
+                "--user",
+                "0",
+                "--read-only",
+                "--cap-drop",
+                "ALL",
+                "--security-opt",
+                "no-new-privileges",
+                "-v",
+                f"{plugin_dir}:/var/lib/kubelet/device-plugins",
+                "-v",
+                f"{spec_dir}:/spec:ro",
+                image,
+                "--backend",
+                "simulated",
+                "--simulated-spec",
+                "/spec/gpus.yaml",
+                "--metrics-address",
+                "",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        assert kubelet.wait(lambda: kubelet.devices(GPU) is not None, timeout=30)
+        assert len(kubelet.devices(GPU)) == 8
+        assert kubelet.registrations[0].endpoint == "gpuops-nvidia.com-gpu.sock"
+        with open(os.path.join(spec_dir, "gpus.yaml")) as handle:
+            text = handle.read()
+        with open(os.path.join(spec_dir, "gpus.yaml.tmp"), "w") as handle:
+            handle.write(text.replace("  numa_node: 0\n", "  numa_node: 0\n  xid: 79\n", 1))
+        os.replace(os.path.join(spec_dir, "gpus.yaml.tmp"), os.path.join(spec_dir, "gpus.yaml"))
+        assert kubelet.wait(lambda: kubelet.health(GPU).get(kubelet.devices(GPU)[0]["id"]) == "Unhealthy", 5)
+        endpoint = kubelet.endpoints[GPU]
+        subprocess.run(["podman", "stop", "-t", "10", name], check=True, capture_output=True, timeout=60)
+        state = subprocess.run(
+            ["podman", "inspect", "--format", "{{.State.ExitCode}}", name], capture_output=True, text=True, check=True
+        )
+        assert state.stdout.strip() == "0"
+        assert kubelet.wait(lambda: endpoint.stream_ended == "OK", 5)
+        deadline = time.monotonic() + 5
+        while os.path.exists(os.path.join(plugin_dir, "gpuops-nvidia.com-gpu.sock")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(os.path.join(plugin_dir, "gpuops-nvidia.com-gpu.sock"))
+    finally:
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True, check=False)
+        kubelet.stop()
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,132 @@
+"""`gpu-device-plugin`: command line, logging, and the run of the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from dataclasses import replace
+from typing import Any, Mapping, Optional, Sequence
+
+from gpu_device_plugin import __version__, config
+from gpu_device_plugin import log as logsetup
+from gpu_device_plugin.daemon import Daemon
+
+log = logging.getLogger("gpu_device_plugin")
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+
+
+def _seconds(text: str) -> float:
+    if text.strip().lower() in ("off", "never"):
+        return -1.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds or 'off', not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu-device-plugin",
+        description="Advertise NVIDIA GPUs to the kubelet (device-plugin API v1beta1).",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--config-file", help="YAML config (NVIDIA's version: v1 fields we support, plus gpuops:)")
+    p.add_argument("--backend", choices=("nvml", "simulated"), help="GPU discovery backend (default nvml)")
+    p.add_argument("--simulated-spec", help="simulated-GPU spec file, watched for edits (labs and CI only)")
+    p.add_argument("--kubelet-socket", help="the kubelet's registration socket; our sockets go beside it")
+    p.add_argument("--fail-on-init-error", type=_bool, nargs="?", const=True, metavar="BOOL")
+    p.add_argument("--init-retry-seconds", type=float, help="retry period when discovery fails (default 30)")
+    p.add_argument("--mig-strategy", choices=config.MIG_STRATEGIES)
+    p.add_argument(
+        "--device-list-strategy",
+        action="append",
+        help=f"any of {', '.join(config.LIST_STRATEGIES)}; repeat or comma-separate to combine",
+    )
+    p.add_argument("--device-id-strategy", choices=config.ID_STRATEGIES)
+    p.add_argument("--pass-device-specs", type=_bool, nargs="?", const=True, metavar="BOOL")
+    p.add_argument(
+        "--pre-start-required",
+        type=_bool,
+        nargs="?",
+        const=True,
+        metavar="BOOL",
+        help="ask the kubelet for PreStartContainer and refuse containers on unhealthy GPUs",
+    )
+    p.add_argument(
+        "--health-recovery-seconds",
+        type=_seconds,
+        help="make an Unhealthy GPU Healthy after this many quiet seconds (default off)",
+    )
+    p.add_argument("--metrics-address", help="HOST:PORT for /metrics and /healthz; empty turns it off")
+    p.add_argument("--log-format", choices=("json", "text"))
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    values = {k: v for k, v in vars(args).items() if k != "config_file"}
+    if values.get("device_list_strategy"):
+        values["device_list_strategy"] = tuple(
+            s.strip() for item in values["device_list_strategy"] for s in item.split(",") if s.strip()
+        )
+    if values.get("health_recovery_seconds") == -1.0:
+        values["health_recovery_seconds"] = None
+        values["_recovery_off"] = True
+    return values
+
+
+def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> config.Config:
+    path = args.config_file or env.get("CONFIG_FILE") or None
+    file_values = config.load_file(path) if path else {}
+    flags = flag_values(args)
+    recovery_off = flags.pop("_recovery_off", False)
+    result = config.resolve(flags, env, file_values)
+    if recovery_off:
+        result = replace(result, health_recovery_seconds=None)
+    return replace(result, config_file=path)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    env = dict(os.environ)
+    logsetup.setup(args.log_format or env.get("GPU_DEVICE_PLUGIN_LOG_FORMAT") or "text", args.log_level or "info")
+    try:
+        settings = load_config(args, env)
+    except config.ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        return 2
+    logsetup.setup(settings.log_format, args.log_level or settings.log_level)
+    log.info(
+        "starting gpu-device-plugin",
+        extra={
+            "version": __version__,
+            "backend": settings.backend,
+            "kubelet_socket": settings.kubelet_socket,
+            "mig_strategy": settings.mig_strategy,
+            "device_list_strategy": list(settings.device_list_strategy),
+            "device_id_strategy": settings.device_id_strategy,
+        },
+    )
+    try:
+        return asyncio.run(Daemon(settings, reload_config=lambda: load_config(args, dict(os.environ))).run())
+    except config.ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

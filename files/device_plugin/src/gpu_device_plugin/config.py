@@ -1,0 +1,297 @@
+"""Settings: command-line flags, then environment variables, then the config file, then defaults.
+
+The file accepts the fields of NVIDIA's device-plugin config `version: v1` that this daemon
+implements, so an existing file can be reused, plus a `gpuops:` section for settings of our own.
+Anything else is an error naming the field."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import yaml
+
+MIG_STRATEGIES = ("none", "single", "mixed")
+LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri", "mounts")
+ID_STRATEGIES = ("uuid", "index")
+DEFAULT_RESOURCE = "nvidia.com/gpu"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message is one sentence saying what and where."""
+
+
+@dataclass(frozen=True)
+class TimeSlicedResource:
+    name: str
+    replicas: int
+    rename: Optional[str] = None
+    devices: Optional[tuple[str, ...]] = None  # None: every GPU; else indices or UUIDs
+
+
+@dataclass(frozen=True)
+class TimeSlicing:
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    resources: tuple[TimeSlicedResource, ...] = ()
+
+
+@dataclass(frozen=True)
+class MountsSettings:
+    driver_root: str = "/"
+    dev_root: str = "/dev"
+    library_dirs: tuple[str, ...] = ()  # empty: found from where libnvidia-ml.so.1 lives
+    binaries: tuple[str, ...] = (
+        "nvidia-smi",
+        "nvidia-debugdump",
+        "nvidia-persistenced",
+        "nvidia-cuda-mps-control",
+        "nvidia-cuda-mps-server",
+    )
+    container_lib_dir: str = "/usr/local/nvidia/lib64"
+    container_bin_dir: str = "/usr/local/nvidia/bin"
+
+
+@dataclass(frozen=True)
+class Config:
+    backend: str = "nvml"
+    simulated_spec: Optional[str] = None
+    kubelet_socket: str = "/var/lib/kubelet/device-plugins/kubelet.sock"
+    config_file: Optional[str] = None
+    fail_on_init_error: bool = True
+    init_retry_seconds: float = 30.0
+    mig_strategy: str = "none"
+    device_list_strategy: tuple[str, ...] = ("envvar",)
+    device_id_strategy: str = "uuid"
+    pass_device_specs: bool = False
+    pre_start_required: bool = False
+    health_recovery_seconds: Optional[float] = None  # None: an Unhealthy GPU stays Unhealthy
+    disable_healthchecks: str = ""
+    enable_healthchecks: str = ""
+    metrics_address: str = "127.0.0.1:9402"
+    log_format: str = "text"
+    log_level: str = "info"
+    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    mounts: MountsSettings = field(default_factory=MountsSettings)
+
+    @property
+    def plugin_dir(self) -> str:
+        return os.path.dirname(os.path.abspath(self.kubelet_socket))
+
+
+# (attribute, environment variable, kind); kinds: str, bool, float, list
+_ENV = (
+    ("backend", "GPU_DEVICE_PLUGIN_BACKEND", "str"),
+    ("simulated_spec", "GPU_DEVICE_PLUGIN_SIMULATED_SPEC", "str"),
+    ("kubelet_socket", "GPU_DEVICE_PLUGIN_KUBELET_SOCKET", "str"),
+    ("fail_on_init_error", "FAIL_ON_INIT_ERROR", "bool"),
+    ("mig_strategy", "MIG_STRATEGY", "str"),
+    ("device_list_strategy", "DEVICE_LIST_STRATEGY", "list"),
+    ("device_id_strategy", "DEVICE_ID_STRATEGY", "str"),
+    ("pass_device_specs", "PASS_DEVICE_SPECS", "bool"),
+    ("health_recovery_seconds", "GPU_DEVICE_PLUGIN_HEALTH_RECOVERY_SECONDS", "float"),
+    ("disable_healthchecks", "DP_DISABLE_HEALTHCHECKS", "str"),
+    ("enable_healthchecks", "DP_ENABLE_HEALTHCHECKS", "str"),
+    ("metrics_address", "GPU_DEVICE_PLUGIN_METRICS_ADDRESS", "str"),
+    ("log_format", "GPU_DEVICE_PLUGIN_LOG_FORMAT", "str"),
+)
+
+
+def _convert(value: Any, kind: str, where: str) -> Any:
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{where} must be true or false, not {value!r}.")
+    if kind == "float":
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off", "never")):
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number of seconds or 'off', not {value!r}.") from None
+        if number < 0:
+            raise ConfigError(f"{where} must not be negative.")
+        return number
+    if kind == "list":
+        items = value if isinstance(value, list) else str(value).split(",")
+        return tuple(str(i).strip() for i in items if str(i).strip())
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ConfigError(f"{where} must be a string.")
+    return str(value)
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """Read the YAML config file into a flat dict of Config attributes."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}.") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: the config file is not valid YAML.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config file must be a mapping.")
+    return _FileReader(path).read(data)
+
+
+class _FileReader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def mapping(self, data: Any, where: str, allowed: set[str]) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.path}: {where} must be a mapping.")
+        unknown = sorted(str(k) for k in data if k not in allowed)
+        if unknown:
+            raise ConfigError(
+                f"{self.path}: unknown field {where + '.' if where != '(top level)' else ''}{unknown[0]}"
+                f" (supported here: {', '.join(sorted(allowed))})."
+            )
+        return data
+
+    def read(self, data: dict[str, Any]) -> dict[str, Any]:
+        self.mapping(data, "(top level)", {"version", "flags", "sharing", "gpuops"})
+        if data.get("version") != "v1":
+            raise ConfigError(f"{self.path}: version must be v1, not {data.get('version')!r}.")
+        out: dict[str, Any] = {}
+        flags = self.mapping(
+            data.get("flags") or {}, "flags", {"migStrategy", "failOnInitError", "nvidiaDriverRoot", "plugin"}
+        )
+        pairs = (("migStrategy", "mig_strategy", "str"), ("failOnInitError", "fail_on_init_error", "bool"))
+        for key, attr, kind in pairs:
+            if key in flags:
+                out[attr] = _convert(flags[key], kind, f"{self.path}: flags.{key}")
+        mounts: dict[str, Any] = {}
+        if "nvidiaDriverRoot" in flags:
+            mounts["driver_root"] = _convert(flags["nvidiaDriverRoot"], "str", f"{self.path}: flags.nvidiaDriverRoot")
+        plugin = self.mapping(
+            flags.get("plugin") or {}, "flags.plugin", {"passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy"}
+        )
+        plugin_pairs = (
+            ("passDeviceSpecs", "pass_device_specs", "bool"),
+            ("deviceListStrategy", "device_list_strategy", "list"),
+            ("deviceIDStrategy", "device_id_strategy", "str"),
+        )
+        for key, attr, kind in plugin_pairs:
+            if key in plugin:
+                out[attr] = _convert(plugin[key], kind, f"{self.path}: flags.plugin.{key}")
+        if "sharing" in data:
+            out["time_slicing"] = self.sharing(data["sharing"])
+        if "gpuops" in data:
+            out.update(self.gpuops(data["gpuops"], mounts))
+        if mounts:
+            out["mounts"] = MountsSettings(**mounts)
+        return out
+
+    def sharing(self, data: Any) -> TimeSlicing:
+        sharing = self.mapping(data or {}, "sharing", {"timeSlicing"})
+        ts = self.mapping(
+            sharing.get("timeSlicing") or {},
+            "sharing.timeSlicing",
+            {"renameByDefault", "failRequestsGreaterThanOne", "resources"},
+        )
+        where = f"{self.path}: sharing.timeSlicing"
+        resources = []
+        items = ts.get("resources") or []
+        if not isinstance(items, list):
+            raise ConfigError(f"{where}.resources must be a list.")
+        for n, item in enumerate(items):
+            res = self.mapping(item, f"sharing.timeSlicing.resources[{n}]", {"name", "replicas", "rename", "devices"})
+            name, replicas = res.get("name"), res.get("replicas")
+            if name != DEFAULT_RESOURCE:
+                raise ConfigError(f"{where}.resources[{n}].name must be {DEFAULT_RESOURCE}, not {name!r}.")
+            if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+                raise ConfigError(f"{where}.resources[{n}].replicas must be an integer of 1 or more.")
+            devices = res.get("devices", "all")
+            if devices == "all":
+                chosen = None
+            elif isinstance(devices, list) and all(isinstance(d, (int, str)) for d in devices):
+                chosen = tuple(str(d) for d in devices)
+            else:
+                raise ConfigError(f"{where}.resources[{n}].devices must be 'all' or a list of GPU indices or UUIDs.")
+            rename = res.get("rename")
+            if rename is not None and not isinstance(rename, str):
+                raise ConfigError(f"{where}.resources[{n}].rename must be a string.")
+            resources.append(TimeSlicedResource(name, replicas, rename, chosen))
+        return TimeSlicing(
+            rename_by_default=_convert(ts.get("renameByDefault", False), "bool", f"{where}.renameByDefault"),
+            fail_requests_greater_than_one=_convert(
+                ts.get("failRequestsGreaterThanOne", False), "bool", f"{where}.failRequestsGreaterThanOne"
+            ),
+            resources=tuple(resources),
+        )
+
+    def gpuops(self, data: Any, mounts: dict[str, Any]) -> dict[str, Any]:
+        keys = {
+            "backend": ("backend", "str"),
+            "simulatedSpec": ("simulated_spec", "str"),
+            "kubeletSocket": ("kubelet_socket", "str"),
+            "healthRecoverySeconds": ("health_recovery_seconds", "float"),
+            "preStartRequired": ("pre_start_required", "bool"),
+            "metricsAddress": ("metrics_address", "str"),
+            "logFormat": ("log_format", "str"),
+            "initRetrySeconds": ("init_retry_seconds", "float"),
+        }
+        section = self.mapping(data, "gpuops", set(keys) | {"mounts"})
+        out = {}
+        for key, (attr, kind) in keys.items():
+            if key in section:
+                out[attr] = _convert(section[key], kind, f"{self.path}: gpuops.{key}")
+        mount_keys = {
+            "driverRoot": ("driver_root", "str"),
+            "devRoot": ("dev_root", "str"),
+            "libraryDirs": ("library_dirs", "list"),
+            "binaries": ("binaries", "list"),
+            "containerLibDir": ("container_lib_dir", "str"),
+            "containerBinDir": ("container_bin_dir", "str"),
+        }
+        for key, value in self.mapping(section.get("mounts") or {}, "gpuops.mounts", set(mount_keys)).items():
+            attr, kind = mount_keys[key]
+            mounts[attr] = _convert(value, kind, f"{self.path}: gpuops.mounts.{key}")
+        return out
+
+
+def resolve(
+    flags: Mapping[str, Any], env: Mapping[str, str], file_values: Optional[Mapping[str, Any]] = None
+) -> Config:
+    """Merge the sources (flag over env over file over default) and validate the result."""
+    merged: dict[str, Any] = dict(file_values or {})
+    for attr, var, kind in _ENV:
+        if env.get(var, "") != "":
+            merged[attr] = _convert(env[var], kind, f"environment variable {var}")
+    for attr, value in flags.items():
+        if value is not None:
+            merged[attr] = value
+    config = Config(**merged)
+    _validate(config)
+    return config
+
+
+def _validate(config: Config) -> None:
+    if config.backend not in ("nvml", "simulated"):
+        raise ConfigError(f"backend must be nvml or simulated, not {config.backend!r}.")
+    if config.backend == "simulated" and not config.simulated_spec:
+        raise ConfigError("the simulated backend needs a spec file (--simulated-spec FILE).")
+    if config.mig_strategy not in MIG_STRATEGIES:
+        raise ConfigError(f"mig strategy must be one of {', '.join(MIG_STRATEGIES)}, not {config.mig_strategy!r}.")
+    bad = [s for s in config.device_list_strategy if s not in LIST_STRATEGIES]
+    if bad or not config.device_list_strategy:
+        raise ConfigError(
+            f"device list strategy {','.join(bad) or '(empty)'} is not one of {', '.join(LIST_STRATEGIES)}."
+        )
+    if config.device_id_strategy not in ID_STRATEGIES:
+        raise ConfigError(f"device ID strategy must be uuid or index, not {config.device_id_strategy!r}.")
+    if config.log_format not in ("json", "text"):
+        raise ConfigError(f"log format must be json or text, not {config.log_format!r}.")
+    if len(config.time_slicing.resources) > 1:
+        raise ConfigError("sharing.timeSlicing.resources may name nvidia.com/gpu once.")

@@ -1,0 +1,224 @@
+"""GPU health: which XIDs count, what makes a GPU Unhealthy, and when it may become Healthy again.
+
+NVIDIA's plugin never brings a GPU back; here recovery is a setting (off by default): after N
+seconds with no new critical XID, and once the GPU no longer reports a standing fault (it is back
+on the bus; in a simulated spec, its `xid`/`lost` entry is gone), it is Healthy again."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+log = logging.getLogger(__name__)
+
+# XIDs that point at the application, not the GPU (NVIDIA's default list).
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+XID_FALLEN_OFF_BUS = 79
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    enabled: bool = True
+    xids_enabled: bool = True
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    recovery_seconds: Optional[float] = None
+
+    def is_critical(self, xid: int) -> bool:
+        return self.enabled and self.xids_enabled and xid not in self.ignored_xids
+
+
+def _xid_list(text: str, variable: str) -> set[int]:
+    out = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise ValueError(
+                f"{variable} must be 'all', 'xids' or a comma-separated list of XIDs; {part!r} is neither."
+            )
+        out.add(int(part))
+    return out
+
+
+def policy_from(disable: str, enable: str, recovery_seconds: Optional[float]) -> HealthPolicy:
+    """Read DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS.
+
+    disable: `all` (no health checks), `xids` (no XID checks), or XIDs to ignore on top of the
+    defaults. enable: `all`/`xids` (no XID is ignored, not even the defaults), or XIDs to treat as
+    critical although the default list ignores them."""
+    disable, enable = disable.strip().lower(), enable.strip().lower()
+    if disable == "all":
+        return HealthPolicy(enabled=False, recovery_seconds=recovery_seconds)
+    if disable == "xids":
+        return HealthPolicy(xids_enabled=False, recovery_seconds=recovery_seconds)
+    ignored = set(DEFAULT_IGNORED_XIDS) | _xid_list(disable, "DP_DISABLE_HEALTHCHECKS")
+    if enable in ("all", "xids"):
+        ignored = set()
+    else:
+        ignored -= _xid_list(enable, "DP_ENABLE_HEALTHCHECKS")
+    return HealthPolicy(ignored_xids=frozenset(ignored), recovery_seconds=recovery_seconds)
+
+
+@dataclass
+class _GpuHealth:
+    unhealthy: bool = False
+    reason: str = ""
+    last_critical_at: float = 0.0
+    standing_fault: Optional[str] = None
+
+
+class HealthTracker:
+    """Health per physical GPU UUID. Thread-safe: the NVML event thread and the event loop both call in."""
+
+    def __init__(self, policy: HealthPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._gpus: dict[str, _GpuHealth] = {}
+
+    def record_xid(self, uuid: str, xid: int) -> bool:
+        """An XID event hit the GPU; True when its health changed."""
+        critical = self.policy.is_critical(xid)
+        log.log(
+            logging.WARNING if critical else logging.INFO,
+            "XID event",
+            extra={"device": uuid, "xid": xid, "critical": critical},
+        )
+        if not critical:
+            return False
+        with self._lock:
+            state = self._gpus.setdefault(uuid, _GpuHealth())
+            state.last_critical_at = self._clock()
+            changed = not state.unhealthy
+            state.unhealthy, state.reason = True, f"XID {xid}"
+        if changed:
+            log.warning("GPU marked Unhealthy", extra={"device": uuid, "reason": f"XID {xid}"})
+        return changed
+
+    def set_standing_fault(self, uuid: str, fault: Optional[str]) -> bool:
+        """A fault the GPU reports now (lost from the bus, a simulated XID); None when there is none."""
+        if not self.policy.enabled:
+            return False
+        with self._lock:
+            state = self._gpus.setdefault(uuid, _GpuHealth())
+            state.standing_fault = fault
+            if fault is None or state.unhealthy:
+                return False
+            state.unhealthy, state.reason, state.last_critical_at = True, fault, self._clock()
+        log.warning("GPU marked Unhealthy", extra={"device": uuid, "reason": fault})
+        return True
+
+    def forget_others(self, uuids: set[str]) -> None:
+        with self._lock:
+            for gone in set(self._gpus) - uuids:
+                del self._gpus[gone]
+
+    def is_healthy(self, uuid: str) -> bool:
+        if not self.policy.enabled:
+            return True
+        with self._lock:
+            state = self._gpus.get(uuid)
+            return state is None or not state.unhealthy
+
+    def recover_due(self) -> tuple[list[str], Optional[float]]:
+        """Bring back the GPUs whose quiet period is over. Returns (recovered UUIDs, seconds to the next check)."""
+        wait = self.policy.recovery_seconds
+        if wait is None:
+            return [], None
+        now = self._clock()
+        recovered, next_check = [], None
+        with self._lock:
+            for uuid, state in self._gpus.items():
+                if not state.unhealthy or state.standing_fault is not None:
+                    continue
+                due = state.last_critical_at + wait
+                if now >= due:
+                    state.unhealthy, state.reason = False, ""
+                    recovered.append(uuid)
+                else:
+                    next_check = min(next_check, due - now) if next_check is not None else due - now
+        for uuid in recovered:
+            log.info("GPU Healthy again", extra={"device": uuid, "quiet_seconds": wait})
+        return recovered, next_check
+
+    def summary(self) -> dict[str, str]:
+        with self._lock:
+            return {u: s.reason for u, s in self._gpus.items() if s.unhealthy}
+
+
+class NvmlEventWatcher(threading.Thread):
+    """Waits on an NVML event set for XID events, in its own thread so gRPC never waits on NVML.
+
+    `report(uuid, xid)` and `lost(uuid)` are called from this thread; they must be thread-safe."""
+
+    def __init__(
+        self,
+        nvml: Any,
+        uuids: list[str],
+        report: Callable[[str, int], object],
+        lost: Callable[[str], object],
+        wait_ms: int = 1000,
+    ) -> None:
+        super().__init__(name="nvml-events", daemon=True)
+        self.nvml, self.uuids, self.report, self.lost, self.wait_ms = nvml, uuids, report, lost, wait_ms
+        self._stop_requested = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+
+    def run(self) -> None:
+        nvml = self.nvml
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            log.error("cannot create an NVML event set; XID health checks are off", extra={"reason": str(exc)})
+            return
+        handles: dict[Any, str] = {}
+        for uuid in self.uuids:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+                handles[handle] = uuid
+            except nvml.NVMLError as exc:
+                if _is_lost(nvml, exc):
+                    self.lost(uuid)
+                else:
+                    log.warning("XID events unavailable for this GPU", extra={"device": uuid, "reason": str(exc)})
+        try:
+            while not self._stop_requested.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait_v2(event_set, self.wait_ms)
+                except nvml.NVMLError as exc:
+                    if exc.value == nvml.NVML_ERROR_TIMEOUT:
+                        continue
+                    if _is_lost(nvml, exc):
+                        self._probe_all(handles)
+                        continue
+                    log.error("waiting for NVML events failed", extra={"reason": str(exc)})
+                    self._stop_requested.wait(1.0)
+                    continue
+                hit = handles.get(data.device)
+                if hit is None:
+                    continue
+                if data.eventType == nvml.nvmlEventTypeXidCriticalError:
+                    self.report(hit, int(data.eventData))
+        finally:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(event_set)
+
+    def _probe_all(self, handles: dict[Any, str]) -> None:
+        for handle, uuid in handles.items():
+            try:
+                self.nvml.nvmlDeviceGetUUID(handle)
+            except self.nvml.NVMLError as exc:
+                if _is_lost(self.nvml, exc):
+                    self.lost(uuid)
+
+
+def _is_lost(nvml: Any, exc: Any) -> bool:
+    return getattr(exc, "value", None) == getattr(nvml, "NVML_ERROR_GPU_IS_LOST", object())

@@ -1,0 +1,84 @@
+"""Prometheus metrics and /healthz, served by a small HTTP thread on --metrics-address."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.devices = Gauge(
+            "gpu_device_plugin_devices",
+            "Devices advertised, by resource and health.",
+            ["resource", "health"],
+            registry=self.registry,
+        )
+        self.allocations = Counter(
+            "gpu_device_plugin_allocations", "Container allocations answered.", ["resource"], registry=self.registry
+        )
+        self.allocation_errors = Counter(
+            "gpu_device_plugin_allocation_errors", "Allocate requests refused.", ["resource"], registry=self.registry
+        )
+        self.registrations = Counter(
+            "gpu_device_plugin_registrations",
+            "Register calls to the kubelet.",
+            ["resource", "result"],
+            registry=self.registry,
+        )
+        self.xid_events = Counter(
+            "gpu_device_plugin_xid_events", "XID events seen.", ["device", "xid", "critical"], registry=self.registry
+        )
+        self.errors = Counter("gpu_device_plugin_errors", "Errors, by kind.", ["kind"], registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HttpEndpoint:
+    """`/metrics` (Prometheus text format) and `/healthz` (200 while the daemon serves, else 503)."""
+
+    def __init__(self, address: str, metrics: Metrics, health: Callable[[], tuple[bool, dict[str, Any]]]) -> None:
+        host, _sep, port = address.rpartition(":")
+        metrics_ref, health_ref = metrics, health
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] == "/metrics":
+                    self._send(200, CONTENT_TYPE_LATEST, metrics_ref.render())
+                elif self.path.split("?")[0] == "/healthz":
+                    ok, detail = health_ref()
+                    self._send(200 if ok else 503, "application/json", json.dumps(detail).encode())
+                else:
+                    self._send(404, "text/plain", b"not found\n")
+
+            def _send(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("http request", extra={"request": format % args})
+
+        self.server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
+        self.server.daemon_threads = True
+        self.address = "{}:{}".format(*self.server.server_address[:2])
+        self._thread = threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("serving /metrics and /healthz", extra={"address": self.address})
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

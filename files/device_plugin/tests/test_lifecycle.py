@@ -1,0 +1,238 @@
+"""Kubelet restarts, a late kubelet.sock, and the real daemon process under SIGTERM and SIGHUP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+
+import pytest
+from harness import H100, DaemonThread, KubeletDouble, make_config, start_subprocess, wait_until
+
+GPU = "nvidia.com/gpu"
+SOCKET = "gpuops-nvidia.com-gpu.sock"
+
+
+def test_fifty_kubelet_restarts_in_a_row_each_re_registered(node):
+    daemon = DaemonThread(make_config(node.kubelet_socket, node.spec)).start()
+    try:
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+        checkpoint = os.path.join(node.dir, "kubelet_internal_checkpoint")
+        with open(checkpoint, "w") as handle:
+            handle.write("{}")
+        for n in range(2, 52):
+            node.kubelet.restart()
+            assert node.kubelet.wait(lambda n=n: node.kubelet.registered(GPU) == n, timeout=2.0), f"restart {n - 1}"
+            assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None, timeout=2.0)
+            assert [d["id"] for d in node.kubelet.devices(GPU)] == H100
+        assert os.path.exists(checkpoint)
+    finally:
+        daemon.stop()
+
+
+def test_registers_when_kubelet_sock_appears_after_the_daemon_started(tmp_path):
+    from harness import fixture, write_spec
+
+    plugin_dir = tmp_path / "device-plugins"
+    plugin_dir.mkdir()
+    spec = str(tmp_path / "gpus.yaml")
+    write_spec(spec, fixture("t4x1.yaml"))
+    kubelet = KubeletDouble(str(plugin_dir / "kubelet.sock"))
+    daemon = DaemonThread(make_config(kubelet.socket_path, spec)).start()
+    try:
+        assert os.path.exists(plugin_dir / SOCKET)
+        time.sleep(0.3)
+        kubelet.start()
+        assert kubelet.wait(lambda: kubelet.registered(GPU) == 1, timeout=2.0)
+        assert kubelet.wait(lambda: kubelet.devices(GPU) is not None)
+        assert [d["id"] for d in kubelet.devices(GPU)] == ["GPU-7e570000-0000-4000-8000-0000000000f4"]
+        # Files the kubelet owns come and go without a new registration.
+        for name in ("DEPRECATION", "kubelet_internal_checkpoint"):
+            (plugin_dir / name).write_text("")
+            (plugin_dir / name).unlink()
+        time.sleep(0.3)
+        assert kubelet.registered(GPU) == 1
+    finally:
+        daemon.stop()
+        kubelet.stop()
+
+
+def _wait_output(proc, text, timeout=10.0):
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"{text!r} not in the daemon's output:\n{''.join(lines)}")
+
+
+def test_sigterm_stops_cleanly_and_removes_the_socket(node):
+    proc = start_subprocess(
+        [
+            "--backend",
+            "simulated",
+            "--simulated-spec",
+            node.spec,
+            "--kubelet-socket",
+            node.kubelet_socket,
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ]
+    )
+    try:
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None, timeout=10)
+        endpoint = node.kubelet.endpoints[GPU]
+        proc.send_signal(signal.SIGTERM)
+        out, _err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not os.path.exists(os.path.join(node.dir, SOCKET))
+    assert node.kubelet.wait(lambda: endpoint.stream_ended == "OK")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert any(r["msg"] == "registered with the kubelet" and r["resource"] == GPU for r in records)
+    assert records[-1]["msg"] == "stopped"
+
+
+def test_sighup_reloads_the_config_file_and_registers_again(node, tmp_path):
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text("version: v1\nflags:\n  plugin:\n    deviceIDStrategy: uuid\n")
+    proc = start_subprocess(
+        [
+            "--backend",
+            "simulated",
+            "--simulated-spec",
+            node.spec,
+            "--kubelet-socket",
+            node.kubelet_socket,
+            "--config-file",
+            str(config_file),
+            "--metrics-address",
+            "",
+        ]
+    )
+    try:
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None, timeout=10)
+        assert node.kubelet.devices(GPU)[0]["id"] == H100[0]
+        config_file.write_text("version: v1\nflags:\n  plugin:\n    deviceIDStrategy: index\n")
+        proc.send_signal(signal.SIGHUP)
+        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 2, timeout=5)
+        assert node.kubelet.wait(
+            lambda: [d["id"] for d in node.kubelet.devices(GPU) or []] == [str(i) for i in range(8)], timeout=5
+        )
+        # A broken file on SIGHUP is refused; the daemon keeps serving what it had.
+        config_file.write_text("version: v2\n")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert proc.poll() is None
+        assert node.kubelet.registered(GPU) == 2
+        proc.send_signal(signal.SIGTERM)
+        out, _err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert "configuration rejected" in out and "version must be v1" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "simulated"], "needs a spec file"),
+        (["--device-list-strategy", "envvar,bogus"], "bogus"),
+    ],
+)
+def test_bad_settings_fail_with_one_sentence(node, args, message):
+    proc = start_subprocess(["--kubelet-socket", node.kubelet_socket, *args])
+    out, _err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert message in out
+    assert "Traceback" not in out
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_metrics_and_healthz_over_http(node):
+    daemon = DaemonThread(make_config(node.kubelet_socket, node.spec, metrics_address="127.0.0.1:0")).start()
+    try:
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+        base = f"http://{daemon.daemon._http.address}"
+        from gpu_device_plugin.api import api_pb2
+
+        node.kubelet.stub(GPU).Allocate(
+            api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[H100[0]])])
+        )
+        assert wait_until(lambda: daemon.daemon.healthz()[1]["resources"][GPU]["registered"])
+        with urllib.request.urlopen(base + "/healthz", timeout=5) as reply:
+            health = json.loads(reply.read())
+        assert reply.status == 200 and health["serving"] and health["resources"][GPU]["devices"] == 8
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        assert 'gpu_device_plugin_devices{health="Healthy",resource="nvidia.com/gpu"} 8.0' in text
+        assert 'gpu_device_plugin_allocations_total{resource="nvidia.com/gpu"} 1.0' in text
+        assert 'gpu_device_plugin_registrations_total{resource="nvidia.com/gpu",result="ok"} 1.0' in text
+    finally:
+        daemon.stop()
+
+
+def test_the_kubelet_double_standalone_writes_its_report(tmp_path):
+    """The mode molecule scenarios use: the double as a process, the daemon registering with it."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from harness import fixture, write_spec
+
+    plugin_dir = tempfile.mkdtemp(prefix="gdp-")
+    kubelet_socket = os.path.join(plugin_dir, "kubelet.sock")
+    report = tmp_path / "report.json"
+    double = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(os.path.dirname(__file__), "kubelet_double.py"),
+            "--socket",
+            kubelet_socket,
+            "--report",
+            str(report),
+        ]
+    )
+    spec = str(tmp_path / "gpus.yaml")
+    write_spec(spec, fixture("t4x1.yaml"))
+    daemon = None
+    try:
+        assert wait_until(lambda: os.path.exists(kubelet_socket), timeout=20)
+        daemon = DaemonThread(make_config(kubelet_socket, spec)).start()
+
+        def devices():
+            try:
+                data = json.loads(report.read_text())
+            except (OSError, ValueError):
+                return None
+            return data["resources"].get(GPU, {}).get("devices"), data
+
+        assert wait_until(lambda: (devices() or (None,))[0], timeout=10)
+        found, data = devices()
+        assert found == [{"id": "GPU-7e570000-0000-4000-8000-0000000000f4", "health": "Healthy", "numa": []}]
+        assert data["registrations"] == [
+            {
+                "version": "v1beta1",
+                "endpoint": SOCKET,
+                "resource_name": GPU,
+                "pre_start_required": False,
+                "get_preferred_allocation_available": True,
+            }
+        ]
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        double.send_signal(signal.SIGTERM)
+        assert double.wait(10) == 0
+    assert not os.path.exists(kubelet_socket)
