@@ -13,7 +13,7 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: test setup lint sanity units integration daemon daemon-image molecule collection bench clean
+.PHONY: test setup lint sanity units integration daemon daemon-image molecule collection bench clean e2e lab-up lab-down
 
 test: setup lint sanity units integration daemon daemon-image molecule
 	@echo "make test: every tier passed"
@@ -52,6 +52,18 @@ molecule: setup collection
 # The device-plugin image built with podman from the local base image and run against the kubelet double.
 daemon-image: setup
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/image_tests
+
+# The end-to-end tier: a real control plane and GPU node containers (tests/e2e/lab.sh). The first
+# run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
+LAB_NODES ?= 2
+e2e: setup
+	python -m pytest -q -p no:cacheprovider tests/e2e
+
+lab-up: setup
+	tests/e2e/lab.sh up $(LAB_NODES)
+
+lab-down:
+	tests/e2e/lab.sh down
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done

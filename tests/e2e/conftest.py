@@ -1,0 +1,114 @@
+"""Fixtures of the end-to-end tier: a real Kubernetes lab (tests/e2e/lab.sh).
+
+The session fixture ``lab`` brings the lab up once (etcd, kube-apiserver, and GPU node containers
+running containerd and the kubelet), hands tests a :class:`Lab` and takes it down at the end, unless
+``GPUOPS_LAB_KEEP=1`` is set. Later flows (the collection's site.yml against the node containers, the
+device plugin advertising ``nvidia.com/gpu``) build on the same handle: the admin kubeconfig, the node
+container names, ``node_exec`` and ``allocatable``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+LAB_SH = Path(__file__).resolve().parent / "lab.sh"
+PAUSE_IMAGE = "localhost/gpuops-lab-pause:1.0"
+KUBERNETES_VERSION = os.environ.get("GPUOPS_K8S_VERSION", "v1.33.13")
+
+
+def run_lab(*args: str, timeout: float = 1800) -> str:
+    """Run ``lab.sh ARGS`` and return its stdout; its progress messages go to the terminal."""
+    done = subprocess.run([str(LAB_SH), *args], check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    return done.stdout
+
+
+@dataclass
+class Lab:
+    """A running lab: what a test needs to drive the cluster and its nodes."""
+
+    kubeconfig: Path
+    nodes: list[str]
+    api: client.ApiClient = field(repr=False)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    def node_exec(
+        self, node: str, *argv: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command inside a node container (``podman exec``) and return the result."""
+        return subprocess.run(
+            ["podman", "exec", node, *argv],
+            check=check,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def node(self, name: str) -> client.V1Node:
+        return self.core.read_node(name)
+
+    def allocatable(self, node: str) -> dict[str, str]:
+        """The node's status.allocatable as the API server has it (e.g. ``nvidia.com/gpu``)."""
+        return dict(self.node(node).status.allocatable or {})
+
+    def wait_until(self, what: str, predicate: Callable[[], Any], timeout: float = 120, interval: float = 0.5) -> Any:
+        """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                result = predicate()
+            except client.ApiException as error:
+                last_error = error
+                result = None
+            if result:
+                return result
+            time.sleep(interval)
+        pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})")
+
+    def node_ready(self, node: str, since: datetime | None = None) -> bool:
+        """Whether the node is Ready, optionally by a kubelet heartbeat at or after ``since``."""
+        conditions = self.node(node).status.conditions or []
+        return any(
+            c.type == "Ready"
+            and c.status == "True"
+            and (since is None or c.last_heartbeat_time >= since.replace(microsecond=0))
+            for c in conditions
+        )
+
+    def restart_kubelet(self, node: str) -> datetime:
+        """Restart the node's kubelet service; returns when it was restarted (UTC)."""
+        when = datetime.now(timezone.utc)
+        self.node_exec(node, "systemctl", "restart", "kubelet")
+        return when
+
+
+def lab_node_count() -> int:
+    return int(os.environ.get("GPUOPS_LAB_NODES", "2"))
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    """The lab, up for the whole session (``GPUOPS_LAB_KEEP=1`` leaves it running afterwards)."""
+    try:
+        run_lab("up", str(lab_node_count()))
+        kubeconfig = Path(run_lab("kubeconfig").strip())
+        nodes = run_lab("nodes").split()
+        api = config.new_client_from_config(config_file=str(kubeconfig))
+        yield Lab(kubeconfig=kubeconfig, nodes=nodes, api=api)
+        api.close()
+    finally:
+        if os.environ.get("GPUOPS_LAB_KEEP") != "1":
+            run_lab("down", timeout=300)

@@ -1,0 +1,455 @@
+#!/usr/bin/env bash
+# The end-to-end lab: a real Kubernetes control plane (etcd + kube-apiserver, processes on 127.0.0.1)
+# and one or more GPU nodes, each a privileged podman container with systemd running containerd and
+# the kubelet as systemd services.
+#
+#   tests/e2e/lab.sh up [NODES]      build what is missing, start everything, wait until nodes are Ready
+#   tests/e2e/lab.sh down            stop and remove everything the lab created
+#   tests/e2e/lab.sh status          control-plane processes, node containers, `kubectl get nodes`
+#   tests/e2e/lab.sh kubeconfig      print the admin kubeconfig path
+#   tests/e2e/lab.sh kubectl ARGS    run the lab's kubectl against the lab
+#   tests/e2e/lab.sh node-exec N CMD run CMD inside node container N (1-based)
+#   tests/e2e/lab.sh nodes           print the node names, one per line
+#
+# Everything it creates is named gpuops-lab-*: containers gpuops-lab-node-N, volumes
+# gpuops-lab-node-N-containerd, bridges gpuopslabN, state under $GPUOPS_LAB_DIR
+# (default $GPUOPS_CACHE/lab). Ports on 127.0.0.1 (chosen high and unusual, below the ephemeral
+# range): etcd 26379/26380, kube-apiserver 26443, kubelet of node N 26250+N, its healthz 26270+N.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
+lab=${GPUOPS_LAB_DIR:-$cache/lab}
+nodes_default=${GPUOPS_LAB_NODES:-1}
+etcd_port=26379
+etcd_peer_port=26380
+api_port=26443
+kubelet_port_base=26250
+healthz_port_base=26270
+pause_image=localhost/gpuops-lab-pause:1.0
+node_image_repo=localhost/gpuops-lab-node
+mirror=${GPUOPS_DEBIAN_MIRROR:-}
+ready_timeout=${GPUOPS_LAB_READY_TIMEOUT:-240}
+
+log() { printf '[lab] %s\n' "$*" >&2; }
+die() {
+  printf '[lab] error: %s\n' "$*" >&2
+  exit 1
+}
+
+node_name() { echo "gpuops-lab-node-$1"; }
+node_count() { cat "$lab/nodes.count" 2>/dev/null || echo 0; }
+
+# ---------------------------------------------------------------------------------------------
+# Certificates: one CA signs the API server's serving certificate, the admin client (group
+# system:masters), the API server's kubelet client, and each kubelet's client certificate
+# (system:node:<name> in group system:nodes, what the Node authorizer and NodeRestriction expect).
+# ---------------------------------------------------------------------------------------------
+pki=$lab/pki
+
+# P-256 keys: as good as RSA here and generated in milliseconds instead of seconds.
+genkey() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+sign_cert() { # name subject [extfile-content]
+  local name=$1 subj=$2 ext=${3:-}
+  [ -f "$pki/$name.crt" ] && return 0
+  genkey "$pki/$name.key"
+  openssl req -new -key "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
+  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature" \
+    "${ext:-extendedKeyUsage=clientAuth}" > "$pki/$name.ext"
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 30 -sha256 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null
+  rm -f "$pki/$name.csr"
+}
+
+make_pki() {
+  mkdir -p "$pki"
+  chmod 700 "$pki"
+  if [ ! -f "$pki/ca.crt" ]; then
+    log "generating the lab CA and certificates (openssl)"
+    genkey "$pki/ca.key"
+    openssl req -x509 -new -key "$pki/ca.key" -out "$pki/ca.crt" -days 30 \
+      -subj "/CN=gpuops-lab-ca" 2>/dev/null
+  fi
+  sign_cert apiserver "/CN=kube-apiserver" \
+    "$(printf '%s\n' 'extendedKeyUsage=serverAuth' \
+      'subjectAltName=IP:127.0.0.1,IP:10.231.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc')"
+  sign_cert admin "/O=system:masters/CN=gpuops-lab-admin"
+  sign_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  if [ ! -f "$pki/sa.key" ]; then
+    genkey "$pki/sa.key"
+    openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  fi
+}
+
+write_kubeconfig() { # file user cert key
+  cat > "$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: gpuops-lab
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority: $pki/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: $3
+    client-key: $4
+contexts:
+- name: gpuops-lab
+  context: {cluster: gpuops-lab, user: $2}
+current-context: gpuops-lab
+EOF
+}
+
+# ---------------------------------------------------------------------------------------------
+# Control plane: etcd and kube-apiserver as background processes, pid files under $lab/run.
+# ---------------------------------------------------------------------------------------------
+running() { [ -f "$lab/run/$1.pid" ] && kill -0 "$(cat "$lab/run/$1.pid")" 2>/dev/null; }
+
+start_bg() { # name command...
+  local name=$1
+  shift
+  running "$name" && return 0
+  mkdir -p "$lab/run" "$lab/logs"
+  setsid "$@" >"$lab/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$lab/run/$name.pid"
+}
+
+wait_for() { # description timeout command...
+  local what=$1 timeout=$2 start=$SECONDS
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS - start > timeout)); then
+      die "timed out after ${timeout}s waiting for $what (logs: $lab/logs)"
+    fi
+    sleep 1
+  done
+  log "$what after $((SECONDS - start))s"
+}
+
+start_control_plane() {
+  start_bg etcd etcd --name gpuops-lab --data-dir "$lab/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+    --initial-cluster "gpuops-lab=http://127.0.0.1:$etcd_peer_port" \
+    --listen-metrics-urls "" --quota-backend-bytes 536870912
+  wait_for "etcd healthy" 60 curl -fsS "http://127.0.0.1:$etcd_port/health"
+
+  # --endpoint-reconciler-type=none: the API server would otherwise try to publish 127.0.0.1 as the
+  # kubernetes Service endpoint, which validation refuses (loopback), and log that every 10 s.
+  start_bg kube-apiserver "$bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" --etcd-prefix /gpuops-lab \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --endpoint-reconciler-type none \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-cluster-ip-range 10.231.0.0/24 --allow-privileged=true --profiling=false \
+    --storage-backend etcd3 --v 1
+  wait_for "kube-apiserver ready" 120 \
+    curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+    "https://127.0.0.1:$api_port/readyz"
+
+  # There is no kube-controller-manager in the lab, so nothing creates the namespaces' default
+  # ServiceAccount; pods need it to pass admission. Lab pods set automountServiceAccountToken: false.
+  for ns in default kube-system; do
+    kctl -n "$ns" get serviceaccount default >/dev/null 2>&1 ||
+      kctl -n "$ns" create serviceaccount default >/dev/null
+  done
+}
+
+kctl() { "$bin/kubectl" --kubeconfig "$lab/admin.kubeconfig" "$@"; }
+
+# ---------------------------------------------------------------------------------------------
+# Images: the node image (the shared Debian 12 systemd image plus containerd, runc and the CNI
+# plugins from Debian) and the pause image (a static pause program in a scratch image).
+# ---------------------------------------------------------------------------------------------
+build_images() {
+  local base base_id hash
+  base=$("$repo/scripts/build-base-image.sh")
+  base_id=$(podman image inspect --format '{{.Id}}' "$base")
+  hash=$(cat "$here/node/Containerfile" "$here/node/"*.service "$here/node/"*.toml "$here/node/"*.conflist "$here/node/"*.sh |
+    { cat; echo "$base_id"; } | sha256sum | cut -c1-12)
+  node_image=$node_image_repo:$hash
+  if ! podman image exists "$node_image"; then
+    log "building the node image $node_image (containerd, runc, CNI plugins from Debian; about a minute)"
+    podman build -q --network host --build-arg BASE="$base" ${mirror:+--build-arg MIRROR="$mirror"} \
+      -t "$node_image" -f "$here/node/Containerfile" "$here/node" >/dev/null
+  fi
+
+  # The pause image is rebuilt only when the pause binary changes (its hash is a label).
+  local pause_sum
+  pause_sum=$(sha256sum "$bin/pause" | cut -c1-16)
+  if [ "$(podman image inspect --format '{{index .Labels "gpuops.pause"}}' "$pause_image" 2>/dev/null)" != "$pause_sum" ]; then
+    log "building the pause image $pause_image"
+    local ctx
+    ctx=$(mktemp -d)
+    cp "$bin/pause" "$ctx/pause"
+    printf 'FROM scratch\nCOPY pause /pause\nENTRYPOINT ["/pause"]\n' >"$ctx/Containerfile"
+    podman build -q --label "gpuops.pause=$pause_sum" -t "$pause_image" -f "$ctx/Containerfile" "$ctx" >/dev/null
+    rm -rf "$ctx"
+  fi
+  mkdir -p "$lab/images"
+  if [ ! -f "$lab/images/pause.tar" ]; then
+    podman save --format docker-archive -o "$lab/images/pause.tar" "$pause_image" >/dev/null
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Nodes. Host network: the API server listens on 127.0.0.1 only and every kubelet reaches it there
+# without publishing anything; each node therefore gets its own kubelet ports, its own bridge
+# (gpuopslabN, pod subnet 10.231.N.0/24) and its own cgroup root (/gpuops-lab-node-N).
+# The kubelet refuses a loopback node IP (validateNodeIP), so nodes use the machine's own address
+# (the source address of its default route) as InternalIP, and the kubelet listens there.
+# ---------------------------------------------------------------------------------------------
+detect_node_ip() {
+  local ip=${GPUOPS_LAB_NODE_IP:-}
+  [ -n "$ip" ] || ip=$(ip -4 -o route get 198.51.100.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')
+  [ -n "$ip" ] || ip=$(ip -4 -o addr show scope global | awk '$2 !~ /^(podman|gpuopslab|cni|veth)/ {sub("/.*", "", $4); print $4; exit}')
+  [ -n "$ip" ] || die "found no IPv4 address for the nodes (set GPUOPS_LAB_NODE_IP)"
+  node_ip=$ip
+}
+
+write_node_config() { # index
+  local i=$1 name dir
+  name=$(node_name "$i")
+  dir=$lab/nodes/$name
+  mkdir -p "$dir"
+  sign_cert "kubelet-$name" "/O=system:nodes/CN=system:node:$name"
+  cp "$pki/ca.crt" "$dir/ca.crt"
+  cp "$pki/kubelet-$name.crt" "$dir/kubelet-client.crt"
+  cp "$pki/kubelet-$name.key" "$dir/kubelet-client.key"
+  cat >"$dir/kubelet.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: gpuops-lab
+  cluster:
+    server: https://127.0.0.1:$api_port
+    certificate-authority: /etc/gpuops-lab/ca.crt
+users:
+- name: $name
+  user:
+    client-certificate: /etc/gpuops-lab/kubelet-client.crt
+    client-key: /etc/gpuops-lab/kubelet-client.key
+contexts:
+- name: gpuops-lab
+  context: {cluster: gpuops-lab, user: $name}
+current-context: gpuops-lab
+EOF
+  # cgroupfs driver on both sides: the host has no systemd and the node's systemd does not own the
+  # (host) cgroup v1 hierarchy the kubelet writes to. failCgroupV1: false keeps the kubelet running
+  # on this cgroup v1 host.
+  cat >"$dir/kubelet-config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $node_ip
+port: $((kubelet_port_base + i))
+healthzBindAddress: 127.0.0.1
+healthzPort: $((healthz_port_base + i))
+readOnlyPort: 0
+cgroupDriver: cgroupfs
+cgroupRoot: /$name
+cgroupsPerQOS: true
+failSwapOn: false
+failCgroupV1: false
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: /etc/gpuops-lab/ca.crt}
+authorization:
+  mode: AlwaysAllow
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {}
+evictionPressureTransitionPeriod: 5s
+nodeStatusUpdateFrequency: 5s
+nodeStatusReportFrequency: 10s
+syncFrequency: 10s
+registerNode: true
+EOF
+  cat >"$dir/kubelet.env" <<EOF
+KUBELET_ARGS=--kubeconfig=/etc/gpuops-lab/kubelet.kubeconfig --config=/etc/gpuops-lab/kubelet-config.yaml --hostname-override=$name --node-ip=$node_ip --cert-dir=/var/lib/kubelet/pki --pod-infra-container-image=$pause_image --v=1
+GPUOPS_LAB_CGROUP_ROOT=/$name
+EOF
+  sed -e "s/@BRIDGE@/gpuopslab$i/" -e "s/@SUBNET@/10.231.$i.0\/24/" "$here/node/10-gpuops-lab.conflist" \
+    >"$dir/10-gpuops-lab.conflist"
+}
+
+start_node() { # index
+  local i=$1 name
+  name=$(node_name "$i")
+  if podman container exists "$name"; then
+    [ "$(podman inspect --format '{{.State.Running}}' "$name")" = true ] || podman start "$name" >/dev/null
+    return 0
+  fi
+  log "starting node container $name"
+  # containerd's snapshots and the kubelet's state live on volumes, not on the container's overlay.
+  local volume
+  for volume in "$name-containerd" "$name-kubelet"; do
+    podman volume exists "$volume" || podman volume create "$volume" >/dev/null
+  done
+  podman run -d --name "$name" --hostname "$name" --privileged --systemd=always --network host \
+    --label gpuops-lab=node \
+    -v "$name-containerd:/var/lib/containerd" \
+    -v "$name-kubelet:/var/lib/kubelet" \
+    -v "$lab/nodes/$name:/etc/gpuops-lab:ro" \
+    -v "$bin/kubelet:/usr/local/bin/kubelet:ro" \
+    -v "$lab/images:/opt/gpuops-lab/images:ro" \
+    "$node_image" >/dev/null
+}
+
+node_exec() { # index command...
+  local name
+  name=$(node_name "$1")
+  shift
+  podman exec "$name" "$@"
+}
+
+node_ready() { # name
+  [ "$(kctl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+
+prepare_node() { # index
+  local i=$1 name
+  name=$(node_name "$i")
+  wait_for "$name: systemd up" 60 node_exec "$i" systemctl is-system-running --wait
+  wait_for "$name: containerd up" 60 node_exec "$i" ctr version
+  if ! node_exec "$i" ctr -n k8s.io images ls -q | grep -qx "$pause_image"; then
+    node_exec "$i" ctr -n k8s.io images import /opt/gpuops-lab/images/pause.tar >/dev/null
+    log "$name: imported $pause_image into containerd"
+  fi
+  node_exec "$i" systemctl start kubelet
+}
+
+cmd_up() {
+  local n=${1:-$nodes_default} i start=$SECONDS
+  [[ $n =~ ^[1-9]$ ]] || die "the node count must be 1-9, got '$n'"
+  local old
+  old=$(node_count)
+  if [ "$old" -gt 0 ] && [ "$old" != "$n" ]; then
+    die "the lab is up with $old node(s); run 'lab.sh down' first to change that to $n"
+  fi
+  mkdir -p "$lab"
+  log "building or reusing the Kubernetes binaries"
+  bin=$("$here/build-kubernetes.sh")
+  echo "$bin" >"$lab/bin.path"
+  make_pki
+  write_kubeconfig "$lab/admin.kubeconfig" gpuops-lab-admin "$pki/admin.crt" "$pki/admin.key"
+  build_images
+  echo "$n" >"$lab/nodes.count"
+  detect_node_ip
+  log "starting etcd and kube-apiserver on 127.0.0.1"
+  start_control_plane
+  for ((i = 1; i <= n; i++)); do
+    write_node_config "$i"
+    start_node "$i"
+  done
+  for ((i = 1; i <= n; i++)); do prepare_node "$i"; done
+  for ((i = 1; i <= n; i++)); do
+    wait_for "$(node_name "$i") Ready" "$ready_timeout" node_ready "$(node_name "$i")"
+  done
+  log "lab up with $n node(s) in $((SECONDS - start))s; kubeconfig: $lab/admin.kubeconfig"
+}
+
+remove_node_container() { # name
+  local name=$1 pid cgroup ctrl
+  pid=$(podman inspect --format '{{.State.Pid}}' "$name" 2>/dev/null || echo 0)
+  cgroup=
+  if [ "$pid" -gt 0 ]; then cgroup=$(sed -n 's/^[0-9]*:memory:\(.*\)$/\1/p' "/proc/$pid/cgroup" 2>/dev/null || true); fi
+  log "removing node container $name"
+  podman rm -f -t 5 "$name" >/dev/null
+  # The kubelet's pod cgroups nest inside the container's own cgroup; podman only removes an empty
+  # one. Every process in them died with the container, so they can go now, deepest first.
+  if [ -n "$cgroup" ] && [ "$cgroup" != / ]; then
+    for ctrl in /sys/fs/cgroup/*/; do
+      if [ -d "$ctrl${cgroup#/}" ]; then find "$ctrl${cgroup#/}" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
+    done
+  fi
+}
+
+cmd_down() {
+  local name i volume
+  for name in $(podman ps -a --filter label=gpuops-lab=node --format '{{.Names}}'); do
+    remove_node_container "$name"
+  done
+  for ((i = 1; i <= 9; i++)); do
+    name=$(node_name "$i")
+    for volume in "$name-containerd" "$name-kubelet"; do
+      if podman volume exists "$volume"; then podman volume rm -f "$volume" >/dev/null; fi
+    done
+    if ip link show "gpuopslab$i" >/dev/null 2>&1; then ip link del "gpuopslab$i"; fi
+  done
+  for p in kube-apiserver etcd; do
+    if running "$p"; then
+      log "stopping $p"
+      kill "$(cat "$lab/run/$p.pid")"
+      for _ in $(seq 50); do
+        running "$p" || break
+        sleep 0.2
+      done
+    fi
+  done
+  if [ -d "$lab" ]; then
+    rm -rf "$lab"
+    log "lab removed"
+  fi
+}
+
+cmd_status() {
+  local p
+  for p in etcd kube-apiserver; do
+    if running "$p"; then echo "$p: running (pid $(cat "$lab/run/$p.pid"))"; else echo "$p: stopped"; fi
+  done
+  podman ps -a --filter label=gpuops-lab=node --format '{{.Names}}: {{.Status}}'
+  if running kube-apiserver; then kctl get nodes -o wide; fi
+}
+
+load_bin() {
+  bin=$(cat "$lab/bin.path" 2>/dev/null) || die "the lab is not up (run: lab.sh up)"
+}
+
+main() {
+  local cmd=${1:-}
+  shift || true
+  case $cmd in
+    up) cmd_up "$@" ;;
+    down) cmd_down ;;
+    status)
+      bin=$(cat "$lab/bin.path" 2>/dev/null || true)
+      cmd_status
+      ;;
+    kubeconfig)
+      [ -f "$lab/admin.kubeconfig" ] || die "the lab is not up (run: lab.sh up)"
+      echo "$lab/admin.kubeconfig"
+      ;;
+    kubectl)
+      load_bin
+      kctl "$@"
+      ;;
+    node-exec)
+      [ $# -ge 2 ] || die "usage: lab.sh node-exec N COMMAND..."
+      node_exec "$@"
+      ;;
+    nodes)
+      for ((i = 1; i <= $(node_count); i++)); do node_name "$i"; done
+      ;;
+    *)
+      sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+      [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2
+      ;;
+  esac
+}
+
+main "$@"

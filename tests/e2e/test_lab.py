@@ -1,0 +1,131 @@
+"""The lab itself, end to end against the real peers: kube-apiserver (with etcd), the kubelet and
+containerd in each node container, RBAC with the Node authorizer, and a pod that really runs."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import uuid
+
+import pytest
+from conftest import KUBERNETES_VERSION, PAUSE_IMAGE, Lab
+from kubernetes import client, config
+
+
+def test_every_node_registers_and_is_ready(lab: Lab) -> None:
+    assert len(lab.nodes) >= 1
+    registered = {n.metadata.name: n for n in lab.core.list_node().items}
+    assert sorted(registered) == sorted(lab.nodes)
+    for name in lab.nodes:
+        node = lab.wait_until(f"{name} Ready", lambda name=name: lab.node_ready(name) and lab.node(name))
+        info = node.status.node_info
+        assert info.kubelet_version == KUBERNETES_VERSION
+        assert info.container_runtime_version.startswith("containerd://1.6.")
+        # Each node's kubelet serves on its own port: the API server reaches it there.
+        assert node.status.daemon_endpoints.kubelet_endpoint.port > 26250
+
+
+def test_allocatable_reports_the_node_resources(lab: Lab) -> None:
+    for name in lab.nodes:
+        allocatable = lab.allocatable(name)
+        assert int(allocatable["pods"]) > 0
+        assert allocatable["cpu"]
+        # No device plugin runs yet: the extended resource must not be there.
+        assert "nvidia.com/gpu" not in allocatable
+
+
+def pod_manifest(name: str, node: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "gpuops-lab"}},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {"name": "pause", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"},
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize("index", [0, -1], ids=["first-node", "last-node"])
+def test_pod_with_node_name_runs_in_containerd(lab: Lab, index: int) -> None:
+    node = lab.nodes[index]
+    name = f"lab-pause-{uuid.uuid4().hex[:8]}"
+    lab.core.create_namespaced_pod("default", pod_manifest(name, node))
+    try:
+        pod = lab.wait_until(
+            f"pod {name} Running on {node}",
+            lambda: (p := lab.core.read_namespaced_pod(name, "default")).status.phase == "Running" and p,
+            timeout=120,
+        )
+        assert pod.spec.node_name == node
+        assert pod.status.container_statuses[0].ready is True
+        # The pod's IP comes from this node's bridge network (10.231.<node number>.0/24).
+        node_number = int(node.rsplit("-", 1)[1])
+        assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network(f"10.231.{node_number}.0/24")
+        # containerd in that node container really runs it.
+        container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
+        tasks = lab.node_exec(node, "ctr", "-n", "k8s.io", "tasks", "ls").stdout
+        assert any(line.startswith(container_id) and "RUNNING" in line for line in tasks.splitlines())
+    finally:
+        lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    lab.wait_until(
+        f"pod {name} gone",
+        lambda: not any(p.metadata.name == name for p in lab.core.list_namespaced_pod("default").items),
+        timeout=120,
+    )
+
+
+def kubelet_identity_client(lab: Lab, node: str, tmp_path) -> client.CoreV1Api:
+    """An API client that authenticates as the node's kubelet (its client certificate)."""
+    for file in ("kubelet-client.crt", "kubelet-client.key", "ca.crt"):
+        data = lab.node_exec(node, "cat", f"/etc/gpuops-lab/{file}").stdout
+        (tmp_path / file).write_text(data)
+    kubeconfig = tmp_path / "kubeconfig"
+    server = lab.api.configuration.host
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: lab, cluster: {{server: '{server}', certificate-authority: '{tmp_path}/ca.crt'}}}}]\n"
+        f"users: [{{name: kubelet, user: {{client-certificate: '{tmp_path}/kubelet-client.crt', "
+        f"client-key: '{tmp_path}/kubelet-client.key'}}}}]\n"
+        "contexts: [{name: lab, context: {cluster: lab, user: kubelet}}]\ncurrent-context: lab\n"
+    )
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+def test_kubelet_identity_is_limited_by_node_authorizer(lab: Lab, tmp_path) -> None:
+    node = lab.nodes[0]
+    kubelet = kubelet_identity_client(lab, node, tmp_path)
+    # Its own node: allowed.
+    assert kubelet.read_node(node).metadata.name == node
+    # Another node object: NodeRestriction refuses a kubelet creating or changing anyone else.
+    with pytest.raises(client.ApiException) as refused:
+        kubelet.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "not-this-kubelet"}})
+    assert refused.value.status == 403
+    # Secrets it has no pod for: the Node authorizer refuses them.
+    with pytest.raises(client.ApiException) as refused:
+        kubelet.list_namespaced_secret("kube-system")
+    assert refused.value.status == 403
+
+
+def test_service_account_tokens_are_signed_by_the_lab_key(lab: Lab) -> None:
+    token = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=["gpuops-lab"]))
+    issued = lab.core.create_namespaced_service_account_token("default", "default", token)
+    _header, payload, _ = issued.status.token.split(".")
+    claims = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+    assert '"iss":"https://kubernetes.default.svc"' in claims
+    assert '"sub":"system:serviceaccount:default:default"' in claims
+
+
+def test_kubelet_restart_comes_back_ready(lab: Lab) -> None:
+    node = lab.nodes[0]
+    before = lab.node_exec(node, "systemctl", "show", "-p", "MainPID", "--value", "kubelet").stdout.strip()
+    restarted = lab.restart_kubelet(node)
+    after = lab.node_exec(node, "systemctl", "show", "-p", "MainPID", "--value", "kubelet").stdout.strip()
+    assert after not in ("0", before)
+    # Ready again, by a heartbeat of the new kubelet process (no controller marks it NotReady here).
+    lab.wait_until(f"{node} Ready after kubelet restart", lambda: lab.node_ready(node, since=restarted))
+    assert lab.node_exec(node, "systemctl", "is-active", "kubelet").stdout.strip() == "active"
