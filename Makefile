@@ -31,9 +31,11 @@ lint: setup
 	ansible-lint --profile production
 
 sanity: setup collection
+	scripts/ansible-test-pip.sh
 	cd $(COLLECTION) && ansible-test sanity --venv --python $(PYTHON_VERSION) --color no
 
 units: setup collection
+	scripts/ansible-test-pip.sh
 	cd $(COLLECTION) && ansible-test units --venv --python $(PYTHON_VERSION) --color no
 
 integration: setup
@@ -42,12 +44,6 @@ integration: setup
 daemon: setup
 	cd $(PLUGIN_DIR) && mypy --config-file pyproject.toml --cache-dir $(GPUOPS_CACHE)/mypy-device-plugin
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/tests
-
-# Every scenario directory under molecule/ (podman, the local Debian 12 image); MOLECULE_SCENARIOS=x picks some.
-MOLECULE_SCENARIOS ?= $(patsubst molecule/%/molecule.yml,%,$(wildcard molecule/*/molecule.yml))
-molecule: setup collection
-	@scripts/build-base-image.sh >/dev/null
-	@for s in $(MOLECULE_SCENARIOS); do echo "== molecule scenario $$s"; molecule test -s $$s || exit 1; done
 
 # The device-plugin image built with podman from the local base image and run against the kubelet double.
 daemon-image: setup
@@ -64,6 +60,11 @@ lab-up: setup
 
 lab-down:
 	tests/e2e/lab.sh down
+
+# Every scenario under molecule/ (or MOLECULE_SCENARIOS="docker crio" for some of them).
+MOLECULE_SCENARIOS ?=
+molecule: setup
+	scripts/molecule.sh $(MOLECULE_SCENARIOS)
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every molecule scenario (molecule/*/molecule.yml, except shared/) with what they need: the
+# local Debian 12 image, the signed container toolkit repository and an apt cache on 127.0.0.1, all
+# cached under $GPUOPS_CACHE. Prints each scenario's wall time.
+#   scripts/molecule.sh [scenario...]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+log() { printf '[molecule] %s\n' "$*" >&2; }
+
+scripts/build-base-image.sh >/dev/null
+GPUOPS_TOOLKIT_REPO=$(scripts/build-toolkit-repo.sh)
+export GPUOPS_TOOLKIT_REPO
+GPUOPS_APT_PROXY=$(scripts/apt-cache.sh start)
+export GPUOPS_APT_PROXY
+export GPUOPS_TOOLKIT_REPO_PORT=${GPUOPS_TOOLKIT_REPO_PORT:-38917}
+trap 'scripts/apt-cache.sh stop' EXIT
+scripts/collection-tree.sh >/dev/null
+
+if [ $# -gt 0 ]; then
+  scenarios=("$@")
+else
+  mapfile -t scenarios < <(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | xargs -n1 basename | sort)
+fi
+declare -A took
+for s in "${scenarios[@]}"; do
+  log "scenario $s"
+  start=$(date +%s)
+  timeout 3600 molecule test -s "$s"
+  took[$s]=$(($(date +%s) - start))
+  log "scenario $s passed in ${took[$s]} s"
+done
+for s in "${scenarios[@]}"; do
+  printf 'molecule scenario %-20s %5d s\n' "$s" "${took[$s]}"
+done

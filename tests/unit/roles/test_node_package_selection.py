@@ -1,0 +1,292 @@
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""Package and repository selection of the node roles, for every supported platform.
+
+The roles' real files are rendered with Ansible's own templar: defaults/main.yml, vars/main.yml and
+the platform file that the role's first_found list picks, with faked facts for each platform. The
+values asserted here are what the tasks hand to apt, dnf, deb822_repository and get_url.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+ROLES = Path(__file__).resolve().parents[3] / "roles"
+KERNEL = "6.1.0-28-amd64"
+
+FACTS = {
+    "ubuntu2204": {
+        "distribution": "Ubuntu",
+        "distribution_version": "22.04",
+        "distribution_major_version": "22",
+        "distribution_release": "jammy",
+        "os_family": "Debian",
+    },
+    "ubuntu2404": {
+        "distribution": "Ubuntu",
+        "distribution_version": "24.04",
+        "distribution_major_version": "24",
+        "distribution_release": "noble",
+        "os_family": "Debian",
+    },
+    "debian12": {
+        "distribution": "Debian",
+        "distribution_version": "12.8",
+        "distribution_major_version": "12",
+        "distribution_release": "bookworm",
+        "os_family": "Debian",
+    },
+    "rocky9": {
+        "distribution": "Rocky",
+        "distribution_version": "9.5",
+        "distribution_major_version": "9",
+        "distribution_release": "Blue Onyx",
+        "os_family": "RedHat",
+    },
+}
+
+
+class RoleVars:
+    """A role's variables as a play would see them, for one platform and the given inventory values."""
+
+    def __init__(self, role: str, platform: str, arch: str = "x86_64", **inventory: object) -> None:
+        loader = DataLoader()
+        role_dir = ROLES / role
+        facts = dict(FACTS[platform], architecture=arch, kernel=KERNEL)
+        variables: dict = {}
+        variables.update(loader.load_from_file(str(role_dir / "defaults" / "main.yml"), trusted_as_template=True))
+        variables.update(inventory)
+        variables.update(loader.load_from_file(str(role_dir / "vars" / "main.yml"), trusted_as_template=True))
+        variables["ansible_facts"] = facts
+        self._templar = Templar(loader=loader, variables=variables)
+        # The same choice the role's first_found lookup makes.
+        candidates = self.get(f"__{role}_vars_candidates")
+        found = [role_dir / "vars" / name for name in candidates if (role_dir / "vars" / name).is_file()]
+        assert found, f"no vars file for {platform} in {role}"
+        self.vars_file = found[0].name
+        variables.update(loader.load_from_file(str(found[0]), trusted_as_template=True))
+        self._templar = Templar(loader=loader, variables=variables)
+
+    def get(self, name: str):
+        return self._templar.template(trust_as_template("{{ " + name + " }}"))
+
+
+# --- nvidia_driver ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("platform", "vars_file", "source", "branch"),
+    [
+        ("ubuntu2204", "Ubuntu.yml", "distro", "580"),
+        ("ubuntu2404", "Ubuntu.yml", "distro", "580"),
+        ("debian12", "Debian.yml", "distro", "535"),
+        ("rocky9", "RedHat.yml", "cuda", "580"),
+    ],
+)
+def test_driver_default_source_and_branch(platform, vars_file, source, branch):
+    role = RoleVars("nvidia_driver", platform)
+    assert role.vars_file == vars_file
+    assert role.get("__nvidia_driver_source") == source
+    assert role.get("__nvidia_driver_branch") == branch
+
+
+def test_driver_ubuntu_canonical_server_packages_open_from_560():
+    role = RoleVars("nvidia_driver", "ubuntu2404")
+    assert role.get("__nvidia_driver_open") is True
+    assert role.get("__nvidia_driver_packages") == [
+        "nvidia-driver-580-server-open",
+        "nvidia-utils-580-server",
+    ]
+    assert role.get("__nvidia_driver_headers_package") == f"linux-headers-{KERNEL}"
+    assert role.get("__nvidia_driver_fabricmanager_package") == "nvidia-fabricmanager-580"
+    assert role.get("__nvidia_driver_src")["repository"] is False
+
+
+def test_driver_ubuntu_proprietary_older_branch():
+    role = RoleVars("nvidia_driver", "ubuntu2204", nvidia_driver_branch="535")
+    assert role.get("__nvidia_driver_open") is False
+    assert role.get("__nvidia_driver_packages") == [
+        "nvidia-driver-535-server",
+        "nvidia-utils-535-server",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("platform", "dist"),
+    [("ubuntu2204", "ubuntu2204"), ("ubuntu2404", "ubuntu2404"), ("debian12", "debian12")],
+)
+def test_driver_cuda_repository_on_apt_platforms(platform, dist):
+    role = RoleVars("nvidia_driver", platform, nvidia_driver_source="cuda", nvidia_driver_kernel_modules="proprietary")
+    base = "https://developer.download.nvidia.com/compute/cuda/repos"
+    assert role.get("__nvidia_driver_cuda_repo_url") == f"{base}/{dist}/x86_64"
+    assert role.get("__nvidia_driver_cuda_key_url") == f"{base}/{dist}/x86_64/3bf863cc.pub"
+    assert role.get("__nvidia_driver_cuda_keyring") == "/etc/apt/keyrings/nvidia-cuda.asc"
+    assert role.get("__nvidia_driver_packages") == ["cuda-drivers-580"]
+    assert role.get("__nvidia_driver_src")["repository"] is True
+
+
+def test_driver_cuda_repository_mirror_and_arm():
+    role = RoleVars(
+        "nvidia_driver",
+        "ubuntu2404",
+        arch="aarch64",
+        nvidia_driver_source="cuda",
+        nvidia_driver_cuda_repo_base_url="http://mirror.example.internal/cuda/repos/",
+    )
+    assert role.get("__nvidia_driver_cuda_repo_url") == "http://mirror.example.internal/cuda/repos/ubuntu2404/sbsa"
+    assert role.get("__nvidia_driver_packages") == ["nvidia-open-580"]
+
+
+def test_driver_debian_own_packages():
+    role = RoleVars("nvidia_driver", "debian12")
+    assert role.get("__nvidia_driver_open") is False
+    expected = ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libnvidia-ml1"]
+    assert role.get("__nvidia_driver_packages") == expected
+    assert role.get("__nvidia_driver_src")["persistenced_packages"] == ["nvidia-persistenced"]
+    assert role.get("__nvidia_driver_pynvml_package") == "python3-pynvml"
+    # Debian does not package Fabric Manager: the role refuses NVSwitch systems on this source.
+    assert role.get("__nvidia_driver_fabricmanager_package") == ""
+
+
+def test_driver_debian_open_modules():
+    role = RoleVars("nvidia_driver", "debian12", nvidia_driver_kernel_modules="open")
+    assert "nvidia-open-kernel-dkms" in role.get("__nvidia_driver_packages")
+    assert "nvidia-kernel-dkms" not in role.get("__nvidia_driver_packages")
+
+
+@pytest.mark.parametrize(("modules", "stream"), [("open", "580-open"), ("proprietary", "580-dkms")])
+def test_driver_rocky_module_streams(modules, stream):
+    role = RoleVars("nvidia_driver", "rocky9", nvidia_driver_kernel_modules=modules)
+    assert role.get("__nvidia_driver_packages") == [f"@nvidia-driver:{stream}"]
+    assert role.get("__nvidia_driver_src")["module_stream"] == f"nvidia-driver:{stream}"
+    base = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64"
+    assert role.get("__nvidia_driver_cuda_repo_url") == base
+    assert role.get("__nvidia_driver_cuda_key_url") == f"{base}/D42D0685.pub"
+    assert role.get("__nvidia_driver_headers_package") == f"kernel-devel-{KERNEL}"
+    assert role.get("__nvidia_driver_fabricmanager_package") == "nvidia-fabric-manager"
+    # No distro pynvml on RHEL: pip is used instead.
+    assert role.get("__nvidia_driver_pynvml_package") == ""
+
+
+def test_driver_rocky_has_no_distro_source():
+    role = RoleVars("nvidia_driver", "rocky9")
+    assert list(role.get("__nvidia_driver_sources")) == ["cuda"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "nvswitch", "wanted"),
+    [("auto", True, True), ("auto", False, False), ("always", False, True), ("never", True, False)],
+)
+def test_driver_fabricmanager_choice(setting, nvswitch, wanted):
+    role = RoleVars(
+        "nvidia_driver",
+        "ubuntu2404",
+        nvidia_driver_fabricmanager=setting,
+        __nvidia_driver_nvswitch_present=nvswitch,
+    )
+    assert role.get("__nvidia_driver_fabricmanager_wanted") is wanted
+
+
+def test_driver_apt_pin_covers_the_driver_packages():
+    role = RoleVars("nvidia_driver", "debian12")
+    patterns = role.get("__nvidia_driver_apt_pin_packages").split()
+    for package in ["nvidia-driver", "nvidia-kernel-dkms", "libnvidia-ml1", "firmware-nvidia-gsp"]:
+        assert any(Path(package).match(p) for p in patterns), package
+
+
+# --- container_toolkit -----------------------------------------------------------------------------
+
+TOOLKIT_PACKAGES = [
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+]
+
+
+@pytest.mark.parametrize("platform", ["ubuntu2204", "ubuntu2404", "debian12"])
+def test_toolkit_apt_repository_and_pinned_packages(platform):
+    role = RoleVars("container_toolkit", platform)
+    assert role.vars_file == "Debian.yml"
+    assert role.get("__container_toolkit_pkg_mgr") == "apt"
+    assert role.get("__container_toolkit_packages") == [f"{p}=1.17.8-1" for p in TOOLKIT_PACKAGES]
+    assert role.get("__container_toolkit_repo_uri") == "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
+    assert role.get("container_toolkit_gpg_key_url") == "https://nvidia.github.io/libnvidia-container/gpgkey"
+    assert role.get("__container_toolkit_keyring") == "/etc/apt/keyrings/nvidia-container-toolkit.asc"
+
+
+def test_toolkit_rocky_repository_and_packages():
+    role = RoleVars("container_toolkit", "rocky9", container_toolkit_version="1.18.0")
+    assert role.vars_file == "RedHat.yml"
+    assert role.get("__container_toolkit_pkg_mgr") == "dnf"
+    assert role.get("__container_toolkit_packages") == [f"{p}-1.18.0-1" for p in TOOLKIT_PACKAGES]
+    assert (
+        role.get("__container_toolkit_repo_uri") == "https://nvidia.github.io/libnvidia-container/stable/rpm/$basearch"
+    )
+
+
+def test_toolkit_mirror():
+    role = RoleVars(
+        "container_toolkit",
+        "debian12",
+        container_toolkit_repo_base_url="http://127.0.0.1:38917/",
+        container_toolkit_repo_channel="experimental",
+    )
+    assert role.get("__container_toolkit_repo_uri") == "http://127.0.0.1:38917/experimental/deb/$(ARCH)"
+    assert role.get("container_toolkit_gpg_key_url") == "http://127.0.0.1:38917/gpgkey"
+
+
+# --- cuda_toolkit ----------------------------------------------------------------------------------
+
+
+def test_cuda_debian_own_toolkit():
+    role = RoleVars("cuda_toolkit", "debian12")
+    assert role.get("__cuda_toolkit_source") == "distro"
+    assert role.get("__cuda_toolkit_version") == "11.8"
+    assert role.get("__cuda_toolkit_packages") == ["nvidia-cuda-toolkit"]
+    assert role.get("__cuda_toolkit_src")["pin_version"] == "11.8.*"
+    assert role.get("__cuda_toolkit_home") == "/usr/lib/nvidia-cuda-toolkit"
+
+
+@pytest.mark.parametrize(
+    ("platform", "dist", "key"),
+    [
+        ("ubuntu2204", "ubuntu2204", "3bf863cc.pub"),
+        ("ubuntu2404", "ubuntu2404", "3bf863cc.pub"),
+        ("debian12", "debian12", "3bf863cc.pub"),
+        ("rocky9", "rhel9", "D42D0685.pub"),
+    ],
+)
+def test_cuda_repository_toolkit(platform, dist, key):
+    role = RoleVars("cuda_toolkit", platform, cuda_toolkit_source="cuda", cuda_toolkit_version="12.4")
+    base = f"https://developer.download.nvidia.com/compute/cuda/repos/{dist}/x86_64"
+    assert role.get("__cuda_toolkit_packages") == ["cuda-toolkit-12-4"]
+    assert role.get("__cuda_toolkit_home") == "/usr/local/cuda-12.4"
+    assert role.get("__cuda_toolkit_repo_url") == base
+    assert role.get("__cuda_toolkit_key_url") == f"{base}/{key}"
+
+
+@pytest.mark.parametrize("platform", ["ubuntu2204", "ubuntu2404", "rocky9"])
+def test_cuda_default_version_from_repository(platform):
+    role = RoleVars("cuda_toolkit", platform)
+    assert role.get("__cuda_toolkit_source") == "cuda"
+    assert role.get("__cuda_toolkit_packages") == ["cuda-toolkit-12-9"]
+
+
+# --- every role ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["nvidia_driver", "cuda_toolkit", "container_toolkit"])
+def test_argument_specs_document_every_default(role):
+    loader = DataLoader()
+    defaults = loader.load_from_file(str(ROLES / role / "defaults" / "main.yml"), trusted_as_template=True)
+    specs = loader.load_from_file(str(ROLES / role / "meta" / "argument_specs.yml"), trusted_as_template=True)
+    spec = specs["argument_specs"]["main"]["options"]
+    assert set(defaults) == set(spec)
+    for name, value in defaults.items():
+        if "default" in spec[name]:
+            assert spec[name]["default"] == value, name
