@@ -3,7 +3,6 @@
 
 from __future__ import absolute_import, division, print_function
 
-__metaclass__ = type
 
 DOCUMENTATION = r"""
 name: gpu_labels
@@ -21,11 +20,15 @@ description:
     starting and ending with an alphanumeric character).
 options:
   _input:
-    description: The registered result of M(gpuops.k8s.nvidia_gpu_info) (needs C(gpus), C(driver_version), C(cuda_driver_version)).
+    description:
+      - The registered result of M(gpuops.k8s.nvidia_gpu_info).
+      - Uses C(gpus), C(driver_version) and C(cuda_driver_version).
     type: dict
     required: true
   user_labels:
-    description: Extra labels, for example C({"accelerator": "nvidia-tesla-p100"}). They win over computed labels of the same key.
+    description:
+      - Extra labels, for example C({"accelerator": "nvidia-tesla-p100"}).
+      - They win over computed labels of the same key.
     type: dict
     default: {}
 """
@@ -97,14 +100,16 @@ def gpu_family(compute_capability):
 def validate_label_key(key):
     """Raise unless key is a valid label key ([prefix/]name)."""
     if not isinstance(key, str) or not key:
-        raise AnsibleFilterError("gpu_labels: label key %r is not a non-empty string." % (key,))
+        raise AnsibleFilterError(f"gpu_labels: label key {key!r} is not a non-empty string.")
     prefix, _, name = key.rpartition("/")
     if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        raise AnsibleFilterError("gpu_labels: label key %r has an invalid prefix %r (a DNS subdomain is needed)." % (key, prefix))
+        raise AnsibleFilterError(
+            f"gpu_labels: label key {key!r} has an invalid prefix {prefix!r} (a DNS subdomain is needed)."
+        )
     if not _LABEL_NAME.match(name):
         raise AnsibleFilterError(
-            "gpu_labels: label key %r has an invalid name %r (at most 63 characters of [A-Za-z0-9_.-], "
-            "starting and ending with an alphanumeric character)." % (key, name)
+            f"gpu_labels: label key {key!r} has an invalid name {name!r} (at most 63 characters of [A-Za-z0-9_.-], "
+            "starting and ending with an alphanumeric character)."
         )
 
 
@@ -113,15 +118,17 @@ def _split_version(text, parts, what):
     try:
         numbers = [int(p) for p in pieces[:parts]]
     except ValueError:
-        raise AnsibleFilterError("gpu_labels: %s %r is not a dotted version of numbers." % (what, text))
+        raise AnsibleFilterError(f"gpu_labels: {what} {text!r} is not a dotted version of numbers.") from None
     if len(numbers) < parts:
-        raise AnsibleFilterError("gpu_labels: %s %r needs %d dotted parts." % (what, text, parts))
+        raise AnsibleFilterError(f"gpu_labels: {what} {text!r} needs {parts} dotted parts.")
     return numbers
 
 
 def gpu_labels(gpu_info, user_labels=None):
     if not isinstance(gpu_info, dict):
-        raise AnsibleFilterError("gpu_labels: the input must be the result of nvidia_gpu_info (a dict), got %s." % type(gpu_info).__name__)
+        raise AnsibleFilterError(
+            f"gpu_labels: the input must be the result of nvidia_gpu_info (a dict), got {type(gpu_info).__name__}."
+        )
     user_labels = user_labels or {}
     if not isinstance(user_labels, dict):
         raise AnsibleFilterError("gpu_labels: user_labels must be a dict of label key to value.")
@@ -131,7 +138,7 @@ def gpu_labels(gpu_info, user_labels=None):
         first = gpus[0]
         for field in ("name", "memory_total_mib", "compute_capability"):
             if first.get(field) in (None, ""):
-                raise AnsibleFilterError("gpu_labels: GPU 0 in the nvidia_gpu_info result has no %s." % field)
+                raise AnsibleFilterError(f"gpu_labels: GPU 0 in the nvidia_gpu_info result has no {field}.")
         cc_major, cc_minor = _split_version(first["compute_capability"], 2, "compute_capability")
         labels.update(
             {
@@ -148,7 +155,7 @@ def gpu_labels(gpu_info, user_labels=None):
         if driver:
             pieces = str(driver).strip().split(".")
             if len(pieces) < 2 or not all(p.isdigit() for p in pieces):
-                raise AnsibleFilterError("gpu_labels: driver_version %r is not MAJOR.MINOR[.REV]." % (driver,))
+                raise AnsibleFilterError(f"gpu_labels: driver_version {driver!r} is not MAJOR.MINOR[.REV].")
             rev = pieces[2] if len(pieces) > 2 else ""
             labels.update(
                 {
@@ -166,7 +173,7 @@ def gpu_labels(gpu_info, user_labels=None):
             major, minor = _split_version(cuda, 2, "cuda_driver_version")
             labels.update(
                 {
-                    "nvidia.com/cuda.runtime-version.full": "%d.%d" % (major, minor),
+                    "nvidia.com/cuda.runtime-version.full": f"{major}.{minor}",
                     "nvidia.com/cuda.runtime-version.major": str(major),
                     "nvidia.com/cuda.runtime-version.minor": str(minor),
                     "nvidia.com/cuda.runtime.major": str(major),

@@ -3,7 +3,6 @@
 
 from __future__ import absolute_import, division, print_function
 
-__metaclass__ = type
 
 DOCUMENTATION = r"""
 name: node_label_patch
@@ -63,12 +62,16 @@ OWNED_TAINT_ANNOTATION = "gpuops.k8s/owned-taint"
 
 
 def _taint_id(key, value, effect):
-    return "%s=%s:%s" % (key, value, effect)
+    return f"{key}={value}:{effect}"
 
 
-def node_label_patch(node, labels, taint=True, taint_key="nvidia.com/gpu", taint_value="present", taint_effect="NoSchedule"):
+def node_label_patch(
+    node, labels, taint=True, taint_key="nvidia.com/gpu", taint_value="present", taint_effect="NoSchedule"
+):
     if not isinstance(node, dict) or not isinstance(node.get("metadata"), dict):
-        raise AnsibleFilterError("node_label_patch: the input must be a Node object with metadata, got %s." % type(node).__name__)
+        raise AnsibleFilterError(
+            f"node_label_patch: the input must be a Node object with metadata, got {type(node).__name__}."
+        )
     if not isinstance(labels, dict):
         raise AnsibleFilterError("node_label_patch: labels must be a dict of label key to value.")
     metadata = node["metadata"]
@@ -96,17 +99,24 @@ def node_label_patch(node, labels, taint=True, taint_key="nvidia.com/gpu", taint
     taint_patch = None
     if taint:
         present = any(
-            t.get("key") == taint_key and t.get("effect") == taint_effect and (t.get("value") or "") == taint_value for t in taints
+            t.get("key") == taint_key and t.get("effect") == taint_effect and (t.get("value") or "") == taint_value
+            for t in taints
         )
         if not present:
             # One taint per key and effect: a same-key taint with another value is replaced, not doubled.
-            taint_patch = [t for t in taints if not (t.get("key") == taint_key and t.get("effect") == taint_effect)] + [wanted]
+            taint_patch = [t for t in taints if not (t.get("key") == taint_key and t.get("effect") == taint_effect)] + [
+                wanted
+            ]
         if owned_taint != ours:
             annotation_patch[OWNED_TAINT_ANNOTATION] = ours
     elif owned_taint:
         key, _, rest = owned_taint.partition("=")
         value, _, effect = rest.rpartition(":")
-        kept = [t for t in taints if not (t.get("key") == key and t.get("effect") == effect and (t.get("value") or "") == value)]
+        kept = [
+            t
+            for t in taints
+            if not (t.get("key") == key and t.get("effect") == effect and (t.get("value") or "") == value)
+        ]
         if len(kept) != len(taints):
             taint_patch = kept
         annotation_patch[OWNED_TAINT_ANNOTATION] = None

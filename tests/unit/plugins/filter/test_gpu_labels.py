@@ -1,10 +1,5 @@
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
 import pytest
 from ansible.errors import AnsibleFilterError
-
 from ansible_collections.gpuops.k8s.plugins.filter.gpu_labels import (
     FilterModule,
     gpu_family,
@@ -98,7 +93,9 @@ def test_product_label_is_sanitized():
 
 
 def test_user_labels_added_and_win():
-    labels = gpu_labels(_info(), {"accelerator": "nvidia-tesla-p100", "nvidia.com/gpu.family": "custom", "team/x": True})
+    labels = gpu_labels(
+        _info(), {"accelerator": "nvidia-tesla-p100", "nvidia.com/gpu.family": "custom", "team/x": True}
+    )
     assert labels["accelerator"] == "nvidia-tesla-p100"
     assert labels["nvidia.com/gpu.family"] == "custom"
     assert labels["team/x"] == "true"

@@ -1,10 +1,5 @@
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
 import pytest
 from ansible.errors import AnsibleFilterError
-
 from ansible_collections.gpuops.k8s.plugins.filter.node_label_patch import (
     OWNED_LABELS_ANNOTATION,
     OWNED_TAINT_ANNOTATION,
@@ -65,7 +60,10 @@ def test_second_pass_is_empty():
 def test_changed_value_only_that_label():
     node = _node(
         labels={"nvidia.com/gpu.count": "4", "nvidia.com/gpu.present": "true"},
-        annotations={OWNED_LABELS_ANNOTATION: "nvidia.com/gpu.count,nvidia.com/gpu.present", OWNED_TAINT_ANNOTATION: "nvidia.com/gpu=present:NoSchedule"},
+        annotations={
+            OWNED_LABELS_ANNOTATION: "nvidia.com/gpu.count,nvidia.com/gpu.present",
+            OWNED_TAINT_ANNOTATION: "nvidia.com/gpu=present:NoSchedule",
+        },
         taints=[TAINT],
     )
     patch = node_label_patch(node, {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"})
@@ -75,14 +73,21 @@ def test_changed_value_only_that_label():
 def test_stale_owned_labels_removed_foreign_kept():
     node = _node(
         labels={"accelerator": "old", "nvidia.com/gpu.present": "true", "team": "ml", "nvidia.com/gpu.machine": "DGX"},
-        annotations={OWNED_LABELS_ANNOTATION: "accelerator,nvidia.com/gpu.present", OWNED_TAINT_ANNOTATION: "nvidia.com/gpu=present:NoSchedule"},
+        annotations={
+            OWNED_LABELS_ANNOTATION: "accelerator,nvidia.com/gpu.present",
+            OWNED_TAINT_ANNOTATION: "nvidia.com/gpu=present:NoSchedule",
+        },
         taints=[TAINT],
     )
     patch = node_label_patch(node, {"nvidia.com/gpu.present": "true"})
     assert patch["metadata"]["labels"] == {"accelerator": None}
     assert patch["metadata"]["annotations"] == {OWNED_LABELS_ANNOTATION: "nvidia.com/gpu.present"}
     node = _apply(node, patch)
-    assert node["metadata"]["labels"] == {"nvidia.com/gpu.present": "true", "team": "ml", "nvidia.com/gpu.machine": "DGX"}
+    assert node["metadata"]["labels"] == {
+        "nvidia.com/gpu.present": "true",
+        "team": "ml",
+        "nvidia.com/gpu.machine": "DGX",
+    }
 
 
 def test_owned_label_already_gone_is_not_patched():
@@ -121,11 +126,15 @@ def test_same_key_other_value_is_replaced_not_doubled():
 
 def test_taint_already_there_takes_ownership_only():
     node = _node(taints=[TAINT])
-    assert node_label_patch(node, {}) == {"metadata": {"annotations": {OWNED_TAINT_ANNOTATION: "nvidia.com/gpu=present:NoSchedule"}}}
+    assert node_label_patch(node, {}) == {
+        "metadata": {"annotations": {OWNED_TAINT_ANNOTATION: "nvidia.com/gpu=present:NoSchedule"}}
+    }
 
 
 def test_custom_taint():
-    patch = node_label_patch(_node(), {}, taint=True, taint_key="gpu", taint_value="yes", taint_effect="PreferNoSchedule")
+    patch = node_label_patch(
+        _node(), {}, taint=True, taint_key="gpu", taint_value="yes", taint_effect="PreferNoSchedule"
+    )
     assert patch["spec"]["taints"] == [{"key": "gpu", "value": "yes", "effect": "PreferNoSchedule"}]
 
 
