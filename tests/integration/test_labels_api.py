@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -156,7 +157,8 @@ def _play(apiserver, role, extra, check=False):
         )
     )
     extra_file = apiserver["work"] / "extra.json"
-    extra_file.write_text(json.dumps(extra))
+    # The roles' Kubernetes calls need the kubernetes client, which this (the controller's) Python has.
+    extra_file.write_text(json.dumps(dict(extra, ansible_python_interpreter=sys.executable)))
     env = dict(
         os.environ,
         ANSIBLE_COLLECTIONS_PATH=str(Path(collections).parents[2]),
