@@ -101,7 +101,7 @@ def validate_label_key(key):
     """Raise unless key is a valid label key ([prefix/]name)."""
     if not isinstance(key, str) or not key:
         raise AnsibleFilterError(f"gpu_labels: label key {key!r} is not a non-empty string.")
-    prefix, _, name = key.rpartition("/")
+    prefix, _slash, name = key.rpartition("/")
     if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
         raise AnsibleFilterError(
             f"gpu_labels: label key {key!r} has an invalid prefix {prefix!r} (a DNS subdomain is needed)."

@@ -110,8 +110,8 @@ def node_label_patch(
         if owned_taint != ours:
             annotation_patch[OWNED_TAINT_ANNOTATION] = ours
     elif owned_taint:
-        key, _, rest = owned_taint.partition("=")
-        value, _, effect = rest.rpartition(":")
+        key, _eq, rest = owned_taint.partition("=")
+        value, _colon, effect = rest.rpartition(":")
         kept = [
             t
             for t in taints

@@ -169,7 +169,7 @@ def _play(apiserver, role, extra, check=False):
     argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{extra_file}"]
     if check:
         argv += ["--check", "--diff"]
-    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     report = json.loads(run.stdout)
     tasks = {t["task"]["name"]: t["hosts"].get("localhost", {}) for p in report["plays"] for t in p["tasks"]}
@@ -193,11 +193,11 @@ def _node(apiserver):
 
 def test_labels_check_mode_then_apply_then_idempotent(apiserver):
     before = _node(apiserver).metadata.resource_version
-    changed, _ = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver), check=True)
+    changed, _tasks = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver), check=True)
     assert changed == 1  # the patch it would write
     assert _node(apiserver).metadata.resource_version == before, "check mode wrote to the API server"
 
-    changed, _ = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
+    changed, _tasks = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
     assert changed == 1
     node = _node(apiserver)
     labels = node.metadata.labels
@@ -217,14 +217,14 @@ def test_labels_check_mode_then_apply_then_idempotent(apiserver):
     assert "accelerator" in node.metadata.annotations["gpuops.k8s/owned-labels"].split(",")
 
     version = node.metadata.resource_version
-    changed, _ = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
+    changed, _tasks = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
     assert changed == 0
     assert _node(apiserver).metadata.resource_version == version, "a second run wrote to the API server"
 
 
 def test_stale_labels_removed_and_taint_turned_off(apiserver):
     _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
-    changed, _ = _play(
+    changed, _tasks = _play(
         apiserver,
         "gpu_node_labels",
         _labels_vars(apiserver, gpu_node_labels_user_labels={"site": "rack 12"}, gpu_node_labels_taint=False),
@@ -257,12 +257,12 @@ def _plugin_vars(apiserver, **more):
 
 def test_daemonset_and_runtimeclass(apiserver):
     api = apiserver["api"]
-    changed, _ = _play(apiserver, "device_plugin", _plugin_vars(apiserver), check=True)
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver), check=True)
     assert changed >= 1
     with pytest.raises(client.ApiException):
         client.NodeV1Api(api).read_runtime_class("nvidia")
 
-    changed, _ = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
     assert changed == 2  # the RuntimeClass, and the four objects in one task
     runtime_class = client.NodeV1Api(api).read_runtime_class("nvidia")
     assert runtime_class.handler == "nvidia"
@@ -282,10 +282,10 @@ def test_daemonset_and_runtimeclass(apiserver):
     assert yaml.safe_load(cm.data["config.yaml"]) == {"version": "v1", "flags": {"migStrategy": "none"}}
     assert apiserver["core"].read_namespaced_service_account("gpuops-device-plugin", "gpuops-system")
 
-    changed, _ = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
     assert changed == 0
 
-    changed, _ = _play(apiserver, "device_plugin", _plugin_vars(apiserver, device_plugin_runtime_is_default=True))
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver, device_plugin_runtime_is_default=True))
     assert changed == 1
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("gpuops-device-plugin", "gpuops-system")
     assert ds.spec.template.spec.runtime_class_name is None
