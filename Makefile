@@ -39,6 +39,7 @@ units: setup collection
 	cd $(COLLECTION) && ansible-test units --venv --python $(PYTHON_VERSION) --color no
 
 integration: setup
+	scripts/build-containerd2.sh >/dev/null
 	python -m pytest -q -p no:cacheprovider tests/integration
 
 daemon: setup

@@ -20,7 +20,9 @@ facts live in a small state document that the module keeps next to daemon.json.
 from __future__ import annotations
 
 import copy
+import glob
 import json
+import os
 import re
 import traceback
 
@@ -87,8 +89,88 @@ def parse_toml(text, source):
     except TomlParseError as exc:
         reason = _PARSE_POSITION_RE.sub("", str(exc))
         raise ConfigError(
-            "{0} is not valid TOML: line {1}, column {2}: {3}.".format(source, exc.line, exc.col, reason)
+            "{0} could not be parsed as TOML: line {1}, column {2}: {3}.".format(source, exc.line, exc.col, reason)
         ) from None
+    except Exception as exc:  # tomlkit raises other errors on some layouts it cannot represent
+        raise ConfigError("{0} could not be parsed as TOML: {1}.".format(source, exc)) from None
+
+
+def _finish_toml(doc, text, before):
+    """The new text, and whether the meaning changed.
+
+    tomlkit reproduces nearly every file verbatim, but not all (e.g. indented sibling headers under
+    an implicit parent gain indentation). A run that changes no key or value therefore returns the
+    original text untouched instead of tomlkit's rendering, which keeps second runs idempotent.
+    """
+    if _plain(doc) == before:
+        return text, False
+    return tomlkit.dumps(doc), True
+
+
+def _dotted(parts):
+    return ".".join(json.dumps(p) if not re.match(r"^[A-Za-z0-9_-]+$", p) else p for p in parts)
+
+
+def _parts(value):
+    """The concrete tables behind a table value, or None when the value is not a table.
+
+    A table whose sub-tables are spread over the file (``[a.b]``, then ``[c]``, then ``[a.d]``) comes
+    back from tomlkit as one merged view that is meant for reading; writes have to go to the real
+    table that holds (or should hold) the key, so every lookup here works on the list of those.
+    """
+    if isinstance(value, (Table, InlineTable)):
+        return [value]
+    if type(value).__name__ == "OutOfOrderTableProxy":
+        return list(value._tables)  # noqa: SLF001 - the merged view exposes no public list of its parts
+    return None
+
+
+class _Node:
+    """A concrete table and where it hangs (to remove it again)."""
+
+    def __init__(self, table, parent=None, key=None):
+        self.table = table
+        self.parent = parent
+        self.key = key
+
+
+def _descend(nodes, key, source, path_parts):
+    found = []
+    for node in nodes:
+        if key not in node.table:
+            continue
+        parts = _parts(node.table[key])
+        if parts is None:
+            raise ConfigError(
+                "{0}: {1} is a {2}, but a table was expected there.".format(
+                    source, _dotted(path_parts), type(_plain(node.table[key])).__name__
+                )
+            )
+        found.extend(_Node(part, node, key) for part in parts)
+    return found
+
+
+def _create(node, key, explicit):
+    table = tomlkit.inline_table() if isinstance(node.table, InlineTable) else tomlkit.table(not explicit)
+    node.table[key] = table
+    return _Node(node.table[key], node, key)
+
+
+def _holding(nodes, key):
+    """The node among ``nodes`` that holds ``key``, else None."""
+    for node in nodes:
+        if key in node.table:
+            return node
+    return None
+
+
+def _set_value(nodes, key, value):
+    """Set ``key`` where it already is (or in the first table); True when something changed."""
+    node = _holding(nodes, key) or nodes[0]
+    if key in node.table and _plain(node.table[key]) == value:
+        return False
+    node.table[key] = value
+    return True
 
 
 def _plain(item):
@@ -98,33 +180,11 @@ def _plain(item):
     return item
 
 
-def _dotted(parts):
-    return ".".join(json.dumps(p) if not re.match(r"^[A-Za-z0-9_-]+$", p) else p for p in parts)
-
-
-def _is_table(value):
-    return isinstance(value, (dict, Table, InlineTable)) or type(value).__name__ == "OutOfOrderTableProxy"
-
-
-def _child_table(parent, key, create, explicit, source, path_parts):
-    """The sub-table ``key`` of ``parent``; created (a super table unless ``explicit``) when asked."""
-    if key in parent:
-        value = parent[key]
-        if not _is_table(value) or isinstance(value, AoT):
-            raise ConfigError(
-                "{0}: {1} is a {2}, but a table was expected there.".format(
-                    source, _dotted(path_parts), type(_plain(value)).__name__
-                )
-            )
-        return value, False
-    if not create:
-        return None, False
-    if isinstance(parent, InlineTable):
-        table = tomlkit.inline_table()
-    else:
-        table = tomlkit.table(not explicit)
-    parent[key] = table
-    return parent[key], True
+def _plain_at(doc, parts):
+    node = _plain(doc)
+    for key in parts:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
 
 
 def _new_table(parent):
@@ -161,103 +221,111 @@ def _comment_without_marker(item):
     return kept
 
 
-def _prune_empty_super_tables(chain):
-    """Remove tables on ``chain`` (parent, key) pairs, deepest first, that are empty and implicit.
-
-    An implicit ("super") table has no header of its own in the file, so once empty it stands for
-    nothing; tables with their own header are the user's and stay.
-    """
-    for parent, key in reversed(chain):
-        table = parent[key]
-        if isinstance(table, Table) and len(table) == 0 and table.is_super_table():
-            del parent[key]
-        else:
-            break
-
-
 def _edit_toml_runtime(doc, source, parent_parts, default_key, name, state, set_as_default, entry_ops):
     """Shared edit of ``<parent_parts>.runtimes.<name>`` and ``<parent_parts>.<default_key>``.
 
     ``entry_ops`` supplies the runtime-specific pieces: ``check(entry)`` raises ConfigError when an
-    existing entry belongs to something else, ``build(runtimes)`` returns a new entry, and
-    ``update(entry, runtimes)`` brings an existing compatible entry up to date.
+    existing entry belongs to something else, ``build(template, inline)`` returns a new entry, and
+    ``update(entry_nodes, template)`` brings an existing compatible entry up to date. Implicit tables
+    that end up empty need no pruning: tomlkit writes nothing for them.
     """
-    create = state == "present"
-    chain = []
-    parent = doc
-    parent_created = False
+    present = state == "present"
+    nodes = [_Node(doc)]
+    created_parent = False
     for depth, key in enumerate(parent_parts):
-        is_last = depth == len(parent_parts) - 1
-        table, created = _child_table(
-            parent, key, create, explicit=is_last and set_as_default, source=source, path_parts=parent_parts[: depth + 1]
-        )
-        if table is None:
-            return  # absent: nothing of ours can be there
-        chain.append((parent, key))
-        parent = table
-        parent_created = created
-    runtime_parent = parent
+        found = _descend(nodes, key, source, parent_parts[: depth + 1])
+        if not found:
+            if not present:
+                return
+            explicit = depth == len(parent_parts) - 1 and set_as_default
+            found = [_create(nodes[0], key, explicit)]
+            created_parent = explicit
+        nodes = found
+    parent_nodes = nodes
 
-    runtimes, _ = _child_table(
-        runtime_parent, "runtimes", create, explicit=False, source=source, path_parts=[*parent_parts, "runtimes"]
-    )
-    entry = runtimes.get(name) if runtimes is not None else None
-    entry_path = [*parent_parts, "runtimes", name]
+    runtimes_path = [*parent_parts, "runtimes"]
+    runtimes_nodes = _descend(parent_nodes, "runtimes", source, runtimes_path)
+    entry_path = [*runtimes_path, name]
+    entry_nodes = _descend(runtimes_nodes, name, source, entry_path)
+    entry = _plain_at(doc, entry_path)
     if entry is not None:
-        if not _is_table(entry):
-            raise ConfigError("{0}: {1} is not a table.".format(source, _dotted(entry_path)))
-        entry_ops.check(_plain(entry))
+        entry_ops.check(entry)
+    template = _plain_at(doc, [*runtimes_path, entry_ops.template_name])
+    template = template if isinstance(template, dict) else {}
+    default_node = _holding(parent_nodes, default_key)
+    current_default = _plain(default_node.table[default_key]) if default_node else None
 
-    current_default = _plain(runtime_parent.get(default_key)) if default_key in runtime_parent else None
-
-    if state == "present":
+    if present:
         if entry is None:
-            runtimes[name] = entry_ops.build(runtimes)
+            if not runtimes_nodes:
+                runtimes_nodes = [_create(_holding(parent_nodes, default_key) or parent_nodes[0], "runtimes", False)]
+            home = (entry_ops.template_name and _holding(runtimes_nodes, entry_ops.template_name)) or runtimes_nodes[0]
+            home.table[name] = entry_ops.build(template, isinstance(home.table, InlineTable))
         else:
-            entry_ops.update(entry, runtimes)
+            entry_ops.update(entry_nodes, template)
         if set_as_default and current_default != name:
-            user_comment = ""
-            if default_key in runtime_parent:
-                user_comment = _comment_without_marker(runtime_parent[default_key])
-            runtime_parent[default_key] = name
-            item = runtime_parent[default_key]
-            marker = _marker_comment(current_default, parent_created)
+            if default_node is None:
+                default_node = next((n for n in parent_nodes if not _is_super(n.table)), parent_nodes[0])
+            user_comment = _comment_without_marker(default_node.table[default_key]) if current_default else ""
+            default_node.table[default_key] = name
+            item = default_node.table[default_key]
+            if current_default is None:
+                _indent_like_siblings(default_node.table, item)
+            marker = _marker_comment(current_default, created_parent)
             if user_comment:
                 # Keep the operator's own comment on that line; the marker goes after it.
                 item.trivia.comment = "{0} # {1}".format(user_comment, marker)
-            else:
+            elif hasattr(item, "comment"):
                 item.comment(marker)
         return
 
-    # absent
-    if runtimes is not None and name in runtimes:
-        del runtimes[name]
-        _prune_empty_super_tables([*chain, (runtime_parent, "runtimes")])
+    for node in runtimes_nodes:
+        if name in node.table:
+            del node.table[name]
     if current_default == name:
-        found, previous, table_added = _read_marker(runtime_parent[default_key])
+        found, previous, table_added = _read_marker(default_node.table[default_key])
         if not found:
-            # Set by someone else: fall back to the runtime every install has rather than leave
+            # Set by someone else: fall back to the runtime's built-in default rather than leave
             # the default pointing at a runtime that no longer exists.
-            previous = entry_ops.fallback_default
+            previous = None
         if previous is None:
-            del runtime_parent[default_key]
-            if table_added and len(runtime_parent) == 0:
-                grand_parent, key = chain[-1]
-                del grand_parent[key]
-                _prune_empty_super_tables(chain[:-1])
+            del default_node.table[default_key]
+            holder = default_node.parent
+            if table_added and _holds_nothing(default_node.table):
+                if len(_parts(holder.table[default_node.key])) == 1:
+                    del holder.table[default_node.key]
         else:
-            runtime_parent[default_key] = previous
-            item = runtime_parent[default_key]
+            default_node.table[default_key] = previous
+            item = default_node.table[default_key]
             user_comment = _comment_without_marker(item)
             item.trivia.comment = user_comment
             if not user_comment:
                 item.trivia.comment_ws = ""
 
 
+def _holds_nothing(table):
+    """True when a table has no keys other than implicit tables that are themselves empty."""
+    for value in table.values():
+        if not (_is_super(value) and _holds_nothing(value)):
+            return False
+    return True
+
+
+def _indent_like_siblings(table, item):
+    """Give a new key the indentation of the table's other keys (cosmetic; containerd indents)."""
+    for _, value in table.value.body:
+        trivia = getattr(value, "trivia", None)
+        if value is not item and trivia is not None and not isinstance(value, (Table, AoT)) and trivia.indent:
+            item.trivia.indent = trivia.indent
+            return
+
+
+def _is_super(table):
+    return isinstance(table, Table) and table.is_super_table()
+
+
 def _toml_effective(doc, parent_parts, default_key, name):
-    node = _plain(doc)
-    for key in parent_parts:
-        node = node.get(key) if isinstance(node, dict) else None
+    node = _plain_at(doc, parent_parts)
     if not isinstance(node, dict):
         return None, None
     runtimes = node.get("runtimes")
@@ -270,7 +338,7 @@ def _toml_effective(doc, parent_parts, default_key, name):
 
 
 class _ContainerdEntry:
-    fallback_default = None  # containerd's own default runtime name is "runc"
+    template_name = "runc"
 
     def __init__(self, source, name, runtime_path, entry_path):
         self.source = source
@@ -286,26 +354,23 @@ class _ContainerdEntry:
             raise ConfigError(
                 "{0} already has a runtime {1} with runtime_type {2} and BinaryName {3}, which is not the "
                 "nvidia runtime at {4}; choose another runtime_name or remove that entry first.".format(
-                    self.source, _dotted(self.entry_path), json.dumps(runtime_type), json.dumps(binary),
+                    self.source,
+                    _dotted(self.entry_path),
+                    json.dumps(runtime_type),
+                    json.dumps(binary),
                     self.runtime_path,
                 )
             )
 
-    @staticmethod
-    def _runc(runtimes):
-        runc = runtimes.get("runc") if runtimes is not None else None
-        return _plain(runc) if _is_table(runc) else {}
-
-    def build(self, runtimes):
-        runc = self._runc(runtimes)
-        entry = _new_table(runtimes)
+    def build(self, runc, inline):
+        entry = tomlkit.inline_table() if inline else tomlkit.table()
         entry["runtime_type"] = RUNC_SHIM
         # Inherit everything runc is configured with (privileged_without_host_devices, base spec,
-        # cgroup driver...) so GPU pods behave like every other pod on the node.
+        # sandboxer...) so GPU pods behave like every other pod on the node.
         for key, value in runc.items():
             if key not in ("runtime_type", "options"):
                 entry[key] = copy.deepcopy(value)
-        options = _new_table(entry)
+        options = tomlkit.inline_table() if inline else tomlkit.table()
         runc_options = runc.get("options") if isinstance(runc.get("options"), dict) else {}
         for key, value in runc_options.items():
             if key != "BinaryName":
@@ -314,20 +379,16 @@ class _ContainerdEntry:
         entry["options"] = options
         return entry
 
-    def update(self, entry, runtimes):
-        if _plain(entry.get("runtime_type")) != RUNC_SHIM:
-            entry["runtime_type"] = RUNC_SHIM
-        options = entry.get("options")
-        if options is None:
-            entry["options"] = _new_table(entry)
-            options = entry["options"]
-        if _plain(options.get("BinaryName")) != self.runtime_path:
-            options["BinaryName"] = self.runtime_path
+    def update(self, entry_nodes, runc):
+        _set_value(entry_nodes, "runtime_type", RUNC_SHIM)
+        options_nodes = _descend(entry_nodes, "options", self.source, [*self.entry_path, "options"])
+        if not options_nodes:
+            options_nodes = [_create(entry_nodes[0], "options", True)]
+        _set_value(options_nodes, "BinaryName", self.runtime_path)
         # The cgroup driver has to match the kubelet's: follow runc when it says which one.
-        runc_options = self._runc(runtimes).get("options")
+        runc_options = runc.get("options")
         if isinstance(runc_options, dict) and "SystemdCgroup" in runc_options:
-            if _plain(options.get("SystemdCgroup")) != runc_options["SystemdCgroup"]:
-                options["SystemdCgroup"] = runc_options["SystemdCgroup"]
+            _set_value(options_nodes, "SystemdCgroup", runc_options["SystemdCgroup"])
 
 
 def containerd_version(doc, source):
@@ -348,13 +409,47 @@ def containerd_version(doc, source):
 
 def edit_containerd(text, source, name, runtime_path, set_as_default, state):
     doc = parse_toml(text, source)
+    before = _plain(doc)
     version = containerd_version(doc, source)
     parent_parts = ["plugins", CRI_PLUGIN[version], "containerd"]
     ops = _ContainerdEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
     _edit_toml_runtime(doc, source, parent_parts, "default_runtime_name", name, state, set_as_default, ops)
-    new_text = tomlkit.dumps(doc)
+    new_text, changed = _finish_toml(doc, text, before)
     entry, default = _toml_effective(doc, parent_parts, "default_runtime_name", name)
-    return EditResult(new_text, new_text != text, entry, default or "runc", config_version=version)
+    return EditResult(new_text, changed, entry, default or "runc", config_version=version)
+
+
+def imports_overriding_cri(text, config_path):
+    """Imported files that define the version 2 CRI plugin section themselves.
+
+    containerd 1.x merges an imported file's plugin sections over the main file's by replacing each
+    whole section, so a runtime added to the main file has no effect when an import also carries
+    ``plugins."io.containerd.grpc.v1.cri"``. (containerd 2.x merges them key by key.)
+    """
+    try:
+        data = _plain(tomlkit.parse(text))
+    except Exception:
+        return []
+    patterns = data.get("imports") if isinstance(data, dict) else None
+    if data.get("version") != 2 or not isinstance(patterns, list):
+        return []
+    base = os.path.dirname(os.path.abspath(config_path))
+    found = []
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            continue
+        for imported in sorted(glob.glob(pattern if os.path.isabs(pattern) else os.path.join(base, pattern))):
+            if os.path.abspath(imported) == os.path.abspath(config_path):
+                continue
+            try:
+                with open(imported) as handle:
+                    imported_data = _plain(tomlkit.parse(handle.read()))
+            except Exception:
+                continue
+            plugins = imported_data.get("plugins")
+            if isinstance(plugins, dict) and CRI_PLUGIN[2] in plugins:
+                found.append(imported)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +457,7 @@ def edit_containerd(text, source, name, runtime_path, set_as_default, state):
 
 
 class _CrioEntry:
-    fallback_default = None  # CRI-O's built-in default (crun or runc, per build) applies
+    template_name = None
 
     def __init__(self, source, name, runtime_path, entry_path):
         self.source = source
@@ -377,32 +472,34 @@ class _CrioEntry:
             raise ConfigError(
                 "{0} already has a runtime {1} with runtime_type {2} and runtime_path {3}, which is not the "
                 "nvidia runtime at {4}; choose another runtime_name or remove that entry first.".format(
-                    self.source, _dotted(self.entry_path), json.dumps(runtime_type), json.dumps(path),
+                    self.source,
+                    _dotted(self.entry_path),
+                    json.dumps(runtime_type),
+                    json.dumps(path),
                     self.runtime_path,
                 )
             )
 
-    def build(self, runtimes):
-        entry = _new_table(runtimes)
+    def build(self, template, inline):
+        entry = tomlkit.inline_table() if inline else tomlkit.table()
         entry["runtime_path"] = self.runtime_path
         entry["runtime_type"] = "oci"
         return entry
 
-    def update(self, entry, runtimes):
-        if _plain(entry.get("runtime_path")) != self.runtime_path:
-            entry["runtime_path"] = self.runtime_path
-        if _plain(entry.get("runtime_type")) != "oci":
-            entry["runtime_type"] = "oci"
+    def update(self, entry_nodes, template):
+        _set_value(entry_nodes, "runtime_path", self.runtime_path)
+        _set_value(entry_nodes, "runtime_type", "oci")
 
 
 def edit_crio(text, source, name, runtime_path, set_as_default, state):
     doc = parse_toml(text, source)
+    before = _plain(doc)
     parent_parts = ["crio", "runtime"]
     ops = _CrioEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
     _edit_toml_runtime(doc, source, parent_parts, "default_runtime", name, state, set_as_default, ops)
-    new_text = tomlkit.dumps(doc)
+    new_text, changed = _finish_toml(doc, text, before)
     entry, default = _toml_effective(doc, parent_parts, "default_runtime", name)
-    return EditResult(new_text, new_text != text, entry, default)
+    return EditResult(new_text, changed, entry, default)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -173,6 +173,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import 
     edit_containerd,
     edit_crio,
     edit_docker,
+    imports_overriding_cri,
     tomlkit_too_old,
 )
 
@@ -263,6 +264,14 @@ def run_module(module):
     if edit is None:  # absent, and there is no containerd config at all
         result.update(runtime_entry=None, default_runtime="runc")
         module.exit_json(**result)
+
+    if runtime == "containerd" and state == "present":
+        for imported in imports_overriding_cri(edit.text, path):
+            module.warn(
+                "{0} also configures the plugin io.containerd.grpc.v1.cri; containerd 1.x replaces that whole "
+                "section with the imported one, so the runtime added to {1} does not take effect there "
+                "(set config_path to {0} instead).".format(imported, path)
+            )
 
     new_text = edit.text
     if original is None and state == "absent":

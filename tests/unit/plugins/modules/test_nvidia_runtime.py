@@ -158,7 +158,7 @@ def test_parse_error_leaves_the_file_byte_for_byte(tmp_path):
     path.write_bytes(b"version = 2\n[plugins\n")
     before = snapshot(path)
     result = fail({"runtime": "containerd", "config_path": str(path), "backup": True})
-    assert result["msg"].startswith(f"{path} is not valid TOML: line 2, column")
+    assert result["msg"].startswith(f"{path} could not be parsed as TOML: line 2, column")
     assert snapshot(path) == before
     assert os.listdir(tmp_path) == ["config.toml"]
 
@@ -340,3 +340,22 @@ def test_unreadable_file_is_reported(tmp_path):
     path = tmp_path / "config.toml"
     path.write_bytes(b"\xff\xfe")
     assert fail({"runtime": "containerd", "config_path": str(path)})["msg"].startswith(f"Cannot read {path}:")
+
+
+def test_warns_when_an_import_overrides_the_cri_section(tmp_path, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, msg: warnings.append(msg))
+    confd = tmp_path / "conf.d"
+    confd.mkdir()
+    (confd / "a.toml").write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\nsandbox_image = "x"\n')
+    (confd / "b.toml").write_text('version = 2\n[debug]\nlevel = "warn"\n')
+    (confd / "c.toml").write_text("not toml [\n")
+    path = tmp_path / "config.toml"
+    path.write_text('version = 2\nimports = ["conf.d/*.toml", 3, "config.toml"]\n' + V2.split("\n", 1)[1])
+    run({"runtime": "containerd", "config_path": str(path)})
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"{confd / 'a.toml'} also configures the plugin io.containerd.grpc.v1.cri")
+    warnings.clear()
+    path.write_text("version = 3\nimports = [\"conf.d/*.toml\"]\n")
+    run({"runtime": "containerd", "config_path": str(path)})
+    assert warnings == []

@@ -1,0 +1,107 @@
+"""Fixtures for the real-peer tests of gpuops.k8s.nvidia_runtime.
+
+The module runs the way Ansible runs it on a target: a separate Python process that gets its
+arguments as a JSON file and prints its result as JSON. The collection is made importable through
+a symlink tree (``ansible_collections/gpuops/k8s`` -> this checkout), so the tests exercise the
+working tree itself. containerd 1.6 comes from Debian (scripts/bootstrap.sh); containerd 2.x,
+which reads config version 3, is built by scripts/build-containerd2.sh and cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+@pytest.fixture(scope="session")
+def collection_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("collections")
+    (root / "ansible_collections" / "gpuops").mkdir(parents=True)
+    (root / "ansible_collections" / "gpuops" / "k8s").symlink_to(REPO)
+    return root
+
+
+class ModuleRunner:
+    """Runs plugins/modules/nvidia_runtime.py in its own interpreter, as Ansible does."""
+
+    def __init__(self, collection_root, tmp_path, python=sys.executable, extra_path=()):
+        self.collection_root = collection_root
+        self.tmp_path = tmp_path
+        self.python = python
+        self.extra_path = list(extra_path)
+        self.calls = 0
+
+    def __call__(self, check=False, diff=False, expect_failure=False, **args):
+        self.calls += 1
+        module_args = dict(args)
+        module_args["_ansible_check_mode"] = check
+        module_args["_ansible_diff"] = diff
+        args_file = self.tmp_path / "args-{0}.json".format(self.calls)
+        args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": module_args}))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(self.collection_root), *self.extra_path])
+        proc = subprocess.run(
+            [self.python, str(REPO / "plugins" / "modules" / "nvidia_runtime.py"), str(args_file)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        try:
+            result = json.loads(proc.stdout)
+        except ValueError:
+            raise AssertionError("module printed no JSON: rc={0}\n{1}\n{2}".format(proc.returncode, proc.stdout, proc.stderr))
+        assert bool(result.get("failed")) is expect_failure, result
+        return result
+
+
+@pytest.fixture
+def run_module(collection_root, tmp_path):
+    return ModuleRunner(collection_root, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def containerd16():
+    binary = shutil.which("containerd")
+    assert binary, "containerd is not installed; run `make setup` (scripts/bootstrap.sh installs Debian's containerd)"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    assert " 1.6." in version, version
+    return binary
+
+
+@pytest.fixture(scope="session")
+def containerd2():
+    # Builds on the first call (minutes), then comes from $GPUOPS_CACHE.
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "build-containerd2.sh")], capture_output=True, text=True, timeout=3600, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    binary = proc.stdout.strip().splitlines()[-1]
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    assert " 2." in version, version
+    return binary
+
+
+def config_dump(binary, path):
+    """containerd's effective config for ``path``, parsed."""
+    import tomllib
+
+    proc = subprocess.run(
+        [binary, "--config", str(path), "config", "dump"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, "containerd rejected {0}: {1}".format(path, proc.stderr)
+    return tomllib.loads(proc.stdout)
+
+
+def containerd_default(binary):
+    return subprocess.run([binary, "config", "default"], capture_output=True, text=True, check=True, timeout=60).stdout
