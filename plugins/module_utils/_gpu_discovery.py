@@ -32,8 +32,18 @@ _NVLINK_DEVICE_TYPE_GPU = 0
 _NVLINK_DEVICE_TYPE_SWITCH = 2
 
 
+def installed_pynvml():
+    """The pynvml module when nvidia-ml-py is installed on the target, else None."""
+    return pynvml
+
+
 class DiscoveryError(Exception):
     """Discovery failed; the message is one sentence for the user."""
+
+
+def nvml_message(exc):
+    """NVML's words for an error, without a closing full stop (the caller's sentence has one)."""
+    return to_text(str(exc)).strip().rstrip(".")
 
 
 def to_text(value):
@@ -143,7 +153,7 @@ class _Reader:
         try:
             return getattr(self.nvml, name)(*args, **kwargs)
         except self.nvml.NVMLError as exc:
-            raise DiscoveryError(f"NVML call {name} failed for {self.where}: {to_text(str(exc))}.") from None
+            raise DiscoveryError(f"NVML call {name} failed for {self.where}: {nvml_message(exc)}.") from None
 
     def optional(self, name, *args, **kwargs):
         """Like call, but NotSupported (or a function this pynvml lacks) gives None."""
@@ -155,7 +165,7 @@ class _Reader:
         except self.nvml.NVMLError as exc:
             if _error_code(exc) in _codes(self.nvml, "NOT_SUPPORTED", "FUNCTION_NOT_FOUND"):
                 return None
-            raise DiscoveryError(f"NVML call {name} failed for {self.where}: {to_text(str(exc))}.") from None
+            raise DiscoveryError(f"NVML call {name} failed for {self.where}: {nvml_message(exc)}.") from None
 
 
 def _codes(nvml, *names):
@@ -176,7 +186,7 @@ def nvml_discover(nvml, sysfs_root):
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
         raise NvmlUnavailable(
-            f"NVML could not be initialised ({to_text(str(exc))}), so the GPUs were read from the PCI bus in sysfs."
+            f"NVML could not be initialised ({nvml_message(exc)}), so the GPUs were read from the PCI bus in sysfs."
         ) from None
     try:
         return _discover_initialised(nvml, sysfs_root)
@@ -262,7 +272,7 @@ def _read_mig(nvml, reader, handle):
                 continue
             raise DiscoveryError(
                 f"NVML call nvmlDeviceGetMigDeviceHandleByIndex failed for {reader.where}, MIG slot {slot}: "
-                f"{to_text(str(exc))}."
+                f"{nvml_message(exc)}."
             ) from None
         mig_uuid = to_text(reader.call("nvmlDeviceGetUUID", mig_handle))
         mig_name = to_text(reader.call("nvmlDeviceGetName", mig_handle))
@@ -299,7 +309,7 @@ def _read_nvlinks(nvml, reader, handle):
             if _error_code(exc) in absent:
                 continue
             raise DiscoveryError(
-                f"NVML call nvmlDeviceGetNvLinkState failed for {reader.where}, link {link}: {to_text(str(exc))}."
+                f"NVML call nvmlDeviceGetNvLinkState failed for {reader.where}, link {link}: {nvml_message(exc)}."
             ) from None
         if state != _FEATURE_ENABLED:
             continue

@@ -1,7 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpuops.k8s maintainers
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 
 
 DOCUMENTATION = r"""
@@ -15,14 +16,14 @@ description:
     installed, the GPUs are read through NVML, with exactly one NVML initialisation and one shutdown
     per call.
   - When NVML cannot be used (no driver loaded, no C(libnvidia-ml), no C(pynvml)), the module does
-    not fail. It returns O(ignore:nvml_available=false), a sentence saying why, and the NVIDIA
+    not fail. It returns RV(nvml_available=false), a sentence saying why, and the NVIDIA
     devices it finds on the PCI bus in sysfs, so a play can decide whether to install a driver.
   - The PCI devices (GPUs and NVSwitches) are read from sysfs in every case, so a play can also
     decide whether Fabric Manager is needed.
   - With O(simulate_from), the module reports the fake GPUs of a simulated-GPU spec instead. That is
     for labs and CI only, never for production.
 author:
-  - gpuops.k8s maintainers
+  - gpuops.k8s maintainers (@gpuops)
 options:
   sysfs_root:
     description:
@@ -37,7 +38,7 @@ options:
         collection's device plugin also reads). When set, NVML and sysfs are not consulted at all.
       - B(Labs and CI only; never use it in production.) Nothing in the spec is checked against hardware.
       - An invalid spec (unknown key, duplicate UUID or PCI bus ID, an NVLink peer that is not in the
-        file, MIG devices without O(ignore:mig_mode=enabled), ...) fails the task with one sentence naming
+        file, MIG devices unless C(mig_mode) is C(enabled), ...) fails the task with one sentence naming
         the file and the GPU.
       - Needs PyYAML on the target.
     type: path
@@ -250,10 +251,13 @@ from ansible_collections.gpuops.k8s.plugins.module_utils import _simulated_spec
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     DiscoveryError,
     NvmlUnavailable,
+    installed_pynvml,
     nvml_discover,
-    pynvml,
     scan_pci,
 )
+
+# The pynvml module, or None without nvidia-ml-py; unit tests put an NVML test double here.
+pynvml = installed_pynvml()
 
 NO_PYNVML_REASON = (
     "The pynvml Python module (package nvidia-ml-py) is not installed on the target, "

@@ -1,0 +1,96 @@
+"""gpuops.k8s.nvidia_gpu_info run end to end by the real `ansible` command, as a play would run it.
+
+The collection is mirrored by scripts/collection-tree.sh and found through ANSIBLE_COLLECTIONS_PATH; the
+module runs on localhost with the Python that runs ansible (which has pynvml and PyYAML). Without a GPU,
+NVML itself is the real peer of the fallback test: the real pynvml fails to load libnvidia-ml and the
+module reads this host's real /sys.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SPECS = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "simulated", "*.yaml")))
+INVALID = os.path.join(REPO, "tests", "unit", "fixtures", "simulated-invalid", "peer-not-in-file.yaml")
+
+
+@pytest.fixture(scope="module")
+def ansible_env(tmp_path_factory):
+    subprocess.run([os.path.join(REPO, "scripts", "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build"),
+        ANSIBLE_STDOUT_CALLBACK="json",
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_LOCAL_TEMP=str(tmp_path_factory.mktemp("ansible-tmp")),
+        ANSIBLE_NOCOLOR="1",
+    )
+    return env
+
+
+def run_adhoc(env, module_args, *extra):
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "ansible"),
+        "localhost",
+        "-m",
+        "gpuops.k8s.nvidia_gpu_info",
+        "-a",
+        module_args,
+        *extra,
+    ]
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+    output = json.loads(completed.stdout)
+    return completed.returncode, output["plays"][0]["tasks"][0]["hosts"]["localhost"], output["stats"]["localhost"]
+
+
+SPEC_RUNS = [(spec, False) for spec in SPECS] + [(spec, True) for spec in SPECS if spec.endswith("h100x8.yaml")]
+
+
+def _run_id(value):
+    return os.path.basename(value) if isinstance(value, str) else ("check" if value else "run")
+
+
+@pytest.mark.parametrize(("spec", "check"), SPEC_RUNS, ids=_run_id)
+def test_simulated_spec_end_to_end(ansible_env, spec, check):
+    rc, result, stats = run_adhoc(ansible_env, f"simulate_from={spec}", *(["--check"] if check else []))
+    assert rc == 0, result
+    assert result["changed"] is False
+    assert stats["changed"] == 0
+    assert result["source"] == "simulated"
+    assert result["gpu_count"] == len(result["gpus"]) > 0
+    assert all(gpu["uuid"].startswith("GPU-") for gpu in result["gpus"])
+
+
+def test_invalid_spec_end_to_end(ansible_env):
+    rc, result, stats = run_adhoc(ansible_env, f"simulate_from={INVALID}")
+    assert rc != 0
+    assert stats["failures"] == 1
+    assert result["msg"].startswith(f"Simulated-GPU spec {INVALID}, GPU 0 (")
+    assert "not a GPU in this file" in result["msg"]
+    assert "Traceback" not in json.dumps(result)
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+def test_real_nvml_and_real_sysfs_end_to_end(ansible_env, check):
+    rc, result, stats = run_adhoc(ansible_env, "sysfs_root=/sys", *(["--check"] if check else []))
+    assert rc == 0, result
+    assert stats["changed"] == 0
+    if ctypes.util.find_library("nvidia-ml") is None:
+        # No NVIDIA driver library here: the real pynvml fails to load it and the module falls back.
+        assert result["source"] == "sysfs"
+        assert result["nvml_available"] is False
+        assert "NVML Shared Library Not Found" in result["nvml_unavailable_reason"]
+        assert result["gpus"] == []
+        assert result["gpu_count"] == len(result["pci_devices"])
+    else:
+        assert result["source"] == "nvml"
+        assert result["nvml_available"] is True
+        assert result["gpu_count"] == len(result["gpus"])

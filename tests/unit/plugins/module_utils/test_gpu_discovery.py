@@ -1,0 +1,106 @@
+"""Unit tests of the discovery helpers: PCI bus IDs, CUDA versions, and the sysfs scan on a real tree."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
+    DiscoveryError,
+    format_cuda_version,
+    normalize_bus_id,
+    scan_pci,
+    sysfs_numa_node,
+    to_text,
+)
+from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.fake_sysfs import (
+    NVIDIA_HOST_GPUS,
+    NVIDIA_HOST_NVSWITCHES,
+    add_pci_device,
+    nvidia_host,
+)
+
+
+@pytest.mark.parametrize(
+    ("nvml_form", "sysfs_form"),
+    [
+        ("00000000:18:00.0", "0000:18:00.0"),
+        (b"00000000:AB:00.0", "0000:ab:00.0"),
+        ("0000:3B:00.1", "0000:3b:00.1"),
+        ("00000001:C0:00.0", "0001:c0:00.0"),
+        ("18:00.0", "0000:18:00.0"),
+    ],
+)
+def test_normalize_bus_id(nvml_form, sysfs_form):
+    assert normalize_bus_id(nvml_form) == sysfs_form
+
+
+@pytest.mark.parametrize(("encoded", "text"), [(12080, "12.8"), (13000, "13.0"), (11020, "11.2"), (10010, "10.1")])
+def test_format_cuda_version(encoded, text):
+    assert format_cuda_version(encoded) == text
+
+
+def test_to_text():
+    assert to_text(b"NVIDIA A100\x00") == "NVIDIA A100"
+    assert to_text("NVIDIA A100") == "NVIDIA A100"
+
+
+def test_scan_pci_finds_gpus_and_nvswitches_only(tmp_path):
+    root = nvidia_host(tmp_path / "sys")
+    gpus, nvswitches = scan_pci(root)
+    assert gpus == NVIDIA_HOST_GPUS
+    assert nvswitches == NVIDIA_HOST_NVSWITCHES
+
+
+def test_scan_pci_without_numa_file(tmp_path):
+    root = str(tmp_path / "sys")
+    add_pci_device(root, "0000:01:00.0", "0x10de", "0x1db6", "0x030200")
+    gpus, nvswitches = scan_pci(root)
+    assert gpus == [
+        {
+            "bus_id": "0000:01:00.0",
+            "vendor_id": "0x10de",
+            "device_id": "0x1db6",
+            "class": "0x030200",
+            "numa_node": None,
+            "driver": None,
+        }
+    ]
+    assert nvswitches == []
+
+
+def test_scan_pci_without_a_pci_bus(tmp_path):
+    root = tmp_path / "sys"
+    root.mkdir()
+    assert scan_pci(str(root)) == ([], [])
+
+
+def test_scan_pci_rejects_a_missing_root(tmp_path):
+    with pytest.raises(DiscoveryError, match="is not a directory"):
+        scan_pci(str(tmp_path / "absent"))
+
+
+def test_sysfs_numa_node(tmp_path):
+    root = nvidia_host(tmp_path / "sys")
+    assert sysfs_numa_node(root, "0000:2a:00.0") == 1
+    assert sysfs_numa_node(root, "0000:3b:00.0") is None
+    assert sysfs_numa_node(root, "0000:99:00.0") is None
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/bus/pci/devices"), reason="this host has no PCI bus in sysfs")
+def test_scan_pci_reads_the_real_sysfs():
+    """Against this host's real /sys: every device reported is an NVIDIA GPU or NVSwitch function."""
+    gpus, nvswitches = scan_pci("/sys")
+    for device in gpus + nvswitches:
+        assert device["vendor_id"] == "0x10de"
+        with open(os.path.join("/sys/bus/pci/devices", device["bus_id"], "class")) as handle:
+            assert handle.read().strip() == device["class"]
+    expected = 0
+    for name in os.listdir("/sys/bus/pci/devices"):
+        with open(os.path.join("/sys/bus/pci/devices", name, "vendor")) as handle:
+            vendor = handle.read().strip()
+        with open(os.path.join("/sys/bus/pci/devices", name, "class")) as handle:
+            pci_class = handle.read().strip()
+        if vendor == "0x10de" and pci_class[:6] in ("0x0300", "0x0302", "0x0680"):
+            expected += 1
+    assert len(gpus) + len(nvswitches) == expected
