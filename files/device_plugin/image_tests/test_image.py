@@ -103,3 +103,91 @@ def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
         subprocess.run(["podman", "rm", "-f", name], capture_output=True, check=False)
         kubelet.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_oci_archive_imports_into_containerd_and_runs_there_as_non_root(tmp_path):
+    """A private containerd (its own root, state and socket): `ctr images import` of the saved archive,
+    then `ctr run` with the image's default user (65532) against the kubelet double."""
+    archive = tmp_path / "gpu-device-plugin.oci.tar"
+    built = subprocess.run(
+        [os.path.join(PLUGIN, "build-image.sh"), "--save", str(archive)],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    image = built.stdout.strip().splitlines()[-1]
+    work = tempfile.mkdtemp(prefix="gdp-ctr-")
+    address = os.path.join(work, "containerd.sock")
+    with open(os.path.join(work, "config.toml"), "w") as handle:
+        handle.write(
+            f'version = 2\nroot = "{work}/root"\nstate = "{work}/state"\n'
+            f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "{address}"\n'
+        )
+    containerd = subprocess.Popen(
+        ["containerd", "--config", os.path.join(work, "config.toml")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ctr = ["ctr", "-a", address, "-n", "gpuops-test"]
+    plugin_dir, spec_dir = os.path.join(work, "dp"), os.path.join(work, "spec")
+    os.makedirs(plugin_dir)
+    os.makedirs(spec_dir)
+    shutil.copy(SPEC, os.path.join(spec_dir, "gpus.yaml"))
+    kubelet = KubeletDouble(os.path.join(plugin_dir, "kubelet.sock"))
+    kubelet.start()
+    # Not root in the container: open the directory and kubelet.sock to it, as a test host may.
+    os.chmod(plugin_dir, 0o777)
+    os.chmod(kubelet.socket_path, 0o666)
+    task = None
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(address) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        subprocess.run([*ctr, "images", "import", str(archive)], check=True, capture_output=True, timeout=300)
+        listed = subprocess.run([*ctr, "images", "ls", "-q"], check=True, capture_output=True, text=True)
+        assert image in listed.stdout.split()
+        task = subprocess.Popen(
+            [
+                *ctr,
+                "run",
+                "--rm",
+                "--mount",
+                f"type=bind,src={plugin_dir},dst=/var/lib/kubelet/device-plugins,options=rbind:rw",
+                "--mount",
+                f"type=bind,src={spec_dir},dst=/spec,options=rbind:ro",
+                image,
+                "gdp-ctr-test",
+                "python3",
+                "-m",
+                "gpu_device_plugin",
+                "--backend",
+                "simulated",
+                "--simulated-spec",
+                "/spec/gpus.yaml",
+                "--metrics-address",
+                "",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert kubelet.wait(lambda: kubelet.devices(GPU) is not None, timeout=60)
+        assert len(kubelet.devices(GPU)) == 8
+        assert os.stat(os.path.join(plugin_dir, "gpuops-nvidia.com-gpu.sock")).st_uid == 65532
+        subprocess.run([*ctr, "tasks", "kill", "-s", "SIGTERM", "gdp-ctr-test"], check=True, capture_output=True)
+        out, _err = task.communicate(timeout=30)
+        assert task.returncode == 0, out
+        assert not os.path.exists(os.path.join(plugin_dir, "gpuops-nvidia.com-gpu.sock"))
+    finally:
+        if task is not None and task.poll() is None:
+            subprocess.run([*ctr, "tasks", "kill", "-s", "SIGKILL", "gdp-ctr-test"], capture_output=True, check=False)
+            task.wait(30)
+        subprocess.run([*ctr, "containers", "rm", "gdp-ctr-test"], capture_output=True, check=False)
+        kubelet.stop()
+        containerd.terminate()
+        containerd.wait(30)
+        subprocess.run(["umount", "-R", os.path.join(work, "root")], capture_output=True, check=False)
+        shutil.rmtree(work, ignore_errors=True)

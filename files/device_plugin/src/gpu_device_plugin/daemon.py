@@ -66,7 +66,14 @@ class Daemon:
             self._http = HttpEndpoint(self.config.metrics_address, self.metrics, self.healthz)
             self._http.start()
         self.watcher = registration.KubeletWatcher(self.config.plugin_dir, self._on_dir_event)
-        self.watcher.start(self._loop)
+        try:
+            self.watcher.start(self._loop)
+        except OSError as exc:
+            log.error("cannot watch the kubelet's device-plugin directory", extra={"reason": str(exc)})
+            self._stop_backend()
+            if self._http is not None:
+                self._http.stop()
+            return 1
         if self.install_signal_handlers:
             self._loop.add_signal_handler(signal.SIGTERM, self.stop)
             self._loop.add_signal_handler(signal.SIGINT, self.stop)

@@ -119,17 +119,6 @@ class NvmlBackend:
     def snapshot(self) -> Inventory:
         return self._inventory
 
-    def refresh(self) -> bool:
-        """Enumerate again (after a GPU was lost, for instance); True when something changed."""
-        try:
-            inventory = self._enumerate()
-        except self.nvml.NVMLError as exc:
-            log.warning("NVML enumeration failed; keeping the last GPUs read", extra={"reason": str(exc)})
-            return False
-        changed = inventory != self._inventory
-        self._inventory = inventory
-        return changed
-
     def start(self, loop: asyncio.AbstractEventLoop, on_change: Callable[[], None]) -> None:
         """Health events come from health.NvmlEventWatcher; the GPU set itself is fixed until restart."""
 

@@ -146,10 +146,6 @@ class HealthTracker:
             log.info("GPU Healthy again", extra={"device": uuid, "quiet_seconds": wait})
         return recovered, next_check
 
-    def summary(self) -> dict[str, str]:
-        with self._lock:
-            return {u: s.reason for u, s in self._gpus.items() if s.unhealthy}
-
 
 class NvmlEventWatcher(threading.Thread):
     """Waits on an NVML event set for XID events, in its own thread so gRPC never waits on NVML.

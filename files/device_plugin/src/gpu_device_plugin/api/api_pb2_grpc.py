@@ -2,7 +2,6 @@
 """Client and server classes corresponding to protobuf-defined services."""
 
 import grpc
-import warnings
 
 from gpu_device_plugin.api import api_pb2 as gpu__device__plugin_dot_api_dot_api__pb2
 
