@@ -13,7 +13,7 @@ log() { printf '[bootstrap] %s\n' "$*"; }
 
 apt_packages=(
   podman containerd runc debootstrap gnupg dpkg-dev apt-utils uidmap slirp4netns
-  fuse-overlayfs iproute2 rsync curl ca-certificates jq etcd-server inotify-tools
+  fuse-overlayfs iproute2 rsync curl ca-certificates jq etcd-server inotify-tools openssl time
   apt-cacher-ng gcc python3-tomlkit
 )
 

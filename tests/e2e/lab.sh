@@ -136,7 +136,7 @@ start_control_plane() {
     --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
     --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
     --initial-cluster "gpuops-lab=http://127.0.0.1:$etcd_peer_port" \
-    --listen-metrics-urls "" --quota-backend-bytes 536870912
+    --quota-backend-bytes 536870912
   wait_for "etcd healthy" 60 curl -fsS "http://127.0.0.1:$etcd_port/health"
 
   # --endpoint-reconciler-type=none: the API server would otherwise try to publish 127.0.0.1 as the
@@ -200,7 +200,7 @@ build_images() {
   fi
   mkdir -p "$lab/images"
   if [ ! -f "$lab/images/pause.tar" ]; then
-    podman save --format docker-archive -o "$lab/images/pause.tar" "$pause_image" >/dev/null
+    podman save -q --format docker-archive -o "$lab/images/pause.tar" "$pause_image" >/dev/null
   fi
 }
 
@@ -317,6 +317,12 @@ node_exec() { # index command...
   podman exec "$name" "$@"
 }
 
+node_systemd_up() { # index
+  local state
+  state=$(node_exec "$1" systemctl is-system-running 2>/dev/null || true)
+  [ "$state" = running ] || [ "$state" = degraded ]
+}
+
 node_ready() { # name
   [ "$(kctl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
@@ -324,7 +330,7 @@ node_ready() { # name
 prepare_node() { # index
   local i=$1 name
   name=$(node_name "$i")
-  wait_for "$name: systemd up" 60 node_exec "$i" systemctl is-system-running --wait
+  wait_for "$name: systemd up" 90 node_systemd_up "$i"
   wait_for "$name: containerd up" 60 node_exec "$i" ctr version
   if ! node_exec "$i" ctr -n k8s.io images ls -q | grep -qx "$pause_image"; then
     node_exec "$i" ctr -n k8s.io images import /opt/gpuops-lab/images/pause.tar >/dev/null
@@ -369,6 +375,9 @@ remove_node_container() { # name
   cgroup=
   if [ "$pid" -gt 0 ]; then cgroup=$(sed -n 's/^[0-9]*:memory:\(.*\)$/\1/p' "/proc/$pid/cgroup" 2>/dev/null || true); fi
   log "removing node container $name"
+  if [ "$pid" -gt 0 ]; then
+    podman exec "$name" /usr/local/sbin/gpuops-lab-cleanup || log "warning: pod cleanup in $name failed"
+  fi
   podman rm -f -t 5 "$name" >/dev/null
   # The kubelet's pod cgroups nest inside the container's own cgroup; podman only removes an empty
   # one. Every process in them died with the container, so they can go now, deepest first.
