@@ -56,9 +56,6 @@ daemon-py39: setup
 daemon-image: setup
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/image_tests
 
-molecule: setup
-	scripts/molecule.sh
-
 # The end-to-end tier: a real control plane and GPU node containers (tests/e2e/lab.sh). The first
 # run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
 LAB_NODES ?= 2
@@ -70,6 +67,11 @@ lab-up: setup
 
 lab-down:
 	tests/e2e/lab.sh down
+
+# Every scenario under molecule/ (or MOLECULE_SCENARIOS="docker crio" for some of them).
+MOLECULE_SCENARIOS ?=
+molecule: setup
+	scripts/molecule.sh $(MOLECULE_SCENARIOS)
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done

@@ -1,0 +1,295 @@
+"""gpu_node_labels and device_plugin (daemonset mode, RuntimeClass) against a real kube-apiserver.
+
+The peer is real: etcd from Debian and kube-apiserver built from the Kubernetes Go modules by
+tests/e2e/build-kubernetes.sh (cached under $GPUOPS_CACHE). No kubelet runs: the test creates the
+Node object itself, as a kubelet would when it registers, and the roles then talk to the API server
+exactly as they would in a cluster. Ports and directories are this test's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+ROOT = Path(__file__).resolve().parents[2]
+ETCD_PORT = 36379
+API_PORT = 36443
+SERVER = f"https://127.0.0.1:{API_PORT}"
+NODE = "gpu-labels-test-1"
+TOKEN = "gpuops-labels-test-admin-token"
+SPEC = ROOT / "tests/fixtures/simulated/h100x8.yaml"
+
+
+def _wait(what, predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _port_open(port):
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory):
+    work = tmp_path_factory.mktemp("apiserver")
+    bindir = subprocess.run(
+        [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
+    ).stdout.strip()
+    for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
+        assert not _port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
+    subprocess.run(
+        ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(work / "sa.key")],
+        check=True,
+    )
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub")], check=True
+    )
+    (work / "tokens.csv").write_text(f"{TOKEN},gpuops-admin,1000,system:masters\n")
+    logs = []
+    procs = []
+
+    def start(name, argv):
+        log = open(work / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's lifetime
+        logs.append(log)
+        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+
+    start(
+        "etcd",
+        [
+            "etcd",
+            "--data-dir",
+            str(work / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{ETCD_PORT}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{ETCD_PORT}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{ETCD_PORT + 1}",
+        ],
+    )
+    _wait("etcd", lambda: _port_open(ETCD_PORT), 60)
+    start(
+        "kube-apiserver",
+        [
+            f"{bindir}/kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={API_PORT}",
+            f"--cert-dir={work / 'certs'}",
+            f"--token-auth-file={work / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            f"--service-account-key-file={work / 'sa.pub'}",
+            f"--service-account-signing-key-file={work / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            "--service-cluster-ip-range=10.239.0.0/24",
+        ],
+    )
+    kubeconfig = work / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "t", "cluster": {"server": SERVER, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "t", "user": {"token": TOKEN}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+                "current-context": "t",
+            }
+        )
+    )
+    api = config.new_client_from_config(str(kubeconfig))
+    core = client.CoreV1Api(api)
+
+    def ready():
+        try:
+            core.list_namespace(limit=1)
+            return True
+        except Exception:
+            return False
+
+    try:
+        _wait("kube-apiserver", ready, 180)
+        core.create_node(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "team": "ml"}},
+                "spec": {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
+            }
+        )
+        yield {"kubeconfig": str(kubeconfig), "api": api, "core": core, "work": work}
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in logs:
+            log.close()
+
+
+def _play(apiserver, role, extra, check=False):
+    """Run one role on localhost; returns (changed task count, the result of each task)."""
+    collections = subprocess.run(
+        [str(ROOT / "scripts/collection-tree.sh")], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    playbook = apiserver["work"] / f"play-{role}.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [{"name": "test", "hosts": "localhost", "gather_facts": True, "roles": [{"role": f"gpuops.k8s.{role}"}]}]
+        )
+    )
+    extra_file = apiserver["work"] / "extra.json"
+    # The roles' Kubernetes calls need the kubernetes client, which this (the controller's) Python has.
+    extra_file.write_text(json.dumps(dict(extra, ansible_python_interpreter=sys.executable)))
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(Path(collections).parents[2]),
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_LOCALHOST_WARNING="false",
+        ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
+    )
+    argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{extra_file}"]
+    if check:
+        argv += ["--check", "--diff"]
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    report = json.loads(run.stdout)
+    tasks = {t["task"]["name"]: t["hosts"].get("localhost", {}) for p in report["plays"] for t in p["tasks"]}
+    return report["stats"]["localhost"]["changed"], tasks
+
+
+def _labels_vars(apiserver, **more):
+    base = {
+        "gpu_node_labels_node_name": NODE,
+        "gpu_node_labels_simulate_from": str(SPEC),
+        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
+        "gpu_node_labels_user_labels": {"accelerator": "nvidia-h100"},
+    }
+    base.update(more)
+    return base
+
+
+def _node(apiserver):
+    return apiserver["core"].read_node(NODE)
+
+
+def test_labels_check_mode_then_apply_then_idempotent(apiserver):
+    before = _node(apiserver).metadata.resource_version
+    changed, _tasks = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver), check=True)
+    assert changed == 1  # the patch it would write
+    assert _node(apiserver).metadata.resource_version == before, "check mode wrote to the API server"
+
+    changed, _tasks = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
+    assert changed == 1
+    node = _node(apiserver)
+    labels = node.metadata.labels
+    assert labels["nvidia.com/gpu.present"] == "true"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["nvidia.com/gpu.memory"] == "81559"
+    assert labels["nvidia.com/gpu.family"] == "hopper"
+    assert labels["nvidia.com/gpu.compute.major"] == "9"
+    assert labels["nvidia.com/cuda.driver-version.major"] == "580"
+    assert labels["nvidia.com/cuda.runtime-version.major"] == "13"
+    assert labels["accelerator"] == "nvidia-h100"
+    assert labels["team"] == "ml", "a label the collection does not own was touched"
+    taints = [(t.key, t.value, t.effect) for t in node.spec.taints]
+    assert ("nvidia.com/gpu", "present", "NoSchedule") in taints
+    assert ("dedicated", "ml", "NoSchedule") in taints
+    assert "accelerator" in node.metadata.annotations["gpuops.k8s/owned-labels"].split(",")
+
+    version = node.metadata.resource_version
+    changed, _tasks = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
+    assert changed == 0
+    assert _node(apiserver).metadata.resource_version == version, "a second run wrote to the API server"
+
+
+def test_stale_labels_removed_and_taint_turned_off(apiserver):
+    _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
+    changed, _tasks = _play(
+        apiserver,
+        "gpu_node_labels",
+        _labels_vars(apiserver, gpu_node_labels_user_labels={"site": "rack 12"}, gpu_node_labels_taint=False),
+    )
+    assert changed == 1
+    node = _node(apiserver)
+    assert "accelerator" not in node.metadata.labels
+    assert node.metadata.labels["site"] == "rack-12"
+    assert node.metadata.labels["team"] == "ml"
+    # The API server's TaintNodesByCondition admission adds node.kubernetes.io/not-ready to a new Node:
+    # that one, like "dedicated", is someone else's and stays.
+    taints = [(t.key, t.value) for t in node.spec.taints]
+    assert ("dedicated", "ml") in taints
+    assert "nvidia.com/gpu" not in [key for key, _value in taints]
+    assert "gpuops.k8s/owned-taint" not in (node.metadata.annotations or {})
+
+
+def test_missing_node_fails_with_a_sentence(apiserver):
+    playbook_vars = _labels_vars(apiserver, gpu_node_labels_node_name="no-such-node")
+    with pytest.raises(AssertionError, match="has no Node named no-such-node"):
+        _play(apiserver, "gpu_node_labels", playbook_vars)
+
+
+def _plugin_vars(apiserver, **more):
+    base = {
+        "device_plugin_mode": "daemonset",
+        "device_plugin_kubeconfig": apiserver["kubeconfig"],
+        "device_plugin_runtime_is_default": False,
+        "device_plugin_config": {"version": "v1", "flags": {"migStrategy": "none"}},
+    }
+    base.update(more)
+    return base
+
+
+def test_daemonset_and_runtimeclass(apiserver):
+    api = apiserver["api"]
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver), check=True)
+    assert changed >= 1
+    with pytest.raises(client.ApiException):
+        client.NodeV1Api(api).read_runtime_class("nvidia")
+
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
+    assert changed == 3  # the RuntimeClass, the namespace, and the three objects in it in one task
+    runtime_class = client.NodeV1Api(api).read_runtime_class("nvidia")
+    assert runtime_class.handler == "nvidia"
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set("gpuops-device-plugin", "gpuops-system")
+    pod = ds.spec.template.spec
+    assert pod.priority_class_name == "system-node-critical"
+    assert pod.runtime_class_name == "nvidia"
+    assert pod.node_selector == {"nvidia.com/gpu.present": "true"}
+    assert any(t.key == "nvidia.com/gpu" and t.operator == "Exists" for t in pod.tolerations)
+    container = pod.containers[0]
+    assert container.security_context.allow_privilege_escalation is False
+    assert container.security_context.read_only_root_filesystem is True
+    assert container.security_context.capabilities.drop == ["ALL"]
+    assert "/var/lib/kubelet/device-plugins" in [v.host_path.path for v in pod.volumes if v.host_path]
+    assert "--config-file" in container.args
+    cm = apiserver["core"].read_namespaced_config_map("gpuops-device-plugin-config", "gpuops-system")
+    assert yaml.safe_load(cm.data["config.yaml"]) == {"version": "v1", "flags": {"migStrategy": "none"}}
+    assert apiserver["core"].read_namespaced_service_account("gpuops-device-plugin", "gpuops-system")
+
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
+    assert changed == 0
+
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver, device_plugin_runtime_is_default=True))
+    assert changed == 1
+    ds = client.AppsV1Api(api).read_namespaced_daemon_set("gpuops-device-plugin", "gpuops-system")
+    assert ds.spec.template.spec.runtime_class_name is None
