@@ -527,10 +527,157 @@ def parse_docker(text, source):
     return data
 
 
+# Docker's daemon.json is edited as text: json parses and validates it, and the edits below touch
+# only the bytes of the members this module owns, so every other member keeps its exact spelling
+# (inline arrays, spacing, key order, indentation, trailing newline).
+
+_JSON_WS = " \t\n\r"
+
+
+def _skip_ws(text, at):
+    while at < len(text) and text[at] in _JSON_WS:
+        at += 1
+    return at
+
+
+class _JsonObject:
+    """Where an object's members sit in the text: (key, key start, value start, value end) each."""
+
+    def __init__(self, text, start):
+        self.start = start  # offset of "{"
+        self.members = []
+        decoder = json.JSONDecoder()
+        at = _skip_ws(text, start + 1)
+        if text[at] == "}":
+            self.end = at + 1
+            return
+        while True:
+            key, key_end = json.decoder.scanstring(text, at + 1)
+            value_start = _skip_ws(text, _skip_ws(text, key_end) + 1)
+            _value, value_end = decoder.raw_decode(text, value_start)
+            self.members.append((key, at, value_start, value_end))
+            at = _skip_ws(text, value_end)
+            if text[at] == "}":
+                self.end = at + 1
+                return
+            at = _skip_ws(text, at + 1)
+
+    def find(self, key):
+        """The last member named ``key`` (the one json reads), else None."""
+        found = [member for member in self.members if member[0] == key]
+        return found[-1] if found else None
+
+
+def _line_indent(text, at):
+    line_start = text.rfind("\n", 0, at) + 1
+    line = text[line_start:at]
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+class _JsonStyle:
+    """The file's own layout: indentation unit and separators, read from its top-level object."""
+
+    def __init__(self, text, top):
+        self.unit = detect_json_indent(text) or "    "
+        self.kv_sep = ": "
+        self.item_sep = ", "
+        if top.members:
+            _key, key_start, value_start, _value_end = top.members[0]
+            key_end = json.decoder.scanstring(text, key_start + 1)[1]
+            self.kv_sep = text[key_end:value_start]
+            if len(top.members) > 1:
+                self.item_sep = text[top.members[0][3] : top.members[1][1]]
+                if "\n" in self.item_sep:
+                    self.item_sep = ", " if " " in self.kv_sep else ","
+            elif " " not in self.kv_sep:
+                self.item_sep = ","
+
+    def render(self, value, indent, multiline):
+        if not multiline:
+            return json.dumps(value, separators=(self.item_sep, self.kv_sep), ensure_ascii=False)
+        rendered = json.dumps(value, indent=self.unit, separators=(",", self.kv_sep), ensure_ascii=False)
+        return rendered.replace("\n", "\n" + indent)
+
+
+def _json_insert(text, obj, key, value, style, own_indent):
+    """Text with member ``key`` appended to the object ``obj`` (which lacks it)."""
+    if obj.members:
+        first_start, last_end = obj.members[0][1], obj.members[-1][3]
+        multiline = "\n" in text[obj.start : first_start]
+        if multiline:
+            indent = _line_indent(text, first_start)
+            lead = ",\n" + indent
+        else:
+            indent = ""
+            lead = style.item_sep
+        member = lead + json.dumps(key, ensure_ascii=False) + style.kv_sep + style.render(value, indent, multiline)
+        return text[:last_end] + member + text[last_end:]
+    multiline = "\n" in text or not text.strip() or text.strip() == "{}"
+    if multiline:
+        indent = own_indent + style.unit
+        body = "\n" + indent + json.dumps(key, ensure_ascii=False) + style.kv_sep
+        body += style.render(value, indent, True) + "\n" + own_indent
+    else:
+        body = json.dumps(key, ensure_ascii=False) + style.kv_sep + style.render(value, "", False)
+    return text[: obj.start + 1] + body + text[obj.end - 1 :]
+
+
+def _json_remove(text, obj, key):
+    """Text without member ``key`` of ``obj``: the member and the comma that joined it go."""
+    index = max(i for i, member in enumerate(obj.members) if member[0] == key)
+    _key, key_start, _value_start, value_end = obj.members[index]
+    if len(obj.members) == 1:
+        return text[: obj.start + 1] + text[obj.end - 1 :]
+    if index > 0:
+        return text[: obj.members[index - 1][3]] + text[value_end:]
+    return text[:key_start] + text[obj.members[1][1] :]
+
+
+def _json_replace(text, obj, key, value, style):
+    _key, key_start, value_start, value_end = obj.find(key)
+    multiline = "\n" in text[value_start:value_end]
+    return text[:value_start] + style.render(value, _line_indent(text, key_start), multiline) + text[value_end:]
+
+
+def _json_top(text):
+    """The top-level object of ``text`` (an empty or blank text reads as ``{}``)."""
+    if not text.strip():
+        text = "{}\n"
+    return text, _JsonObject(text, _skip_ws(text, 0))
+
+
+def _json_set(text, path, value):
+    """Text with the value at ``path`` (a list of keys) set, creating the last member if needed."""
+    text, top = _json_top(text)
+    style = _JsonStyle(text, top)
+    obj, own_indent = top, _line_indent(text, top.start)
+    for key in path[:-1]:
+        member = obj.find(key)
+        own_indent = _line_indent(text, member[1])
+        obj = _JsonObject(text, member[2])
+    if obj.find(path[-1]) is not None:
+        return _json_replace(text, obj, path[-1], value, style)
+    return _json_insert(text, obj, path[-1], value, style, own_indent)
+
+
+def _json_delete(text, path):
+    text, top = _json_top(text)
+    obj = top
+    for key in path[:-1]:
+        obj = _JsonObject(text, obj.find(key)[2])
+    return _json_remove(text, obj, path[-1])
+
+
 def edit_docker(text, source, name, runtime_path, set_as_default, state, state_doc=None):
-    """Edit daemon.json. ``state_doc`` is what the module remembered from its last ``present``."""
+    """Edit daemon.json. ``state_doc`` is what the module remembered from its last ``present``.
+
+    The edit is worked out twice: on the parsed data (what the file should mean) and on the text
+    (only the members this module owns change bytes). The text must parse to the data; should it
+    ever not, the data is written out whole instead, so the file is never wrong, only reformatted.
+    """
     data = parse_docker(text, source)
     new = copy.deepcopy(data)
+    new_text = text
     memo = dict(state_doc or {})
     runtimes = new.get("runtimes")
     if runtimes is not None and not isinstance(runtimes, dict):
@@ -553,26 +700,40 @@ def edit_docker(text, source, name, runtime_path, set_as_default, state, state_d
         if entry is None:
             # "args" is the key nvidia-ctk writes, so entries it made compare equal to ours.
             runtimes[name] = {"path": runtime_path, "args": []}
+            if memo.get("added_runtimes") and "runtimes" not in data:
+                new_text = _json_set(new_text, ["runtimes"], {name: runtimes[name]})
+            else:
+                new_text = _json_set(new_text, ["runtimes", name], runtimes[name])
         elif entry.get("path") != runtime_path:
             entry["path"] = runtime_path
+            new_text = _json_set(new_text, ["runtimes", name, "path"], runtime_path)
         if set_as_default and current_default != name:
             memo["previous_default_runtime"] = current_default
             new["default-runtime"] = name
+            new_text = _json_set(new_text, ["default-runtime"], name)
     else:
         if runtimes is not None and name in runtimes:
             del runtimes[name]
             if not runtimes and memo.get("added_runtimes"):
                 del new["runtimes"]
+                new_text = _json_delete(new_text, ["runtimes"])
+            else:
+                new_text = _json_delete(new_text, ["runtimes", name])
         if current_default == name:
             previous = memo.get("previous_default_runtime")
             if previous is None:
                 del new["default-runtime"]
+                new_text = _json_delete(new_text, ["default-runtime"])
             else:
                 new["default-runtime"] = previous
+                new_text = _json_set(new_text, ["default-runtime"], previous)
         memo = {}
 
     new_state_doc = memo or None
-    new_text = text if new == data else dump_docker(new, detect_json_indent(text))
+    if new == data:
+        new_text = text
+    elif json.loads(new_text) != new:
+        new_text = dump_docker(new, detect_json_indent(text))
     effective_entry = (new.get("runtimes") or {}).get(name)
     return EditResult(
         new_text,

@@ -355,6 +355,55 @@ def test_docker_present_keeps_keys_order_and_indent():
     assert absent.state_doc is None
 
 
+KUBEADM_DAEMON = (
+    '{\n  "exec-opts": ["native.cgroupdriver=systemd"],\n  "log-driver": "json-file",\n'
+    '  "log-opts": {\n    "max-size": "100m"\n  },\n  "storage-driver": "overlay2",\n'
+    '  "registry-mirrors": ["https://mirror.example.internal"]\n}\n'
+)
+
+
+def test_docker_edits_only_its_own_members_byte_for_byte():
+    present = docker(KUBEADM_DAEMON)
+    assert present.text == (
+        KUBEADM_DAEMON[: -len("\n}\n")] + ",\n"
+        '  "runtimes": {\n    "nvidia": {\n      "path": "/usr/bin/nvidia-container-runtime",\n'
+        '      "args": []\n    }\n  },\n  "default-runtime": "nvidia"\n}\n'
+    )
+    absent = docker(present.text, state="absent", memo=present.state_doc)
+    assert absent.text == KUBEADM_DAEMON
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # compact: the file's own separators
+        ('{"a":[1,2]}', '{"a":[1,2],"runtimes":{"nvidia":{"path":"%s","args":[]}},"default-runtime":"nvidia"}'),
+        # one line with spaces, an existing runtimes object keeps its sibling's bytes
+        (
+            '{"runtimes": {"crun": {"path": "/c"}}, "b": [1,  2]}',
+            '{"runtimes": {"crun": {"path": "/c"}, "nvidia": {"path": "%s", "args": []}}, "b": [1,  2], '
+            '"default-runtime": "nvidia"}',
+        ),
+        # an existing default is replaced in place, nothing else moves
+        (
+            '{\n\t"default-runtime": "crun",\n\t"runtimes": {"crun": {"path": "/c"}}\n}',
+            '{\n\t"default-runtime": "nvidia",\n\t"runtimes": {"crun": {"path": "/c"}, '
+            '"nvidia": {"path": "%s", "args": []}}\n}',
+        ),
+    ],
+)
+def test_docker_follows_the_file_layout(text, expected):
+    present = docker(text)
+    assert present.text == expected.replace("%s", RUNTIME)
+    assert docker(present.text, state="absent", memo=present.state_doc).text == text
+
+
+def test_docker_existing_path_is_set_in_place():
+    text = '{"runtimes": {"nvidia": {"path": "",  "runtimeArgs": ["--x"]}}}'
+    result = docker(text, set_as_default=False)
+    assert result.text == text.replace('"path": ""', f'"path": "{RUNTIME}"')
+
+
 def test_docker_restores_a_previous_default_and_keeps_tabs():
     text = '{\n\t"default-runtime": "crun",\n\t"runtimes": {}\n}'
     present = docker(text)
