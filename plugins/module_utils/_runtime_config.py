@@ -30,7 +30,7 @@ import traceback
 try:
     import tomlkit
     from tomlkit.exceptions import ParseError as TomlParseError
-    from tomlkit.items import AoT, InlineTable, Table
+    from tomlkit.items import AoT, InlineTable, String, StringType, Table, Whitespace
 
     HAS_TOMLKIT = True
     TOMLKIT_IMPORT_ERROR = None
@@ -225,7 +225,9 @@ def _comment_without_marker(item):
     return kept
 
 
-def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state, set_as_default, entry_ops):
+def _edit_toml_runtime(
+    doc, data, source, parent_parts, default_key, name, state, set_as_default, entry_ops, blank_lines
+):
     """Shared edit of ``<parent_parts>.runtimes.<name>`` and ``<parent_parts>.<default_key>``.
 
     ``entry_ops`` supplies the runtime-specific pieces: ``check(entry)`` raises ConfigError when an
@@ -244,6 +246,8 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
             explicit = depth == len(parent_parts) - 1 and set_as_default
             found = [_create(nodes[0], key, explicit)]
             created_parent = explicit
+            if explicit:
+                _plain_blank_lines(found[0].table, blank_lines)
         nodes = found
     parent_nodes = nodes
 
@@ -265,13 +269,24 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
                 runtimes_nodes = [_create(_holding(parent_nodes, default_key) or parent_nodes[0], "runtimes", False)]
             home = (entry_ops.template_name and _holding(runtimes_nodes, entry_ops.template_name)) or runtimes_nodes[0]
             home.table[name] = entry_ops.build(template, isinstance(home.table, InlineTable))
+            model = _layout_model(home.table, name, entry_ops.template_name)
+            if model is not None and isinstance(home.table[name], Table):
+                _layout_like(home.table[name], model, blank_lines)
+            elif isinstance(home.table[name], Table):
+                _plain_blank_lines(home.table[name], blank_lines)
         else:
             entry_ops.update(entry_nodes, template)
         if set_as_default and current_default != name:
             if default_node is None:
                 default_node = next((n for n in parent_nodes if not _is_super(n.table)), parent_nodes[0])
             user_comment = _comment_without_marker(default_node.table[default_key]) if current_default else ""
-            default_node.table[default_key] = name
+            quoting = default_node.table[default_key] if current_default is not None else None
+            # A key added in front of sub-tables makes tomlkit put a blank line before the next
+            # one; the file's own tables keep their layout.
+            layout = [(t, t.trivia.indent) for t in _in_order(default_node.table) if isinstance(t, Table)]
+            default_node.table[default_key] = _string_like(name, quoting)
+            for table, indent in layout:
+                table.trivia.indent = indent
             item = default_node.table[default_key]
             if current_default is None:
                 _indent_like_siblings(default_node.table, item)
@@ -285,6 +300,7 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
 
     for node in runtimes_nodes:
         if name in node.table:
+            _drop_separator(doc, node.table[name])
             del node.table[name]
     if current_default == name:
         found, previous, table_added = _read_marker(default_node.table[default_key])
@@ -296,9 +312,10 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
             del default_node.table[default_key]
             holder = default_node.parent
             if table_added and _holds_nothing(default_node.table) and len(_parts(holder.table[default_node.key])) == 1:
+                _drop_separator(doc, holder.table[default_node.key])
                 del holder.table[default_node.key]
         else:
-            default_node.table[default_key] = previous
+            default_node.table[default_key] = _string_like(previous, default_node.table[default_key])
             item = default_node.table[default_key]
             user_comment = _comment_without_marker(item)
             item.trivia.comment = user_comment
@@ -318,6 +335,145 @@ def _indent_like_siblings(table, item):
         if value is not item and trivia is not None and not isinstance(value, (Table, AoT)) and trivia.indent:
             item.trivia.indent = trivia.indent
             return
+
+
+def _string_like(value, model):
+    """``value`` quoted the way the string item ``model`` is (containerd 2.x writes 'single quotes')."""
+    literal = isinstance(model, String) and model.type == StringType.SLL
+    if literal and isinstance(value, str) and all(c.isprintable() and c != "'" for c in value):
+        return String.from_raw(value, StringType.SLL)
+    return value
+
+
+def _horizontal(indent):
+    """The part of an indent on the item's own line (what precedes it may hold blank lines)."""
+    return indent[indent.rfind("\n") + 1 :]
+
+
+def _layout_model(runtimes, name, template_name):
+    """The existing runtime table a new one should look like: the template (runc), else a sibling."""
+    candidates = [template_name] if template_name else []
+    candidates += [key for key in runtimes if key != name]
+    for key in candidates:
+        if key in runtimes and isinstance(runtimes[key], Table):
+            return runtimes[key]
+    return None
+
+
+def _blank_before_tables(text):
+    """Whether the file puts a blank line before table headers at a given indent (a function of it)."""
+
+    def blank_before(indent):
+        return re.search(r"\n[ \t]*\n" + re.escape(indent) + r"\[", text) is not None
+
+    return blank_before
+
+
+def _ends_blank(table):
+    """True when the last thing a table (with its sub-tables) writes is a blank line."""
+    last = table.value.body[-1][1] if table.value.body else None
+    if isinstance(last, Table):
+        return _ends_blank(last)
+    return isinstance(last, Whitespace)
+
+
+def _in_order(container):
+    """Every item of a document or table, in the order tomlkit writes them (sub-tables in place)."""
+    for _key, item in container.value.body if isinstance(container, Table) else container.body:
+        yield item
+        if isinstance(item, Table):
+            yield from _in_order(item)
+
+
+def _drop_separator(doc, table):
+    """Before ``table`` goes: drop the blank line that only separated it from what precedes it.
+
+    A table added after others in a file that separates tables by blank lines starts with one;
+    read back, tomlkit files that blank line under whatever precedes the table, so deleting the
+    table alone would leave it behind. When the table does not itself end with a blank line (then
+    the one before it separated it from what came first), one blank line before it goes with it.
+    """
+    if not isinstance(table, Table) or _ends_blank(table):
+        return
+    previous = None
+    for item in _in_order(doc):
+        if item is table:
+            break
+        if not _is_super(item):  # implicit tables write nothing of their own
+            previous = item
+    else:
+        return
+    if isinstance(previous, Whitespace) and previous.as_string().endswith("\n"):
+        # Shortened in place: taking the item out of its container would shift tomlkit's key index.
+        previous._s = previous.as_string()[:-1]
+
+
+def _plain_blank_lines(table, blank_lines):
+    """A new table without a model: no leading blank line where the file has none at its indent."""
+    if not blank_lines(_horizontal(table.trivia.indent)):
+        table.trivia.indent = _horizontal(table.trivia.indent)
+    for _key, item in table.value.body:
+        if isinstance(item, Table):
+            _plain_blank_lines(item, blank_lines)
+
+
+def _layout_like(new, model, blank_lines, quoting=None):
+    """Lay a new table out like ``model``: header indent, key indent, quoting, trailing blank line.
+
+    tomlkit writes a new table's header and keys at column 0 and knows nothing of the file's habits,
+    so containerd's own configs (which indent each nesting level by two spaces) would get a block at
+    column 0 between indented siblings. Setting the items' trivia here, rather than post-processing
+    the rendered text, keeps tomlkit the only writer of TOML syntax; ``Table.indent()`` is not used
+    because it only knows spaces and adds to the existing indent instead of setting it.
+    """
+    header = _horizontal(model.trivia.indent)
+    # tomlkit starts a new table with a newline unless a blank line precedes it; keep that only in
+    # files that separate tables at this indent by blank lines.
+    kept = new.trivia.indent[: new.trivia.indent.rfind("\n") + 1] if blank_lines(header) else ""
+    new.trivia.indent = kept + header
+    model_items = [(key, value) for key, value in model.value.body if key is not None]
+    key_indent = next((_horizontal(v.trivia.indent) for _k, v in model_items if not isinstance(v, (Table, AoT))), None)
+    if key_indent is None:
+        key_indent = header + "  " if header else ""
+    model_by_key = {str(key): value for key, value in model_items}
+    # New strings are quoted like the model's (or, without strings there, like its parent's).
+    quoting = next((v for _k, v in model_items if isinstance(v, String)), quoting)
+    for key, value in list(new.value.body):
+        if key is None or isinstance(value, Whitespace):
+            continue
+        if isinstance(value, Table):
+            sub_model = model_by_key.get(str(key))
+            if not isinstance(sub_model, Table):
+                # No such table in the model: one level deeper than the model's keys.
+                step = key_indent[len(header) :] if key_indent.startswith(header) else ""
+                sub_model = _FakeModel(key_indent, key_indent + step)
+            _layout_like(value, sub_model, blank_lines, quoting)
+            continue
+        if isinstance(value, AoT):
+            continue
+        value.trivia.indent = key_indent
+        like = model_by_key.get(str(key))
+        if not isinstance(like, String):
+            like = quoting
+        if isinstance(value, String) and isinstance(like, String) and like.type == StringType.SLL:
+            replacement = _string_like(str(value), like)
+            if isinstance(replacement, String):
+                new[str(key)] = replacement  # replaced where it stands
+                new[str(key)].trivia.indent = key_indent
+    body = new.value.body
+    if body and model.value.body and isinstance(model.value.body[-1][1], Whitespace):
+        if not isinstance(body[-1][1], Whitespace):
+            new.value.append(None, tomlkit.ws(model.value.body[-1][1].as_string()))
+
+
+class _FakeModel:
+    """Stands in for a model table that does not exist (its layout only: header and key indent)."""
+
+    def __init__(self, header, key_indent):
+        self.trivia = type("Trivia", (), {"indent": header})()
+        item = tomlkit.item(0)  # not a string: says nothing about quoting
+        item.trivia.indent = key_indent
+        self.value = type("Body", (), {"body": [("x", item)]})()
 
 
 def _is_super(table):
@@ -407,7 +563,18 @@ def edit_containerd(text, source, name, runtime_path, set_as_default, state):
     version = containerd_version(doc, source)
     parent_parts = ["plugins", CRI_PLUGIN[version], "containerd"]
     ops = _ContainerdEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
-    _edit_toml_runtime(doc, before, source, parent_parts, "default_runtime_name", name, state, set_as_default, ops)
+    _edit_toml_runtime(
+        doc,
+        before,
+        source,
+        parent_parts,
+        "default_runtime_name",
+        name,
+        state,
+        set_as_default,
+        ops,
+        _blank_before_tables(text),
+    )
     after = _plain(doc)
     new_text, changed = _finish_toml(doc, text, before, after)
     entry, default = _toml_effective(after, parent_parts, "default_runtime_name", name)
@@ -483,7 +650,18 @@ def edit_crio(text, source, name, runtime_path, set_as_default, state):
     before = _plain(doc)
     parent_parts = ["crio", "runtime"]
     ops = _CrioEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
-    _edit_toml_runtime(doc, before, source, parent_parts, "default_runtime", name, state, set_as_default, ops)
+    _edit_toml_runtime(
+        doc,
+        before,
+        source,
+        parent_parts,
+        "default_runtime",
+        name,
+        state,
+        set_as_default,
+        ops,
+        _blank_before_tables(text),
+    )
     after = _plain(doc)
     new_text, changed = _finish_toml(doc, text, before, after)
     entry, default = _toml_effective(after, parent_parts, "default_runtime", name)

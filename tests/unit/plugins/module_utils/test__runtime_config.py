@@ -91,6 +91,82 @@ def test_v2_present_then_absent_restores_every_line():
     assert absent.default_runtime == "runc"
 
 
+def test_v2_new_tables_follow_runc_indentation_and_absent_gives_back_the_bytes():
+    present = containerd(V2, set_as_default=False)
+    assert present.text == V2 + (
+        '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '        runtime_type = "io.containerd.runc.v2"\n'
+        "        privileged_without_host_devices = false\n"
+        '        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        "          SystemdCgroup = true\n"
+        "          NoPivotRoot = false\n"
+        f'          BinaryName = "{RUNTIME}"\n'
+    )
+    assert containerd(present.text, state="absent").text == V2
+    with_default = containerd(V2)
+    assert containerd(with_default.text, state="absent").text == V2
+
+
+BLANK_LINES_V3 = """\
+version = 3
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = 'runc'
+
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.x]
+    y = 1
+"""
+
+
+def test_blank_lines_and_literal_quotes_are_followed_both_ways():
+    present = containerd(BLANK_LINES_V3)
+    assert "  default_runtime_name = 'nvidia' # gpuops.k8s.nvidia_runtime" in present.text
+    assert (
+        "        SystemdCgroup = false\n\n"
+        "    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n"
+        "      runtime_type = 'io.containerd.runc.v2'\n\n"
+        "      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]\n"
+        "        SystemdCgroup = false\n"
+        f"        BinaryName = '{RUNTIME}'\n\n"
+        "  [plugins.'io.containerd.cri.v1.runtime'.containerd.x]\n"
+    ) in present.text
+    assert containerd(present.text, state="absent").text == BLANK_LINES_V3
+
+
+def test_a_table_added_at_the_end_takes_its_blank_line_with_it():
+    text = BLANK_LINES_V3.split("\n  [plugins.'io.containerd.cri.v1.runtime'.containerd.x]")[0].rstrip("\n") + "\n"
+    present = containerd(text)
+    assert "SystemdCgroup = false\n\n    [plugins." in present.text
+    assert containerd(present.text, state="absent").text == text
+
+
+def test_unindented_files_stay_unindented():
+    text = (
+        "version = 2\n"
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        'runtime_type = "io.containerd.runc.v2"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        "SystemdCgroup = true\n"
+    )
+    present = containerd(text, set_as_default=False)
+    assert present.text == text + (
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        'runtime_type = "io.containerd.runc.v2"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        "SystemdCgroup = true\n"
+        f'BinaryName = "{RUNTIME}"\n'
+    )
+    assert containerd(present.text, state="absent").text == text
+
+
 def test_v3_uses_the_cri_runtime_plugin_and_copies_runc_fields():
     result = containerd(V3)
     assert result.config_version == 3

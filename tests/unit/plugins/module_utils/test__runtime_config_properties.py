@@ -181,6 +181,12 @@ def test_containerd_present_keeps_everything_and_absent_restores(config, set_as_
     absent = rc.edit_containerd(present.text, "config.toml", "nvidia", RUNTIME, set_as_default, "absent")
     assert tomllib.loads(absent.text) == original
     assert keeps_lines(absent.text, text)
+    # Byte for byte, unless the default went into a table that had no header of its own (it keeps
+    # the header it got) or tomlkit cannot write the file back verbatim at all (some out-of-order
+    # layouts: sibling headers under an implicit parent gain indentation).
+    verbatim = tomlkit.dumps(tomlkit.parse(text)) == text
+    if verbatim and (not set_as_default or f'[plugins."{CRI[version]}".containerd]' in text):
+        assert absent.text == text
 
 
 @st.composite
