@@ -460,10 +460,9 @@ def _layout_like(new, model, blank_lines, quoting=None):
             if isinstance(replacement, String):
                 new[str(key)] = replacement  # replaced where it stands
                 new[str(key)].trivia.indent = key_indent
-    body = new.value.body
-    if body and model.value.body and isinstance(model.value.body[-1][1], Whitespace):
-        if not isinstance(body[-1][1], Whitespace):
-            new.value.append(None, tomlkit.ws(model.value.body[-1][1].as_string()))
+    body, model_body = new.value.body, model.value.body
+    if body and model_body and isinstance(model_body[-1][1], Whitespace) and not isinstance(body[-1][1], Whitespace):
+        new.value.append(None, tomlkit.ws(model_body[-1][1].as_string()))
 
 
 class _FakeModel:
