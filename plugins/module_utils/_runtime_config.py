@@ -238,6 +238,7 @@ def _edit_toml_runtime(
     present = state == "present"
     nodes = [_Node(doc)]
     created_parent = False
+    created_table = None
     for depth, key in enumerate(parent_parts):
         found = _descend(nodes, key, source, parent_parts[: depth + 1])
         if not found:
@@ -246,6 +247,7 @@ def _edit_toml_runtime(
             explicit = depth == len(parent_parts) - 1 and set_as_default
             found = [_create(nodes[0], key, explicit)]
             created_parent = explicit
+            created_table = found[0].table if explicit else None
             if explicit:
                 _plain_blank_lines(found[0].table, blank_lines)
         nodes = found
@@ -274,7 +276,9 @@ def _edit_toml_runtime(
                 _layout_like(home.table[name], model, blank_lines)
             elif isinstance(home.table[name], Table):
                 _plain_blank_lines(home.table[name], blank_lines)
+            added = home.table[name]
         else:
+            added = None
             entry_ops.update(entry_nodes, template)
         if set_as_default and current_default != name:
             if default_node is None:
@@ -296,8 +300,17 @@ def _edit_toml_runtime(
                 item.trivia.comment = f"{user_comment} # {marker}"
             elif hasattr(item, "comment"):
                 item.comment(marker)
+        if isinstance(added, Table):
+            _end_like_start(doc, created_table if created_table is not None else added, added)
         return
 
+    # Whether the block `present` added (the table it created for the default, or the entry alone)
+    # ends with a blank line: decided before the entry goes, as the block's end is the entry's end.
+    table_ends_blank = None
+    if current_default == name:
+        holder_table = default_node.parent.table[default_node.key] if default_node.parent else None
+        if isinstance(holder_table, Table):
+            table_ends_blank = _ends_blank(holder_table)
     for node in runtimes_nodes:
         if name in node.table:
             _drop_separator(doc, node.table[name])
@@ -312,7 +325,7 @@ def _edit_toml_runtime(
             del default_node.table[default_key]
             holder = default_node.parent
             if table_added and _holds_nothing(default_node.table) and len(_parts(holder.table[default_node.key])) == 1:
-                _drop_separator(doc, holder.table[default_node.key])
+                _drop_separator(doc, holder.table[default_node.key], table_ends_blank)
                 del holder.table[default_node.key]
         else:
             default_node.table[default_key] = _string_like(previous, default_node.table[default_key])
@@ -337,9 +350,15 @@ def _indent_like_siblings(table, item):
             return
 
 
+def _is_literal(item):
+    """True for a single-quoted string item (tomlkit 0.11 keeps the kind in ``_t``, later ones in ``type``)."""
+    kind = getattr(item, "type", None) or getattr(item, "_t", None)
+    return isinstance(item, String) and kind == StringType.SLL
+
+
 def _string_like(value, model):
     """``value`` quoted the way the string item ``model`` is (containerd 2.x writes 'single quotes')."""
-    literal = isinstance(model, String) and model.type == StringType.SLL
+    literal = _is_literal(model)
     if literal and isinstance(value, str) and all(c.isprintable() and c != "'" for c in value):
         return String.from_raw(value, StringType.SLL)
     return value
@@ -385,7 +404,34 @@ def _in_order(container):
             yield from _in_order(item)
 
 
-def _drop_separator(doc, table):
+def _end_like_start(doc, first, last):
+    """Give a block of new tables (``first`` .. ``last``) a blank line at its end when one precedes it.
+
+    tomlkit puts the new block right after that blank line, which separated what precedes from
+    what follows; ending the block with one keeps what follows separated, and ``absent`` (see
+    ``_drop_separator``) then removes exactly the block again.
+    """
+    previous = _previous_item(doc, first)
+    if not (isinstance(previous, Whitespace) and previous.as_string().endswith("\n")):
+        return
+    while last.value.body and isinstance(last.value.body[-1][1], Table):
+        last = last.value.body[-1][1]
+    if not (last.value.body and isinstance(last.value.body[-1][1], Whitespace)):
+        last.value.append(None, tomlkit.ws("\n"))
+
+
+def _previous_item(doc, target):
+    """The item written just before ``target`` (implicit tables write nothing themselves)."""
+    previous = None
+    for item in _in_order(doc):
+        if item is target:
+            return previous
+        if not _is_super(item):
+            previous = item
+    return None
+
+
+def _drop_separator(doc, table, ends_blank=None):
     """Before ``table`` goes: drop the blank line that only separated it from what precedes it.
 
     A table added after others in a file that separates tables by blank lines starts with one;
@@ -393,16 +439,9 @@ def _drop_separator(doc, table):
     table alone would leave it behind. When the table does not itself end with a blank line (then
     the one before it separated it from what came first), one blank line before it goes with it.
     """
-    if not isinstance(table, Table) or _ends_blank(table):
+    if not isinstance(table, Table) or (_ends_blank(table) if ends_blank is None else ends_blank):
         return
-    previous = None
-    for item in _in_order(doc):
-        if item is table:
-            break
-        if not _is_super(item):  # implicit tables write nothing of their own
-            previous = item
-    else:
-        return
+    previous = _previous_item(doc, table)
     if isinstance(previous, Whitespace) and previous.as_string().endswith("\n"):
         # Shortened in place: taking the item out of its container would shift tomlkit's key index.
         previous._s = previous.as_string()[:-1]
@@ -418,7 +457,7 @@ def _plain_blank_lines(table, blank_lines):
 
 
 def _layout_like(new, model, blank_lines, quoting=None):
-    """Lay a new table out like ``model``: header indent, key indent, quoting, trailing blank line.
+    """Lay a new table out like ``model``: header and key indentation, blank lines, quoting.
 
     tomlkit writes a new table's header and keys at column 0 and knows nothing of the file's habits,
     so containerd's own configs (which indent each nesting level by two spaces) would get a block at
@@ -455,14 +494,11 @@ def _layout_like(new, model, blank_lines, quoting=None):
         like = model_by_key.get(str(key))
         if not isinstance(like, String):
             like = quoting
-        if isinstance(value, String) and isinstance(like, String) and like.type == StringType.SLL:
+        if isinstance(value, String) and _is_literal(like):
             replacement = _string_like(str(value), like)
             if isinstance(replacement, String):
                 new[str(key)] = replacement  # replaced where it stands
                 new[str(key)].trivia.indent = key_indent
-    body, model_body = new.value.body, model.value.body
-    if body and model_body and isinstance(model_body[-1][1], Whitespace) and not isinstance(body[-1][1], Whitespace):
-        new.value.append(None, tomlkit.ws(model_body[-1][1].as_string()))
 
 
 class _FakeModel:
