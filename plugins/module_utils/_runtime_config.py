@@ -249,7 +249,7 @@ def _edit_toml_runtime(
             created_parent = explicit
             created_table = found[0].table if explicit else None
             if explicit:
-                _plain_blank_lines(found[0].table, blank_lines)
+                _plain_blank_lines(found[0].table, blank_lines, _after_blank(doc, found[0].table))
         nodes = found
     parent_nodes = nodes
 
@@ -272,10 +272,12 @@ def _edit_toml_runtime(
             home = (entry_ops.template_name and _holding(runtimes_nodes, entry_ops.template_name)) or runtimes_nodes[0]
             home.table[name] = entry_ops.build(template, isinstance(home.table, InlineTable))
             model = _layout_model(home.table, name, entry_ops.template_name)
-            if model is not None and isinstance(home.table[name], Table):
-                _layout_like(home.table[name], model, blank_lines)
-            elif isinstance(home.table[name], Table):
-                _plain_blank_lines(home.table[name], blank_lines)
+            if isinstance(home.table[name], Table):
+                after_blank = _after_blank(doc, home.table[name])
+                if model is not None:
+                    _layout_like(home.table[name], model, blank_lines, after_blank)
+                else:
+                    _plain_blank_lines(home.table[name], blank_lines, after_blank)
             added = home.table[name]
         else:
             added = None
@@ -447,16 +449,26 @@ def _drop_separator(doc, table, ends_blank=None):
         previous._s = previous.as_string()[:-1]
 
 
-def _plain_blank_lines(table, blank_lines):
-    """A new table without a model: no leading blank line where the file has none at its indent."""
-    if not blank_lines(_horizontal(table.trivia.indent)):
-        table.trivia.indent = _horizontal(table.trivia.indent)
+def _after_blank(doc, table):
+    """True when a blank line is written just before ``table``."""
+    previous = _previous_item(doc, table)
+    return isinstance(previous, Whitespace) and previous.as_string().endswith("\n")
+
+
+def _lead(header, blank_lines, after_blank):
+    """A new header's indent: a blank line first where the file has them at that indent (once)."""
+    return ("\n" if blank_lines(header) and not after_blank else "") + header
+
+
+def _plain_blank_lines(table, blank_lines, after_blank):
+    """A new table without a model: blank lines before its headers as the file has them."""
+    table.trivia.indent = _lead(_horizontal(table.trivia.indent), blank_lines, after_blank)
     for _key, item in table.value.body:
         if isinstance(item, Table):
-            _plain_blank_lines(item, blank_lines)
+            _plain_blank_lines(item, blank_lines, False)
 
 
-def _layout_like(new, model, blank_lines, quoting=None):
+def _layout_like(new, model, blank_lines, after_blank, quoting=None):
     """Lay a new table out like ``model``: header and key indentation, blank lines, quoting.
 
     tomlkit writes a new table's header and keys at column 0 and knows nothing of the file's habits,
@@ -466,10 +478,9 @@ def _layout_like(new, model, blank_lines, quoting=None):
     because it only knows spaces and adds to the existing indent instead of setting it.
     """
     header = _horizontal(model.trivia.indent)
-    # tomlkit starts a new table with a newline unless a blank line precedes it; keep that only in
-    # files that separate tables at this indent by blank lines.
-    kept = new.trivia.indent[: new.trivia.indent.rfind("\n") + 1] if blank_lines(header) else ""
-    new.trivia.indent = kept + header
+    # tomlkit starts a new table with a newline (0.15: unless a blank line precedes it; 0.11:
+    # always); decided here instead, by what the file does at this indent.
+    new.trivia.indent = _lead(header, blank_lines, after_blank)
     model_items = [(key, value) for key, value in model.value.body if key is not None]
     key_indent = next((_horizontal(v.trivia.indent) for _k, v in model_items if not isinstance(v, (Table, AoT))), None)
     if key_indent is None:
@@ -486,7 +497,7 @@ def _layout_like(new, model, blank_lines, quoting=None):
                 # No such table in the model: one level deeper than the model's keys.
                 step = key_indent[len(header) :] if key_indent.startswith(header) else ""
                 sub_model = _FakeModel(key_indent, key_indent + step)
-            _layout_like(value, sub_model, blank_lines, quoting)
+            _layout_like(value, sub_model, blank_lines, False, quoting)
             continue
         if isinstance(value, AoT):
             continue
