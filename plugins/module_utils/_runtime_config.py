@@ -30,7 +30,7 @@ import traceback
 try:
     import tomlkit
     from tomlkit.exceptions import ParseError as TomlParseError
-    from tomlkit.items import AoT, InlineTable, Table
+    from tomlkit.items import AoT, InlineTable, String, StringType, Table, Whitespace
 
     HAS_TOMLKIT = True
     TOMLKIT_IMPORT_ERROR = None
@@ -225,7 +225,9 @@ def _comment_without_marker(item):
     return kept
 
 
-def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state, set_as_default, entry_ops):
+def _edit_toml_runtime(
+    doc, data, source, parent_parts, default_key, name, state, set_as_default, entry_ops, blank_lines
+):
     """Shared edit of ``<parent_parts>.runtimes.<name>`` and ``<parent_parts>.<default_key>``.
 
     ``entry_ops`` supplies the runtime-specific pieces: ``check(entry)`` raises ConfigError when an
@@ -236,6 +238,7 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
     present = state == "present"
     nodes = [_Node(doc)]
     created_parent = False
+    created_table = None
     for depth, key in enumerate(parent_parts):
         found = _descend(nodes, key, source, parent_parts[: depth + 1])
         if not found:
@@ -244,6 +247,9 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
             explicit = depth == len(parent_parts) - 1 and set_as_default
             found = [_create(nodes[0], key, explicit)]
             created_parent = explicit
+            created_table = found[0].table if explicit else None
+            if explicit:
+                _plain_blank_lines(found[0].table, blank_lines, _after_blank(doc, found[0].table))
         nodes = found
     parent_nodes = nodes
 
@@ -265,13 +271,28 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
                 runtimes_nodes = [_create(_holding(parent_nodes, default_key) or parent_nodes[0], "runtimes", False)]
             home = (entry_ops.template_name and _holding(runtimes_nodes, entry_ops.template_name)) or runtimes_nodes[0]
             home.table[name] = entry_ops.build(template, isinstance(home.table, InlineTable))
+            model = _layout_model(home.table, name, entry_ops.template_name)
+            if isinstance(home.table[name], Table):
+                after_blank = _after_blank(doc, home.table[name])
+                if model is not None:
+                    _layout_like(home.table[name], model, blank_lines, after_blank)
+                else:
+                    _plain_blank_lines(home.table[name], blank_lines, after_blank)
+            added = home.table[name]
         else:
+            added = None
             entry_ops.update(entry_nodes, template)
         if set_as_default and current_default != name:
             if default_node is None:
                 default_node = next((n for n in parent_nodes if not _is_super(n.table)), parent_nodes[0])
             user_comment = _comment_without_marker(default_node.table[default_key]) if current_default else ""
-            default_node.table[default_key] = name
+            quoting = default_node.table[default_key] if current_default is not None else None
+            # A key added in front of sub-tables makes tomlkit put a blank line before the next
+            # one; the file's own tables keep their layout.
+            layout = [(t, t.trivia.indent) for t in _in_order(default_node.table) if isinstance(t, Table)]
+            default_node.table[default_key] = _string_like(name, quoting)
+            for table, indent in layout:
+                table.trivia.indent = indent
             item = default_node.table[default_key]
             if current_default is None:
                 _indent_like_siblings(default_node.table, item)
@@ -281,10 +302,20 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
                 item.trivia.comment = f"{user_comment} # {marker}"
             elif hasattr(item, "comment"):
                 item.comment(marker)
+        if isinstance(added, Table):
+            _end_like_start(doc, created_table if created_table is not None else added, added)
         return
 
+    # Whether the block `present` added (the table it created for the default, or the entry alone)
+    # ends with a blank line: decided before the entry goes, as the block's end is the entry's end.
+    table_ends_blank = None
+    if current_default == name:
+        holder_table = default_node.parent.table[default_node.key] if default_node.parent else None
+        if isinstance(holder_table, Table):
+            table_ends_blank = _ends_blank(holder_table)
     for node in runtimes_nodes:
         if name in node.table:
+            _drop_separator(doc, node.table[name])
             del node.table[name]
     if current_default == name:
         found, previous, table_added = _read_marker(default_node.table[default_key])
@@ -296,9 +327,10 @@ def _edit_toml_runtime(doc, data, source, parent_parts, default_key, name, state
             del default_node.table[default_key]
             holder = default_node.parent
             if table_added and _holds_nothing(default_node.table) and len(_parts(holder.table[default_node.key])) == 1:
+                _drop_separator(doc, holder.table[default_node.key], table_ends_blank)
                 del holder.table[default_node.key]
         else:
-            default_node.table[default_key] = previous
+            default_node.table[default_key] = _string_like(previous, default_node.table[default_key])
             item = default_node.table[default_key]
             user_comment = _comment_without_marker(item)
             item.trivia.comment = user_comment
@@ -318,6 +350,176 @@ def _indent_like_siblings(table, item):
         if value is not item and trivia is not None and not isinstance(value, (Table, AoT)) and trivia.indent:
             item.trivia.indent = trivia.indent
             return
+
+
+def _is_literal(item):
+    """True for a single-quoted string item (tomlkit 0.11 keeps the kind in ``_t``, later ones in ``type``)."""
+    kind = getattr(item, "type", None) or getattr(item, "_t", None)
+    return isinstance(item, String) and kind == StringType.SLL
+
+
+def _string_like(value, model):
+    """``value`` quoted the way the string item ``model`` is (containerd 2.x writes 'single quotes')."""
+    literal = _is_literal(model)
+    if literal and isinstance(value, str) and all(c.isprintable() and c != "'" for c in value):
+        return String.from_raw(value, StringType.SLL)
+    return value
+
+
+def _horizontal(indent):
+    """The part of an indent on the item's own line (what precedes it may hold blank lines)."""
+    return indent[indent.rfind("\n") + 1 :]
+
+
+def _layout_model(runtimes, name, template_name):
+    """The existing runtime table a new one should look like: the template (runc), else a sibling."""
+    candidates = [template_name] if template_name else []
+    candidates += [key for key in runtimes if key != name]
+    for key in candidates:
+        if key in runtimes and isinstance(runtimes[key], Table):
+            return runtimes[key]
+    return None
+
+
+def _blank_before_tables(text):
+    """Whether the file puts a blank line before table headers at a given indent (a function of it)."""
+
+    def blank_before(indent):
+        return re.search(r"\n[ \t]*\n" + re.escape(indent) + r"\[", text) is not None
+
+    return blank_before
+
+
+def _ends_blank(table):
+    """True when the last thing a table (with its sub-tables) writes is a blank line."""
+    last = table.value.body[-1][1] if table.value.body else None
+    if isinstance(last, Table):
+        return _ends_blank(last)
+    return isinstance(last, Whitespace)
+
+
+def _in_order(container):
+    """Every item of a document or table, in the order tomlkit writes them (sub-tables in place)."""
+    for _key, item in container.value.body if isinstance(container, Table) else container.body:
+        yield item
+        if isinstance(item, Table):
+            yield from _in_order(item)
+
+
+def _end_like_start(doc, first, last):
+    """Give a block of new tables (``first`` .. ``last``) a blank line at its end when one precedes it.
+
+    tomlkit puts the new block right after that blank line, which separated what precedes from
+    what follows; ending the block with one keeps what follows separated, and ``absent`` (see
+    ``_drop_separator``) then removes exactly the block again.
+    """
+    previous = _previous_item(doc, first)
+    if not (isinstance(previous, Whitespace) and previous.as_string().endswith("\n")):
+        return
+    while last.value.body and isinstance(last.value.body[-1][1], Table):
+        last = last.value.body[-1][1]
+    if not (last.value.body and isinstance(last.value.body[-1][1], Whitespace)):
+        last.value.append(None, tomlkit.ws("\n"))
+
+
+def _previous_item(doc, target):
+    """The item written just before ``target`` (implicit tables write nothing themselves)."""
+    previous = None
+    for item in _in_order(doc):
+        if item is target:
+            return previous
+        if not _is_super(item):
+            previous = item
+    return None
+
+
+def _drop_separator(doc, table, ends_blank=None):
+    """Before ``table`` goes: drop the blank line that only separated it from what precedes it.
+
+    A table added after others in a file that separates tables by blank lines starts with one;
+    read back, tomlkit files that blank line under whatever precedes the table, so deleting the
+    table alone would leave it behind. When the table does not itself end with a blank line (then
+    the one before it separated it from what came first), one blank line before it goes with it.
+    """
+    if not isinstance(table, Table) or (_ends_blank(table) if ends_blank is None else ends_blank):
+        return
+    previous = _previous_item(doc, table)
+    if isinstance(previous, Whitespace) and previous.as_string().endswith("\n"):
+        # Shortened in place: taking the item out of its container would shift tomlkit's key index.
+        previous._s = previous.as_string()[:-1]
+
+
+def _after_blank(doc, table):
+    """True when a blank line is written just before ``table``."""
+    previous = _previous_item(doc, table)
+    return isinstance(previous, Whitespace) and previous.as_string().endswith("\n")
+
+
+def _lead(header, blank_lines, after_blank):
+    """A new header's indent: a blank line first where the file has them at that indent (once)."""
+    return ("\n" if blank_lines(header) and not after_blank else "") + header
+
+
+def _plain_blank_lines(table, blank_lines, after_blank):
+    """A new table without a model: blank lines before its headers as the file has them."""
+    table.trivia.indent = _lead(_horizontal(table.trivia.indent), blank_lines, after_blank)
+    for _key, item in table.value.body:
+        if isinstance(item, Table):
+            _plain_blank_lines(item, blank_lines, False)
+
+
+def _layout_like(new, model, blank_lines, after_blank, quoting=None):
+    """Lay a new table out like ``model``: header and key indentation, blank lines, quoting.
+
+    tomlkit writes a new table's header and keys at column 0 and knows nothing of the file's habits,
+    so containerd's own configs (which indent each nesting level by two spaces) would get a block at
+    column 0 between indented siblings. Setting the items' trivia here, rather than post-processing
+    the rendered text, keeps tomlkit the only writer of TOML syntax; ``Table.indent()`` is not used
+    because it only knows spaces and adds to the existing indent instead of setting it.
+    """
+    header = _horizontal(model.trivia.indent)
+    # tomlkit starts a new table with a newline (0.15: unless a blank line precedes it; 0.11:
+    # always); decided here instead, by what the file does at this indent.
+    new.trivia.indent = _lead(header, blank_lines, after_blank)
+    model_items = [(key, value) for key, value in model.value.body if key is not None]
+    key_indent = next((_horizontal(v.trivia.indent) for _k, v in model_items if not isinstance(v, (Table, AoT))), None)
+    if key_indent is None:
+        key_indent = header + "  " if header else ""
+    model_by_key = {str(key): value for key, value in model_items}
+    # New strings are quoted like the model's (or, without strings there, like its parent's).
+    quoting = next((v for _k, v in model_items if isinstance(v, String)), quoting)
+    for key, value in list(new.value.body):
+        if key is None or isinstance(value, Whitespace):
+            continue
+        if isinstance(value, Table):
+            sub_model = model_by_key.get(str(key))
+            if not isinstance(sub_model, Table):
+                # No such table in the model: one level deeper than the model's keys.
+                step = key_indent[len(header) :] if key_indent.startswith(header) else ""
+                sub_model = _FakeModel(key_indent, key_indent + step)
+            _layout_like(value, sub_model, blank_lines, False, quoting)
+            continue
+        if isinstance(value, AoT):
+            continue
+        value.trivia.indent = key_indent
+        like = model_by_key.get(str(key))
+        if not isinstance(like, String):
+            like = quoting
+        if isinstance(value, String) and _is_literal(like):
+            replacement = _string_like(str(value), like)
+            if isinstance(replacement, String):
+                new[str(key)] = replacement  # replaced where it stands
+                new[str(key)].trivia.indent = key_indent
+
+
+class _FakeModel:
+    """Stands in for a model table that does not exist (its layout only: header and key indent)."""
+
+    def __init__(self, header, key_indent):
+        self.trivia = type("Trivia", (), {"indent": header})()
+        item = tomlkit.item(0)  # not a string: says nothing about quoting
+        item.trivia.indent = key_indent
+        self.value = type("Body", (), {"body": [("x", item)]})()
 
 
 def _is_super(table):
@@ -407,7 +609,18 @@ def edit_containerd(text, source, name, runtime_path, set_as_default, state):
     version = containerd_version(doc, source)
     parent_parts = ["plugins", CRI_PLUGIN[version], "containerd"]
     ops = _ContainerdEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
-    _edit_toml_runtime(doc, before, source, parent_parts, "default_runtime_name", name, state, set_as_default, ops)
+    _edit_toml_runtime(
+        doc,
+        before,
+        source,
+        parent_parts,
+        "default_runtime_name",
+        name,
+        state,
+        set_as_default,
+        ops,
+        _blank_before_tables(text),
+    )
     after = _plain(doc)
     new_text, changed = _finish_toml(doc, text, before, after)
     entry, default = _toml_effective(after, parent_parts, "default_runtime_name", name)
@@ -483,7 +696,18 @@ def edit_crio(text, source, name, runtime_path, set_as_default, state):
     before = _plain(doc)
     parent_parts = ["crio", "runtime"]
     ops = _CrioEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
-    _edit_toml_runtime(doc, before, source, parent_parts, "default_runtime", name, state, set_as_default, ops)
+    _edit_toml_runtime(
+        doc,
+        before,
+        source,
+        parent_parts,
+        "default_runtime",
+        name,
+        state,
+        set_as_default,
+        ops,
+        _blank_before_tables(text),
+    )
     after = _plain(doc)
     new_text, changed = _finish_toml(doc, text, before, after)
     entry, default = _toml_effective(after, parent_parts, "default_runtime", name)
@@ -527,10 +751,157 @@ def parse_docker(text, source):
     return data
 
 
+# Docker's daemon.json is edited as text: json parses and validates it, and the edits below touch
+# only the bytes of the members this module owns, so every other member keeps its exact spelling
+# (inline arrays, spacing, key order, indentation, trailing newline).
+
+_JSON_WS = " \t\n\r"
+
+
+def _skip_ws(text, at):
+    while at < len(text) and text[at] in _JSON_WS:
+        at += 1
+    return at
+
+
+class _JsonObject:
+    """Where an object's members sit in the text: (key, key start, value start, value end) each."""
+
+    def __init__(self, text, start):
+        self.start = start  # offset of "{"
+        self.members = []
+        decoder = json.JSONDecoder()
+        at = _skip_ws(text, start + 1)
+        if text[at] == "}":
+            self.end = at + 1
+            return
+        while True:
+            key, key_end = json.decoder.scanstring(text, at + 1)
+            value_start = _skip_ws(text, _skip_ws(text, key_end) + 1)
+            _value, value_end = decoder.raw_decode(text, value_start)
+            self.members.append((key, at, value_start, value_end))
+            at = _skip_ws(text, value_end)
+            if text[at] == "}":
+                self.end = at + 1
+                return
+            at = _skip_ws(text, at + 1)
+
+    def find(self, key):
+        """The last member named ``key`` (the one json reads), else None."""
+        found = [member for member in self.members if member[0] == key]
+        return found[-1] if found else None
+
+
+def _line_indent(text, at):
+    line_start = text.rfind("\n", 0, at) + 1
+    line = text[line_start:at]
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+class _JsonStyle:
+    """The file's own layout: indentation unit and separators, read from its top-level object."""
+
+    def __init__(self, text, top):
+        self.unit = detect_json_indent(text) or "    "
+        self.kv_sep = ": "
+        self.item_sep = ", "
+        if top.members:
+            _key, key_start, value_start, _value_end = top.members[0]
+            key_end = json.decoder.scanstring(text, key_start + 1)[1]
+            self.kv_sep = text[key_end:value_start]
+            if len(top.members) > 1:
+                self.item_sep = text[top.members[0][3] : top.members[1][1]]
+                if "\n" in self.item_sep:
+                    self.item_sep = ", " if " " in self.kv_sep else ","
+            elif " " not in self.kv_sep:
+                self.item_sep = ","
+
+    def render(self, value, indent, multiline):
+        if not multiline:
+            return json.dumps(value, separators=(self.item_sep, self.kv_sep), ensure_ascii=False)
+        rendered = json.dumps(value, indent=self.unit, separators=(",", self.kv_sep), ensure_ascii=False)
+        return rendered.replace("\n", "\n" + indent)
+
+
+def _json_insert(text, obj, key, value, style, own_indent):
+    """Text with member ``key`` appended to the object ``obj`` (which lacks it)."""
+    if obj.members:
+        first_start, last_end = obj.members[0][1], obj.members[-1][3]
+        multiline = "\n" in text[obj.start : first_start]
+        if multiline:
+            indent = _line_indent(text, first_start)
+            lead = ",\n" + indent
+        else:
+            indent = ""
+            lead = style.item_sep
+        member = lead + json.dumps(key, ensure_ascii=False) + style.kv_sep + style.render(value, indent, multiline)
+        return text[:last_end] + member + text[last_end:]
+    multiline = "\n" in text or not text.strip() or text.strip() == "{}"
+    if multiline:
+        indent = own_indent + style.unit
+        body = "\n" + indent + json.dumps(key, ensure_ascii=False) + style.kv_sep
+        body += style.render(value, indent, True) + "\n" + own_indent
+    else:
+        body = json.dumps(key, ensure_ascii=False) + style.kv_sep + style.render(value, "", False)
+    return text[: obj.start + 1] + body + text[obj.end - 1 :]
+
+
+def _json_remove(text, obj, key):
+    """Text without member ``key`` of ``obj``: the member and the comma that joined it go."""
+    index = max(i for i, member in enumerate(obj.members) if member[0] == key)
+    _key, key_start, _value_start, value_end = obj.members[index]
+    if len(obj.members) == 1:
+        return text[: obj.start + 1] + text[obj.end - 1 :]
+    if index > 0:
+        return text[: obj.members[index - 1][3]] + text[value_end:]
+    return text[:key_start] + text[obj.members[1][1] :]
+
+
+def _json_replace(text, obj, key, value, style):
+    _key, key_start, value_start, value_end = obj.find(key)
+    multiline = "\n" in text[value_start:value_end]
+    return text[:value_start] + style.render(value, _line_indent(text, key_start), multiline) + text[value_end:]
+
+
+def _json_top(text):
+    """The top-level object of ``text`` (an empty or blank text reads as ``{}``)."""
+    if not text.strip():
+        text = "{}\n"
+    return text, _JsonObject(text, _skip_ws(text, 0))
+
+
+def _json_set(text, path, value):
+    """Text with the value at ``path`` (a list of keys) set, creating the last member if needed."""
+    text, top = _json_top(text)
+    style = _JsonStyle(text, top)
+    obj, own_indent = top, _line_indent(text, top.start)
+    for key in path[:-1]:
+        member = obj.find(key)
+        own_indent = _line_indent(text, member[1])
+        obj = _JsonObject(text, member[2])
+    if obj.find(path[-1]) is not None:
+        return _json_replace(text, obj, path[-1], value, style)
+    return _json_insert(text, obj, path[-1], value, style, own_indent)
+
+
+def _json_delete(text, path):
+    text, top = _json_top(text)
+    obj = top
+    for key in path[:-1]:
+        obj = _JsonObject(text, obj.find(key)[2])
+    return _json_remove(text, obj, path[-1])
+
+
 def edit_docker(text, source, name, runtime_path, set_as_default, state, state_doc=None):
-    """Edit daemon.json. ``state_doc`` is what the module remembered from its last ``present``."""
+    """Edit daemon.json. ``state_doc`` is what the module remembered from its last ``present``.
+
+    The edit is worked out twice: on the parsed data (what the file should mean) and on the text
+    (only the members this module owns change bytes). The text must parse to the data; should it
+    ever not, the data is written out whole instead, so the file is never wrong, only reformatted.
+    """
     data = parse_docker(text, source)
     new = copy.deepcopy(data)
+    new_text = text
     memo = dict(state_doc or {})
     runtimes = new.get("runtimes")
     if runtimes is not None and not isinstance(runtimes, dict):
@@ -553,26 +924,40 @@ def edit_docker(text, source, name, runtime_path, set_as_default, state, state_d
         if entry is None:
             # "args" is the key nvidia-ctk writes, so entries it made compare equal to ours.
             runtimes[name] = {"path": runtime_path, "args": []}
+            if memo.get("added_runtimes") and "runtimes" not in data:
+                new_text = _json_set(new_text, ["runtimes"], {name: runtimes[name]})
+            else:
+                new_text = _json_set(new_text, ["runtimes", name], runtimes[name])
         elif entry.get("path") != runtime_path:
             entry["path"] = runtime_path
+            new_text = _json_set(new_text, ["runtimes", name, "path"], runtime_path)
         if set_as_default and current_default != name:
             memo["previous_default_runtime"] = current_default
             new["default-runtime"] = name
+            new_text = _json_set(new_text, ["default-runtime"], name)
     else:
         if runtimes is not None and name in runtimes:
             del runtimes[name]
             if not runtimes and memo.get("added_runtimes"):
                 del new["runtimes"]
+                new_text = _json_delete(new_text, ["runtimes"])
+            else:
+                new_text = _json_delete(new_text, ["runtimes", name])
         if current_default == name:
             previous = memo.get("previous_default_runtime")
             if previous is None:
                 del new["default-runtime"]
+                new_text = _json_delete(new_text, ["default-runtime"])
             else:
                 new["default-runtime"] = previous
+                new_text = _json_set(new_text, ["default-runtime"], previous)
         memo = {}
 
     new_state_doc = memo or None
-    new_text = text if new == data else dump_docker(new, detect_json_indent(text))
+    if new == data:
+        new_text = text
+    elif json.loads(new_text) != new:
+        new_text = dump_docker(new, detect_json_indent(text))
     effective_entry = (new.get("runtimes") or {}).get(name)
     return EditResult(
         new_text,

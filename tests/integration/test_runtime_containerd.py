@@ -119,11 +119,47 @@ def assert_present_and_absent(run_module, binary, path, version):
             assert nvidia.get(key) == value, f"nvidia did not inherit runc's {key}"
     assert result["runtime_entry"]["options"]["BinaryName"] == RUNTIME
 
+    assert_laid_out_like_runc(path.read_text())
+
     removed = run_module(runtime="containerd", config_path=str(path), state="absent")
     assert removed["changed"] is True
     assert config_dump(binary, path) == before
+    assert path.read_bytes() == original, "absent after present did not give back the original bytes"
     assert run_module(runtime="containerd", config_path=str(path), state="absent")["changed"] is False
     return after
+
+
+def indent_of(lines, suffix):
+    """The indentation of the header line ending in ``suffix`` and of the first key under it."""
+    at = next(i for i, line in enumerate(lines) if line.rstrip().endswith(suffix))
+    key = next(line for line in lines[at + 1 :] if line.strip() and not line.strip().startswith("#"))
+    return lines[at][: len(lines[at]) - len(lines[at].lstrip())], key[: len(key) - len(key.lstrip())]
+
+
+def assert_laid_out_like_runc(text):
+    """The nvidia tables and their keys sit at the indentation of runc's."""
+    lines = text.splitlines()
+    assert indent_of(lines, ".runtimes.nvidia]") == indent_of(lines, ".runtimes.runc]")
+    if any(line.rstrip().endswith(".runtimes.runc.options]") for line in lines):
+        assert indent_of(lines, ".runtimes.nvidia.options]") == indent_of(lines, ".runtimes.runc.options]")
+
+
+SAMPLES = sorted(path.name for path in CONFIGS.glob("*.toml") if path.name != "v2-existing-nvidia.toml")
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+@pytest.mark.parametrize("set_as_default", [True, False])
+def test_present_then_absent_gives_back_the_sample_bytes(name, set_as_default, tmp_path, run_module):
+    # Every sample config without an nvidia runtime of its own (v2-existing-nvidia.toml has one).
+    path = tmp_path / name
+    original = (CONFIGS / name).read_bytes()
+    path.write_bytes(original)
+    runtime = "crio" if name.startswith("crio") else "containerd"
+    args = {"runtime": runtime, "config_path": str(path), "set_as_default": set_as_default}
+    assert run_module(**args)["changed"] is True
+    assert path.read_bytes() != original
+    assert run_module(state="absent", **args)["changed"] is True
+    assert path.read_bytes() == original
 
 
 @pytest.mark.parametrize("name", ["default", "v2-mirrors-comments.toml", "v2-imports.toml"])

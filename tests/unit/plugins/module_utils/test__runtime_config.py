@@ -91,6 +91,84 @@ def test_v2_present_then_absent_restores_every_line():
     assert absent.default_runtime == "runc"
 
 
+def test_v2_new_tables_follow_runc_indentation_and_absent_gives_back_the_bytes():
+    present = containerd(V2, set_as_default=False)
+    assert present.text == V2 + (
+        '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '        runtime_type = "io.containerd.runc.v2"\n'
+        "        privileged_without_host_devices = false\n"
+        '        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        "          SystemdCgroup = true\n"
+        "          NoPivotRoot = false\n"
+        f'          BinaryName = "{RUNTIME}"\n'
+    )
+    assert containerd(present.text, state="absent").text == V2
+    with_default = containerd(V2)
+    assert containerd(with_default.text, state="absent").text == V2
+
+
+BLANK_LINES_V3 = """\
+version = 3
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = 'runc'
+
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.x]
+    y = 1
+"""
+
+
+def test_blank_lines_and_literal_quotes_are_followed_both_ways():
+    present = containerd(BLANK_LINES_V3)
+    assert "  default_runtime_name = 'nvidia' # gpuops.k8s.nvidia_runtime" in present.text
+    assert (
+        "        SystemdCgroup = false\n\n"
+        "    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]\n"
+        "      runtime_type = 'io.containerd.runc.v2'\n\n"
+        "      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]\n"
+        "        SystemdCgroup = false\n"
+        f"        BinaryName = '{RUNTIME}'\n\n"
+        "  [plugins.'io.containerd.cri.v1.runtime'.containerd.x]\n"
+    ) in present.text
+    assert containerd(present.text, state="absent").text == BLANK_LINES_V3
+
+
+def test_a_table_added_at_the_end_takes_its_blank_line_with_it():
+    # The same file without its last table: it ends with runc's options, no blank line after them.
+    text = BLANK_LINES_V3[: BLANK_LINES_V3.index("\n\n  [plugins.'io.containerd.cri.v1.runtime'.containerd.x]")] + "\n"
+    assert text.endswith("SystemdCgroup = false\n")
+    present = containerd(text)
+    assert "SystemdCgroup = false\n\n    [plugins." in present.text
+    assert containerd(present.text, state="absent").text == text
+
+
+def test_unindented_files_stay_unindented():
+    text = (
+        "version = 2\n"
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        'runtime_type = "io.containerd.runc.v2"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        "SystemdCgroup = true\n"
+    )
+    present = containerd(text, set_as_default=False)
+    assert present.text == text + (
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        'runtime_type = "io.containerd.runc.v2"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        "SystemdCgroup = true\n"
+        f'BinaryName = "{RUNTIME}"\n'
+    )
+    assert containerd(present.text, state="absent").text == text
+
+
 def test_v3_uses_the_cri_runtime_plugin_and_copies_runc_fields():
     result = containerd(V3)
     assert result.config_version == 3
@@ -353,6 +431,55 @@ def test_docker_present_keeps_keys_order_and_indent():
     absent = docker(result.text, state="absent", memo=result.state_doc)
     assert json.loads(absent.text) == json.loads(DAEMON)
     assert absent.state_doc is None
+
+
+KUBEADM_DAEMON = (
+    '{\n  "exec-opts": ["native.cgroupdriver=systemd"],\n  "log-driver": "json-file",\n'
+    '  "log-opts": {\n    "max-size": "100m"\n  },\n  "storage-driver": "overlay2",\n'
+    '  "registry-mirrors": ["https://mirror.example.internal"]\n}\n'
+)
+
+
+def test_docker_edits_only_its_own_members_byte_for_byte():
+    present = docker(KUBEADM_DAEMON)
+    assert present.text == (
+        KUBEADM_DAEMON[: -len("\n}\n")] + ",\n"
+        '  "runtimes": {\n    "nvidia": {\n      "path": "/usr/bin/nvidia-container-runtime",\n'
+        '      "args": []\n    }\n  },\n  "default-runtime": "nvidia"\n}\n'
+    )
+    absent = docker(present.text, state="absent", memo=present.state_doc)
+    assert absent.text == KUBEADM_DAEMON
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # compact: the file's own separators
+        ('{"a":[1,2]}', '{"a":[1,2],"runtimes":{"nvidia":{"path":"%s","args":[]}},"default-runtime":"nvidia"}'),
+        # one line with spaces, an existing runtimes object keeps its sibling's bytes
+        (
+            '{"runtimes": {"crun": {"path": "/c"}}, "b": [1,  2]}',
+            '{"runtimes": {"crun": {"path": "/c"}, "nvidia": {"path": "%s", "args": []}}, "b": [1,  2], '
+            '"default-runtime": "nvidia"}',
+        ),
+        # an existing default is replaced in place, nothing else moves
+        (
+            '{\n\t"default-runtime": "crun",\n\t"runtimes": {"crun": {"path": "/c"}}\n}',
+            '{\n\t"default-runtime": "nvidia",\n\t"runtimes": {"crun": {"path": "/c"}, '
+            '"nvidia": {"path": "%s", "args": []}}\n}',
+        ),
+    ],
+)
+def test_docker_follows_the_file_layout(text, expected):
+    present = docker(text)
+    assert present.text == expected.replace("%s", RUNTIME)
+    assert docker(present.text, state="absent", memo=present.state_doc).text == text
+
+
+def test_docker_existing_path_is_set_in_place():
+    text = '{"runtimes": {"nvidia": {"path": "",  "runtimeArgs": ["--x"]}}}'
+    result = docker(text, set_as_default=False)
+    assert result.text == text.replace('"path": ""', f'"path": "{RUNTIME}"')
 
 
 def test_docker_restores_a_previous_default_and_keeps_tabs():

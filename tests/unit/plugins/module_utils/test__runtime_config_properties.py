@@ -181,6 +181,12 @@ def test_containerd_present_keeps_everything_and_absent_restores(config, set_as_
     absent = rc.edit_containerd(present.text, "config.toml", "nvidia", RUNTIME, set_as_default, "absent")
     assert tomllib.loads(absent.text) == original
     assert keeps_lines(absent.text, text)
+    # Byte for byte, unless the default went into a table that had no header of its own (it keeps
+    # the header it got) or tomlkit cannot write the file back verbatim at all (some out-of-order
+    # layouts: sibling headers under an implicit parent gain indentation).
+    verbatim = tomlkit.dumps(tomlkit.parse(text)) == text
+    if verbatim and (not set_as_default or f'[plugins."{CRI[version]}".containerd]' in text):
+        assert absent.text == text
 
 
 @st.composite
@@ -232,8 +238,40 @@ def docker_configs(draw):
         data["default-runtime"] = default
     keys = draw(st.permutations(list(data)))
     ordered = {key: data[key] for key in keys}
-    indent = draw(st.sampled_from([None, 2, 4, "\t"]))
-    return ordered, json.dumps(ordered, indent=indent) + draw(st.sampled_from(["", "\n"]))
+    style = draw(st.sampled_from(["compact", "spaced", "2", "4", "tabs", "inline-arrays"]))
+    return ordered, docker_text(ordered, style) + draw(st.sampled_from(["", "\n"]))
+
+
+def docker_text(data, style):
+    """daemon.json as people write it: compact, one line, indented by 2/4/tab, or indented with inline arrays."""
+    if style == "compact":
+        return json.dumps(data, separators=(",", ":"))
+    if style == "spaced":
+        return json.dumps(data)
+    if style == "inline-arrays":
+        # Top-level members on their own lines, every value (arrays included) on one line.
+        members = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in data.items()]
+        return "{\n" + ",\n".join(members) + "\n}" if members else "{}"
+    return json.dumps(data, indent={"2": 2, "4": 4, "tabs": "\t"}[style])
+
+
+def member_texts(text):
+    """Each top-level member's exact text (key through value) as json's own decoder finds it."""
+    decoder = json.JSONDecoder()
+    found = {}
+    at = text.index("{") + 1
+    while True:
+        while text[at] in " \t\r\n,":
+            at += 1
+        if text[at] == "}":
+            return found
+        key, end = json.decoder.scanstring(text, at + 1)
+        start = end
+        while text[start] in " \t\r\n:":
+            start += 1
+        _value, end = decoder.raw_decode(text, start)
+        found[key] = text[at:end]
+        at = end
 
 
 @SETTINGS
@@ -242,7 +280,15 @@ def test_docker_present_keeps_everything_and_absent_restores(config, set_as_defa
     original, text = config
     present = rc.edit_docker(text, "daemon.json", "nvidia", RUNTIME, set_as_default, "present", None)
     edited = json.loads(present.text)
-    assert present.text.endswith("\n")
+    assert present.text.endswith("\n") == text.endswith("\n")
+    # Bytes: every member the edit does not own keeps its exact text, and the text around them stays.
+    before, after = member_texts(text), member_texts(present.text)
+    for key, member in before.items():
+        if key not in ("runtimes", "default-runtime"):
+            assert after[key] == member
+    if original.get("runtimes"):
+        for runtime in original["runtimes"]:
+            assert member_texts(before["runtimes"].split(":", 1)[1])[runtime] in after["runtimes"]
     assert edited["runtimes"]["nvidia"] == {"path": RUNTIME, "args": []}
     assert [key for key in edited if key in original] == list(original)
     rest = {k: v for k, v in edited.items() if k not in ("runtimes", "default-runtime")}
@@ -260,3 +306,5 @@ def test_docker_present_keeps_everything_and_absent_restores(config, set_as_defa
     absent = rc.edit_docker(present.text, "daemon.json", "nvidia", RUNTIME, set_as_default, "absent", present.state_doc)
     assert json.loads(absent.text) == original
     assert absent.state_doc is None
+    # Byte for byte, whether or not the file had runtimes or a default before.
+    assert absent.text == text
