@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpuops.k8s maintainers
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """GPU discovery shared by the collection's modules: NVML through pynvml, and the PCI bus in sysfs.
 
 NVML answers once a driver is loaded; sysfs answers before one exists, so a play can decide whether

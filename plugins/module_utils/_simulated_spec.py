@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpuops.k8s maintainers
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Reader for the simulated-GPU spec format described in docs/simulated-gpus.md.
 
 Labs and CI only: nothing in a spec is checked against hardware. Every rule violation is reported

@@ -1,5 +1,5 @@
 # Copyright: (c) 2026, gpuops.k8s maintainers
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Package and repository selection of the node roles, for every supported platform.
 
 The roles' real files are rendered with Ansible's own templar: defaults/main.yml, vars/main.yml and
