@@ -21,8 +21,8 @@ GPU = "nvidia.com/gpu"
 SPEC = os.path.join(PLUGIN, "..", "..", "tests", "fixtures", "simulated", "h100x8.yaml")
 
 
-def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
-    archive = tmp_path / "gpu-device-plugin.oci.tar"
+def build_image(archive):
+    """build-image.sh builds (or reuses) the image and saves it as an OCI archive at ``archive``."""
     built = subprocess.run(
         [os.path.join(PLUGIN, "build-image.sh"), "--save", str(archive)],
         env=dict(os.environ, PYTHON=sys.executable),
@@ -32,6 +32,12 @@ def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
         check=False,
     )
     assert built.returncode == 0, built.stderr
+    return built
+
+
+def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
+    archive = tmp_path / "gpu-device-plugin.oci.tar"
+    built = build_image(archive)
     image = built.stdout.strip().splitlines()[-1]
     sys.stderr.write(built.stderr)
     assert archive.stat().st_size > 10_000_000
@@ -109,15 +115,7 @@ def test_the_oci_archive_imports_into_containerd_and_runs_there_as_non_root(tmp_
     """A private containerd (its own root, state and socket): `ctr images import` of the saved archive,
     then `ctr run` with the image's default user (65532) against the kubelet double."""
     archive = tmp_path / "gpu-device-plugin.oci.tar"
-    built = subprocess.run(
-        [os.path.join(PLUGIN, "build-image.sh"), "--save", str(archive)],
-        env=dict(os.environ, PYTHON=sys.executable),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
+    built = build_image(archive)
     image = built.stdout.strip().splitlines()[-1]
     work = tempfile.mkdtemp(prefix="gdp-ctr-")
     address = os.path.join(work, "containerd.sock")
