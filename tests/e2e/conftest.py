@@ -96,6 +96,11 @@ class Lab:
         return when
 
 
+def lab_instance() -> int:
+    """Which lab (``GPUOPS_LAB_INSTANCE``, 0-4): several can run side by side (tests/e2e/lab.sh)."""
+    return int(os.environ.get("GPUOPS_LAB_INSTANCE", "0"))
+
+
 def lab_node_count() -> int:
     return int(os.environ.get("GPUOPS_LAB_NODES", "2"))
 

@@ -15,18 +15,28 @@
 # gpuops-lab-node-N-containerd, bridges gpuopslabN, state under $GPUOPS_LAB_DIR
 # (default $GPUOPS_CACHE/lab). Ports on 127.0.0.1 (chosen high and unusual, below the ephemeral
 # range): etcd 26379/26380, kube-apiserver 26443, kubelet of node N 26250+N, its healthz 26270+N.
+# GPUOPS_LAB_INSTANCE=I (1-4) runs another lab beside the default one (0): names gpuops-labI-*,
+# bridges gpuopslabIN, ports +1000*I, subnets 10.(231+I).N.0/24, state under $GPUOPS_CACHE/labI.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
-lab=${GPUOPS_LAB_DIR:-$cache/lab}
+instance=${GPUOPS_LAB_INSTANCE:-0}
+if ! [[ $instance =~ ^[0-4]$ ]]; then
+  printf '[lab] error: GPUOPS_LAB_INSTANCE must be 0-4, got %s\n' "$instance" >&2
+  exit 2
+fi
+if [ "$instance" = 0 ]; then suffix=''; else suffix=$instance; fi
+lab=${GPUOPS_LAB_DIR:-$cache/lab$suffix}
 nodes_default=${GPUOPS_LAB_NODES:-1}
-etcd_port=26379
-etcd_peer_port=26380
-api_port=26443
-kubelet_port_base=26250
-healthz_port_base=26270
+port_offset=$((instance * 1000))
+etcd_port=$((26379 + port_offset))
+etcd_peer_port=$((26380 + port_offset))
+api_port=$((26443 + port_offset))
+kubelet_port_base=$((26250 + port_offset))
+healthz_port_base=$((26270 + port_offset))
+net_prefix=10.$((231 + instance))
 pause_image=localhost/gpuops-lab-pause:1.0
 node_image_repo=localhost/gpuops-lab-node
 mirror=${GPUOPS_DEBIAN_MIRROR:-}
@@ -38,7 +48,8 @@ die() {
   exit 1
 }
 
-node_name() { echo "gpuops-lab-node-$1"; }
+node_name() { echo "gpuops-lab$suffix-node-$1"; }
+bridge_name() { echo "gpuopslab$suffix$1"; }
 node_count() { cat "$lab/nodes.count" 2>/dev/null || echo 0; }
 
 # ---------------------------------------------------------------------------------------------
@@ -74,7 +85,7 @@ make_pki() {
   fi
   sign_cert apiserver "/CN=kube-apiserver" \
     "$(printf '%s\n' 'extendedKeyUsage=serverAuth' \
-      'subjectAltName=IP:127.0.0.1,IP:10.231.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc')"
+      "subjectAltName=IP:127.0.0.1,IP:$net_prefix.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc")"
   sign_cert admin "/O=system:masters/CN=gpuops-lab-admin"
   sign_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
   if [ ! -f "$pki/sa.key" ]; then
@@ -131,18 +142,18 @@ wait_for() { # description timeout command...
 }
 
 start_control_plane() {
-  start_bg etcd etcd --name gpuops-lab --data-dir "$lab/etcd" \
+  start_bg etcd etcd --name "gpuops-lab$suffix" --data-dir "$lab/etcd" \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
     --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" \
     --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-    --initial-cluster "gpuops-lab=http://127.0.0.1:$etcd_peer_port" \
+    --initial-cluster "gpuops-lab$suffix=http://127.0.0.1:$etcd_peer_port" \
     --quota-backend-bytes 536870912
   wait_for "etcd healthy" 60 curl -fsS "http://127.0.0.1:$etcd_port/health"
 
   # --endpoint-reconciler-type=none: the API server would otherwise try to publish 127.0.0.1 as the
   # kubernetes Service endpoint, which validation refuses (loopback), and log that every 10 s.
   start_bg kube-apiserver "$bin/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$etcd_port" --etcd-prefix /gpuops-lab \
+    --etcd-servers "http://127.0.0.1:$etcd_port" --etcd-prefix "/gpuops-lab$suffix" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
     --endpoint-reconciler-type none \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
@@ -153,7 +164,7 @@ start_control_plane() {
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-account-issuer https://kubernetes.default.svc \
-    --service-cluster-ip-range 10.231.0.0/24 --allow-privileged=true --profiling=false \
+    --service-cluster-ip-range $net_prefix.0.0/24 --allow-privileged=true --profiling=false \
     --storage-backend etcd3 --v 1
   wait_for "kube-apiserver ready" 120 \
     curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
@@ -288,7 +299,7 @@ EOF
 KUBELET_ARGS=--kubeconfig=/etc/gpuops-lab/kubelet.kubeconfig --config=/etc/gpuops-lab/kubelet-config.yaml --hostname-override=$name --node-ip=$node_ip --cert-dir=/var/lib/kubelet/pki --pod-infra-container-image=$pause_image --v=1
 GPUOPS_LAB_CGROUP_ROOT=/$name
 EOF
-  sed -e "s/@BRIDGE@/gpuopslab$i/" -e "s/@SUBNET@/10.231.$i.0\/24/" "$here/node/10-gpuops-lab.conflist" \
+  sed -e "s/@BRIDGE@/$(bridge_name "$i")/" -e "s/@SUBNET@/$net_prefix.$i.0\/24/" "$here/node/10-gpuops-lab.conflist" \
     >"$dir/10-gpuops-lab.conflist"
 }
 
@@ -306,7 +317,7 @@ start_node() { # index
     podman volume exists "$volume" || podman volume create "$volume" >/dev/null
   done
   podman run -d --name "$name" --hostname "$name" --privileged --systemd=always --network host --cgroupns private \
-    --label gpuops-lab=node \
+    --label gpuops-lab=node --label "gpuops-lab-instance=$instance" \
     -v "$name-containerd:/var/lib/containerd" \
     -v "$name-kubelet:/var/lib/kubelet" \
     -v "$lab/nodes/$name:/etc/gpuops-lab:ro" \
@@ -407,13 +418,13 @@ remove_node_containers() { # names...
 cmd_down() {
   local name i volume
   # shellcheck disable=SC2046 # one name per word
-  remove_node_containers $(podman ps -a --filter label=gpuops-lab=node --format '{{.Names}}')
+  remove_node_containers $(podman ps -a --filter "label=gpuops-lab-instance=$instance" --format '{{.Names}}')
   for ((i = 1; i <= 9; i++)); do
     name=$(node_name "$i")
     for volume in "$name-containerd" "$name-kubelet"; do
       if podman volume exists "$volume"; then podman volume rm -f "$volume" >/dev/null; fi
     done
-    if ip link show "gpuopslab$i" >/dev/null 2>&1; then ip link del "gpuopslab$i"; fi
+    if ip link show "$(bridge_name "$i")" >/dev/null 2>&1; then ip link del "$(bridge_name "$i")"; fi
   done
   for p in kube-apiserver etcd; do
     if running "$p"; then
@@ -436,7 +447,7 @@ cmd_status() {
   for p in etcd kube-apiserver; do
     if running "$p"; then echo "$p: running (pid $(cat "$lab/run/$p.pid"))"; else echo "$p: stopped"; fi
   done
-  podman ps -a --filter label=gpuops-lab=node --format '{{.Names}}: {{.Status}}'
+  podman ps -a --filter "label=gpuops-lab-instance=$instance" --format '{{.Names}}: {{.Status}}'
   if running kube-apiserver; then kctl get nodes -o wide; fi
 }
 
@@ -470,7 +481,7 @@ main() {
       for ((i = 1; i <= $(node_count); i++)); do node_name "$i"; done
       ;;
     *)
-      sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
       [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2
       ;;
   esac

@@ -8,7 +8,7 @@ import ipaddress
 import uuid
 
 import pytest
-from conftest import KUBERNETES_VERSION, PAUSE_IMAGE, Lab
+from conftest import KUBERNETES_VERSION, PAUSE_IMAGE, Lab, lab_instance
 from kubernetes import client, config
 
 
@@ -65,9 +65,10 @@ def test_pod_with_node_name_runs_in_containerd(lab: Lab, index: int) -> None:
         )
         assert pod.spec.node_name == node
         assert pod.status.container_statuses[0].ready is True
-        # The pod's IP comes from this node's bridge network (10.231.<node number>.0/24).
+        # The pod's IP comes from this node's bridge network (10.<231 + lab instance>.<node number>.0/24).
         node_number = int(node.rsplit("-", 1)[1])
-        assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network(f"10.231.{node_number}.0/24")
+        subnet = f"10.{231 + lab_instance()}.{node_number}.0/24"
+        assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network(subnet)
         # containerd in that node container really runs it.
         container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
         tasks = lab.node_exec(node, "ctr", "-n", "k8s.io", "tasks", "ls").stdout
