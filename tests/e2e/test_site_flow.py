@@ -28,10 +28,12 @@ GPU = "nvidia.com/gpu"
 SPEC = REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
 CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 # What a check run may touch on the node without writing anything of the product: Ansible's own
-# temporary files, logs and caches, and the mounts and volumes the lab owns (-xdev skips those).
+# temporary files (~/.ansible/tmp, whose creation also touches /root itself), logs and caches, and the
+# mounts and volumes the lab owns (-xdev skips those).
 SNAPSHOT = (
     "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/tmp"
-    " -o -path /var/log -o -path /var/cache -o -path /root/.ansible \\) -prune -o -newer /run/gpuops-check-mark -print"
+    " -o -path /var/log -o -path /var/cache -o -path /root/.ansible \\) -prune"
+    " -o -newer /run/gpuops-check-mark ! -path /root -print"
 )
 
 
