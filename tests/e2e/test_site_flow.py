@@ -200,7 +200,7 @@ def gpu_pod(name: str, node: str, runtime_class: str | None) -> dict:
                 "name": "gpu",
                 "image": PAUSE_IMAGE,
                 "imagePullPolicy": "Never",
-                "resources": {"limits": {GPU: 2}},
+                "resources": {"limits": {GPU: "2"}},
             }
         ],
     }
