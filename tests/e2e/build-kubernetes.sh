@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes pieces the end-to-end lab runs (kube-apiserver, kubelet, kubectl) from the
-# k8s.io/kubernetes Go module at a pinned version, through the Go module proxy, plus the lab's pause
-# program. Output goes to $GPUOPS_CACHE/k8s-<version>-<key>/bin, the key being a hash of what the
-# output depends on (version, commands, flags, Go version, recipe revision, pause source), and is reused
-# while that stays the same. Prints that bin directory on stdout; progress goes to stderr.
+# Builds the Kubernetes pieces the end-to-end lab runs (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kubectl) from the k8s.io/kubernetes Go module at a pinned version, through
+# the Go module proxy, plus the lab's pause program. Output goes to $GPUOPS_CACHE/k8s-<version>-<key>/bin,
+# the key being a hash of what the output depends on (version, commands, flags, Go version, recipe
+# revision, pause source), and is reused while that stays the same. Prints that bin directory on
+# stdout; progress goes to stderr.
 #
 # The k8s.io/kubernetes module points its staging modules (k8s.io/api, k8s.io/apimachinery, ...) at
 # ./staging/src in its own go.mod; a module that requires it must replace each of them with the
@@ -20,7 +21,7 @@ jobs=${GPUOPS_BUILD_JOBS:-2}
 cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
 here=$(cd "$(dirname "$0")" && pwd)
 go=${GO:-/usr/local/go/bin/go}
-commands=(kube-apiserver kubelet kubectl)
+commands=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 staging_version="v0.${version#v1.}"
 minor=${version#v1.}
 minor=${minor%%.*}
@@ -83,12 +84,12 @@ cat > tools.go <<'EOF'
 
 package k8slab
 
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
 EOF
+{
+  echo "import ("
+  for c in "${commands[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
+  echo ")"
+} >> tools.go
 log "resolving module requirements (staging modules pinned to $staging_version)"
 "$go" mod tidy -e >/dev/null 2>"$out/tidy.log" || { cat "$out/tidy.log" >&2; exit 1; }
 

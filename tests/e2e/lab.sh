@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The end-to-end lab: a real Kubernetes control plane (etcd + kube-apiserver, processes on 127.0.0.1)
-# and one or more GPU nodes, each a privileged podman container with systemd running containerd and
-# the kubelet as systemd services.
+# The end-to-end lab: a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager and
+# kube-scheduler, processes on 127.0.0.1) and one or more GPU nodes, each a privileged podman container
+# with systemd running containerd and the kubelet as systemd services.
 #
 #   tests/e2e/lab.sh up [NODES]      build what is missing, start everything, wait until nodes are Ready
 #   tests/e2e/lab.sh down            stop and remove everything the lab created
@@ -18,7 +18,8 @@
 # Everything it creates is named gpuops-lab-*: containers gpuops-lab-node-N, volumes
 # gpuops-lab-node-N-containerd, bridges gpuopslabN, state under $GPUOPS_LAB_DIR
 # (default $GPUOPS_CACHE/lab). Ports on 127.0.0.1 (chosen high and unusual, below the ephemeral
-# range): etcd 26379/26380, kube-apiserver 26443, kubelet of node N 26250+N, its healthz 26270+N.
+# range): etcd 26379/26380, kube-apiserver 26443, kubelet of node N 26250+N, its healthz 26270+N,
+# kube-controller-manager 26290, kube-scheduler 26291 (their healthz).
 # GPUOPS_LAB_INSTANCE=I (1-4) runs another lab beside the default one (0): names gpuops-labI-*,
 # bridges gpuopslabIN, ports +1000*I, subnets 10.(231+I).N.0/24, state under $GPUOPS_CACHE/labI.
 # `inventory` serves the container toolkit repository and the device plugin's wheels on
@@ -42,6 +43,8 @@ etcd_peer_port=$((26380 + port_offset))
 api_port=$((26443 + port_offset))
 kubelet_port_base=$((26250 + port_offset))
 healthz_port_base=$((26270 + port_offset))
+controller_manager_port=$((26290 + port_offset))
+scheduler_port=$((26291 + port_offset))
 net_prefix=10.$((231 + instance))
 pause_image=localhost/gpuops-lab-pause:1.0
 node_image_repo=localhost/gpuops-lab-node
@@ -99,6 +102,10 @@ make_pki() {
       "subjectAltName=IP:127.0.0.1,IP:$net_prefix.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc")"
   sign_cert admin "/O=system:masters/CN=gpuops-lab-admin"
   sign_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  # The names RBAC's bootstrap policy binds the system:kube-controller-manager and
+  # system:kube-scheduler roles to.
+  sign_cert kube-controller-manager "/CN=system:kube-controller-manager"
+  sign_cert kube-scheduler "/CN=system:kube-scheduler"
   if [ ! -f "$pki/sa.key" ]; then
     genkey "$pki/sa.key"
     openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
@@ -181,12 +188,54 @@ start_control_plane() {
     curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
     "https://127.0.0.1:$api_port/readyz"
 
-  # There is no kube-controller-manager in the lab, so nothing creates the namespaces' default
-  # ServiceAccount; pods need it to pass admission. Lab pods set automountServiceAccountToken: false.
+  start_controller_manager
+  start_scheduler
+}
+
+# Only the controllers the lab uses: DaemonSets (the device plugin's daemonset mode), Deployments and
+# ReplicaSets (workloads a drain moves), PodDisruptionBudgets (disruption: a drain's evictions honour
+# them), ServiceAccounts with their tokens and the root CA ConfigMap (pods that mount a token), the
+# garbage collector (owned objects go with their owner), namespaces (deleting one empties it).
+# Node lifecycle is on: a kubelet registers its node with the node.kubernetes.io/not-ready:NoSchedule
+# taint and only that controller removes it once the node is Ready (and puts it back when heartbeats
+# stop), so without it neither the scheduler nor the DaemonSet controller places a pod anywhere.
+# Taint-based eviction stays off (taint-eviction-controller): on a shared 2-core machine a starved
+# kubelet, or one a test restarts on purpose, must not have its pods evicted under the test.
+lab_controllers=daemonset-controller,deployment-controller,replicaset-controller,disruption-controller
+lab_controllers+=,node-lifecycle-controller,serviceaccount-controller,serviceaccount-token-controller
+lab_controllers+=,root-ca-certificate-publisher-controller,garbage-collector-controller,namespace-controller
+
+start_controller_manager() {
+  # Each controller acts with its own service account's token (as kubeadm sets it up), so RBAC
+  # limits every controller to what its bootstrap role allows. --authentication-skip-lookup (here and
+  # for the scheduler): the API server has no front proxy, so there is no request-header CA to read
+  # from kube-system/extension-apiserver-authentication, and the lookup would log an error every time.
+  start_bg kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$lab/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$lab/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$lab/kube-controller-manager.kubeconfig" --authentication-skip-lookup \
+    --bind-address 127.0.0.1 --secure-port "$controller_manager_port" \
+    --leader-elect=false --controllers "$lab_controllers" \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --profiling=false --v 1
+  wait_for "kube-controller-manager healthy" 120 \
+    curl -fsSk "https://127.0.0.1:$controller_manager_port/healthz"
+  # Pods need their namespace's default ServiceAccount to pass admission; the controller makes them.
+  local ns
   for ns in default kube-system; do
-    kctl -n "$ns" get serviceaccount default >/dev/null 2>&1 ||
-      kctl -n "$ns" create serviceaccount default >/dev/null
+    wait_for "ServiceAccount $ns/default" 60 kctl -n "$ns" get serviceaccount default
   done
+}
+
+start_scheduler() {
+  start_bg kube-scheduler "$bin/kube-scheduler" \
+    --kubeconfig "$lab/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig "$lab/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig "$lab/kube-scheduler.kubeconfig" --authentication-skip-lookup \
+    --bind-address 127.0.0.1 --secure-port "$scheduler_port" \
+    --leader-elect=false --profiling=false --v 1
+  wait_for "kube-scheduler healthy" 120 curl -fsSk "https://127.0.0.1:$scheduler_port/healthz"
 }
 
 kctl() { "$bin/kubectl" --kubeconfig "$lab/admin.kubeconfig" "$@"; }
@@ -350,8 +399,10 @@ node_systemd_up() { # index
   [ "$state" = running ] || [ "$state" = degraded ]
 }
 
+# Ready, and schedulable: the node lifecycle controller has removed the not-ready taint the kubelet
+# registers the node with.
 node_ready() { # name
-  [ "$(kctl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+  [ "$(kctl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}/{.spec.taints[?(@.key=="node.kubernetes.io/not-ready")].effect}' 2>/dev/null)" = True/ ]
 }
 
 prepare_node() { # index
@@ -380,10 +431,14 @@ cmd_up() {
   echo "$bin" >"$lab/bin.path"
   make_pki
   write_kubeconfig "$lab/admin.kubeconfig" gpuops-lab-admin "$pki/admin.crt" "$pki/admin.key"
+  local component
+  for component in kube-controller-manager kube-scheduler; do
+    write_kubeconfig "$lab/$component.kubeconfig" "system:$component" "$pki/$component.crt" "$pki/$component.key"
+  done
   build_images
   echo "$n" >"$lab/nodes.count"
   detect_node_ip
-  log "starting etcd and kube-apiserver on 127.0.0.1"
+  log "starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on 127.0.0.1"
   start_control_plane
   for ((i = 1; i <= n; i++)); do
     write_node_config "$i"
@@ -437,7 +492,7 @@ cmd_down() {
     done
     if ip link show "$(bridge_name "$i")" >/dev/null 2>&1; then ip link del "$(bridge_name "$i")"; fi
   done
-  for p in serve kube-apiserver etcd; do
+  for p in serve kube-scheduler kube-controller-manager kube-apiserver etcd; do
     if running "$p"; then
       log "stopping $p"
       kill "$(cat "$lab/run/$p.pid")"
@@ -455,7 +510,7 @@ cmd_down() {
 
 cmd_status() {
   local p
-  for p in etcd kube-apiserver serve; do
+  for p in etcd kube-apiserver kube-controller-manager kube-scheduler serve; do
     if running "$p"; then echo "$p: running (pid $(cat "$lab/run/$p.pid"))"; else echo "$p: stopped"; fi
   done
   podman ps -a --filter "label=gpuops-lab-instance=$instance" --format '{{.Names}}: {{.Status}}'
@@ -611,7 +666,7 @@ main() {
       for ((i = 1; i <= $(node_count); i++)); do node_name "$i"; done
       ;;
     *)
-      sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
       [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2
       ;;
   esac

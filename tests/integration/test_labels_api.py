@@ -254,6 +254,11 @@ def _plugin_vars(apiserver, **more):
         "device_plugin_kubeconfig": apiserver["kubeconfig"],
         "device_plugin_runtime_is_default": False,
         "device_plugin_config": {"version": "v1", "flags": {"migStrategy": "none"}},
+        # The node the DaemonSet is for (labelled gpuops.k8s/device-plugin=daemonset), where the role keeps
+        # its record of that; no kubelet runs here, so no plugin pod will come to wait for.
+        "device_plugin_node_name": NODE,
+        "device_plugin_state_dir": str(apiserver["work"] / "node-state"),
+        "device_plugin_wait_for_pod": False,
     }
     base.update(more)
     return base
@@ -267,14 +272,21 @@ def test_daemonset_and_runtimeclass(apiserver):
         client.NodeV1Api(api).read_runtime_class("nvidia")
 
     changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
-    assert changed == 3  # the RuntimeClass, the namespace, and the three objects in it in one task
+    # The RuntimeClass, the namespace, the three objects in it in one task, the node's label, and the
+    # record on the node (its directory and the file).
+    assert changed == 6
     runtime_class = client.NodeV1Api(api).read_runtime_class("nvidia")
     assert runtime_class.handler == "nvidia"
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("gpuops-device-plugin", "gpuops-system")
     pod = ds.spec.template.spec
     assert pod.priority_class_name == "system-node-critical"
     assert pod.runtime_class_name == "nvidia"
-    assert pod.node_selector == {"nvidia.com/gpu.present": "true"}
+    assert pod.node_selector == {"nvidia.com/gpu.present": "true", "gpuops.k8s/device-plugin": "daemonset"}
+    assert _node(apiserver).metadata.labels["gpuops.k8s/device-plugin"] == "daemonset"
+    assert json.loads((apiserver["work"] / "node-state" / "device-plugin-daemonset.json").read_text()) == {
+        "namespace": "gpuops-system",
+        "daemonset": "gpuops-device-plugin",
+    }
     assert any(t.key == "nvidia.com/gpu" and t.operator == "Exists" for t in pod.tolerations)
     container = pod.containers[0]
     assert container.security_context.allow_privilege_escalation is False

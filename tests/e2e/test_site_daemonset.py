@@ -1,0 +1,212 @@
+"""site.yml with the device plugin in daemonset mode, against the lab's real kube-apiserver,
+kube-controller-manager (the DaemonSet controller), kube-scheduler, kubelet and containerd.
+
+The plugin image is built here and imported into the node's containerd by the role (no registry); the
+DaemonSet's pod serves 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml, the only stand-in) and
+registers with the node's kubelet. Then a node switches to systemd mode and back: the role removes the
+other mode's deployment each time, and only one plugin serves the node.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PAUSE_IMAGE, Lab, run_lab
+from daemonset_node import DAEMONSET, GPU, MODE_LABEL, NAMESPACE, POD_SELECTOR, SPEC, DaemonsetNode, daemonset_node
+from kubernetes import client
+
+CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+SERVICE = "gpuops-device-plugin"
+
+
+@pytest.fixture(scope="module")
+def ds(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> DaemonsetNode:
+    return daemonset_node(lab, tmp_path_factory.mktemp("site-daemonset"))
+
+
+def plugin_pods(lab: Lab, node: str) -> list[client.V1Pod]:
+    return lab.core.list_namespaced_pod(
+        NAMESPACE, label_selector=POD_SELECTOR, field_selector=f"spec.nodeName={node}"
+    ).items
+
+
+def running_plugin_pod(lab: Lab, node: str) -> client.V1Pod:
+    def running() -> client.V1Pod | None:
+        pods = [p for p in plugin_pods(lab, node) if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        return pods[0] if len(pods) == 1 else None
+
+    return lab.wait_until(f"the plugin pod Running on {node}", running, timeout=180)
+
+
+def registrations(lab: Lab, pod: client.V1Pod) -> int:
+    """How often the pod's plugin registered with the kubelet (its structured log, through the API)."""
+    log = lab.core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE)
+    return sum(1 for line in log.splitlines() if '"msg": "registered with the kubelet"' in line)
+
+
+def service_state(lab: Lab, node: str) -> str:
+    return lab.node_exec(node, "systemctl", "is-active", SERVICE, check=False).stdout.strip()
+
+
+def test_site_runs_in_daemonset_mode(ds: DaemonsetNode) -> None:
+    assert ds.first.returncode == 0, ds.first.summary()
+    assert ds.first.recap[ds.node]["failed"] == 0
+    assert ds.first.recap[ds.node]["changed"] > 0
+    # A lab node has no NVIDIA PCI device: the driver stage is skipped by detection, and says so.
+    assert f"No NVIDIA PCI device found on {ds.node}; the driver is not installed" in ds.first.output
+
+
+def test_image_imported_into_the_node_and_pod_runs_it(lab: Lab, ds: DaemonsetNode) -> None:
+    images = lab.node_exec(ds.node, "ctr", "-n", "k8s.io", "images", "ls", "-q").stdout.split()
+    assert ds.image in images
+    # The copied archive does not stay on the node.
+    assert lab.node_exec(ds.node, "test", "-e", "/var/tmp/gpuops-device-plugin-image.tar", check=False).returncode
+    pod = running_plugin_pod(lab, ds.node)
+    assert pod.spec.containers[0].image == ds.image
+    assert pod.metadata.owner_references[0].kind == "DaemonSet"
+    security = pod.spec.containers[0].security_context
+    assert security.capabilities.drop == ["ALL"] and security.read_only_root_filesystem is True
+    assert security.allow_privilege_escalation is False
+    # The node is in the DaemonSet by its label; no systemd deployment runs beside the pod.
+    assert lab.node(ds.node).metadata.labels[MODE_LABEL] == "daemonset"
+    assert service_state(lab, ds.node) != "active"
+
+
+def test_node_advertises_eight_gpus(lab: Lab, ds: DaemonsetNode) -> None:
+    node = lab.wait_until(
+        f"{ds.node} allocatable {GPU}=8", lambda: (n := lab.node(ds.node)).status.allocatable.get(GPU) == "8" and n
+    )
+    assert node.status.capacity[GPU] == "8"
+    pod = running_plugin_pod(lab, ds.node)
+    assert registrations(lab, pod) >= 1
+
+
+def nvlink_peers() -> dict[str, set[str]]:
+    peers: dict[str, set[str]] = {}
+    for gpu in yaml.safe_load(SPEC.read_text())["gpus"]:
+        for peer in gpu.get("nvlink_peers", []):
+            peers.setdefault(gpu["uuid"], set()).add(peer)
+            peers.setdefault(peer, set()).add(gpu["uuid"])
+    return peers
+
+
+def checkpoint_devices(lab: Lab, node: str, pod_uid: str) -> list[str]:
+    """The device IDs the kubelet's device manager recorded for a pod once Allocate answered."""
+    data = json.loads(lab.node_exec(node, "cat", CHECKPOINT).stdout)["Data"]
+    ids: list[str] = []
+    for entry in data.get("PodDeviceEntries") or []:
+        if entry["PodUID"] == pod_uid and entry["ResourceName"] == GPU:
+            ids += [i for group in entry["DeviceIDs"].values() for i in group]
+    return ids
+
+
+def ensure_runc_runtime_class(lab: Lab) -> None:
+    """A GPU container on the nvidia runtime needs a real GPU and driver (nvidia-container-cli); the pod
+    asks for plain runc instead, so that it runs here and its environment can be read."""
+    try:
+        client.NodeV1Api(lab.api).create_runtime_class(
+            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "runc"}, "handler": "runc"}
+        )
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> None:
+    lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(ds.node).get(GPU) == "8")
+    ensure_runc_runtime_class(lab)
+    name = f"gpu-pair-{uuid.uuid4().hex[:8]}"
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": ds.node,
+            "runtimeClassName": "runc",
+            "automountServiceAccountToken": False,
+            "dnsPolicy": "Default",
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {"name": "gpu", "image": PAUSE_IMAGE, "imagePullPolicy": "Never", "resources": {"limits": {GPU: "2"}}}
+            ],
+        },
+    }
+    lab.core.create_namespaced_pod("default", manifest)
+    try:
+        pod = lab.wait_until(
+            f"pod {name} Running",
+            lambda: (p := lab.core.read_namespaced_pod(name, "default")).status.phase == "Running" and p,
+        )
+        devices = checkpoint_devices(lab, ds.node, pod.metadata.uid)
+        assert len(devices) == 2, devices
+        assert devices[1] in nvlink_peers()[devices[0]], devices
+    finally:
+        lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        lab.wait_until(
+            f"pod {name} gone",
+            lambda: not any(p.metadata.name == name for p in lab.core.list_namespaced_pod("default").items),
+        )
+
+
+def write_in_place(path: Path, text: str) -> None:
+    # Not a rename: the node and the pod see this file through bind mounts of its directory.
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, ds: DaemonsetNode) -> None:
+    spec_path = Path(run_lab("spec-path", ds.node.rsplit("-", 1)[1]).strip())
+    original = spec_path.read_text()
+    spec = yaml.safe_load(original)
+    spec["gpus"][5]["xid"] = 79
+    try:
+        write_in_place(spec_path, yaml.safe_dump(spec, sort_keys=False))
+        lab.wait_until(f"{GPU}=7 with one GPU unhealthy", lambda: lab.allocatable(ds.node).get(GPU) == "7", timeout=30)
+    finally:
+        write_in_place(spec_path, original)
+    lab.wait_until(f"{GPU}=8 after recovery", lambda: lab.allocatable(ds.node).get(GPU) == "8", timeout=30)
+
+
+def test_kubelet_restart_plugin_registers_again(lab: Lab, ds: DaemonsetNode) -> None:
+    pod = running_plugin_pod(lab, ds.node)
+    before = registrations(lab, pod)
+    restarted = lab.restart_kubelet(ds.node)
+    lab.wait_until("a new registration of the same pod", lambda: registrations(lab, pod) > before, timeout=60)
+    lab.wait_until(f"{ds.node} Ready after the restart", lambda: lab.node_ready(ds.node, since=restarted))
+    lab.wait_until(f"{GPU}=8 after the restart", lambda: lab.allocatable(ds.node).get(GPU) == "8", timeout=60)
+    # The same pod served throughout: the kubelet restart did not need the DaemonSet to replace it.
+    assert running_plugin_pod(lab, ds.node).metadata.uid == pod.metadata.uid
+
+
+def test_second_run_changes_nothing(ds: DaemonsetNode) -> None:
+    second = ds.run_site()
+    assert second.returncode == 0, second.summary()
+    assert second.recap[ds.node]["changed"] == 0, second.changed_tasks()
+    assert second.recap[ds.node]["failed"] == 0
+
+
+def test_switch_to_systemd_mode_and_back(lab: Lab, ds: DaemonsetNode) -> None:
+    """The plugin stage alone (--tags plugin), in the other mode: the role takes the node out of the
+    DaemonSet, waits for its pod to go, then starts the service; and back again."""
+    to_systemd = ds.run_site("--tags", "plugin", device_plugin_mode="systemd")
+    assert to_systemd.returncode == 0, to_systemd.summary()
+    assert plugin_pods(lab, ds.node) == []
+    assert MODE_LABEL not in (lab.node(ds.node).metadata.labels or {})
+    assert service_state(lab, ds.node) == "active"
+    # No other node uses the DaemonSet any more, so its objects are gone (the namespace stays).
+    apps = client.AppsV1Api(lab.api)
+    assert not [d for d in apps.list_namespaced_daemon_set(NAMESPACE).items if d.metadata.name == DAEMONSET]
+    lab.wait_until(f"{GPU}=8 from the service", lambda: lab.allocatable(ds.node).get(GPU) == "8", timeout=60)
+
+    back = ds.run_site("--tags", "plugin")
+    assert back.returncode == 0, back.summary()
+    assert service_state(lab, ds.node) != "active"
+    assert lab.node_exec(ds.node, "test", "-e", f"/etc/systemd/system/{SERVICE}.service", check=False).returncode
+    pod = running_plugin_pod(lab, ds.node)
+    assert registrations(lab, pod) >= 1
+    lab.wait_until(f"{GPU}=8 from the pod", lambda: lab.allocatable(ds.node).get(GPU) == "8", timeout=60)
