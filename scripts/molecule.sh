@@ -11,10 +11,17 @@ log() { printf '[molecule] %s\n' "$*" >&2; }
 scripts/build-base-image.sh >/dev/null
 GPUOPS_TOOLKIT_REPO=$(scripts/build-toolkit-repo.sh)
 export GPUOPS_TOOLKIT_REPO
+# The apt cache may already serve another run on this machine: stop it at the end only if it was started here.
+acng_pidfile=${GPUOPS_CACHE:-$HOME/.cache/gpuops}/apt-cacher-ng/run/apt-cacher-ng.pid
+acng_was_running=false
+if [ -f "$acng_pidfile" ] && kill -0 "$(cat "$acng_pidfile")" 2>/dev/null; then acng_was_running=true; fi
 GPUOPS_APT_PROXY=$(scripts/apt-cache.sh start)
 export GPUOPS_APT_PROXY
-export GPUOPS_TOOLKIT_REPO_PORT=${GPUOPS_TOOLKIT_REPO_PORT:-38917}
-trap 'scripts/apt-cache.sh stop' EXIT
+if [ "$acng_was_running" = false ]; then trap 'scripts/apt-cache.sh stop' EXIT; fi
+# Ports on the machine's 127.0.0.1 (the hosts use its network): the toolkit repository and the device
+# plugin's metrics endpoint in scenario default.
+export GPUOPS_TOOLKIT_REPO_PORT=${GPUOPS_TOOLKIT_REPO_PORT:-31210}
+export GPUOPS_MOLECULE_PLUGIN_PORT=${GPUOPS_MOLECULE_PLUGIN_PORT:-31211}
 scripts/collection-tree.sh >/dev/null
 
 if [ $# -gt 0 ]; then

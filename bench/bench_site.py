@@ -1,0 +1,251 @@
+"""Benchmark of playbooks/site.yml on the lab's nodes (tests/e2e/lab.sh) with simulated GPUs.
+
+Prints, side by side with their ratios:
+  - one host: the first run on a fresh node vs the second (no-op) run;
+  - four hosts: the first run at forks 4 vs forks 1 (and vs one host);
+  - the time from site.yml's start until the node's allocatable nvidia.com/gpu reaches the spec's
+    GPU count, polled from the API server while the playbook runs.
+A first run needs fresh nodes, so the lab is taken down and brought up again before each one (down
+removes the nodes' volumes). Medians over --runs repetitions; the machine's load average is printed
+with each figure. Asserts nothing.
+
+    GPUOPS_LAB_INSTANCE=3 python bench/bench_site.py [--runs 1] [--spec h100x8] [--hosts 4] [--only one|many]
+
+It needs its lab instance to be down when it starts, and leaves it down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parent.parent
+LAB_SH = REPO / "tests" / "e2e" / "lab.sh"
+SITE = REPO / "playbooks" / "site.yml"
+RESOURCE = "nvidia.com/gpu"
+
+
+def lab(*args: str, timeout: float = 1800) -> str:
+    """Run ``lab.sh ARGS``; its progress goes to stderr, its answer comes back."""
+    done = subprocess.run([str(LAB_SH), *args], check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    return done.stdout
+
+
+def lab_is_up() -> bool:
+    done = subprocess.run([str(LAB_SH), "nodes"], capture_output=True, text=True, check=False)
+    return done.returncode == 0 and bool(done.stdout.split())
+
+
+def spec_file(spec: str) -> Path:
+    path = Path(spec)
+    return path if path.is_file() else REPO / "tests" / "fixtures" / "simulated" / f"{spec}.yaml"
+
+
+def gpu_count(spec: str) -> int:
+    """How many nvidia.com/gpu the spec advertises: one per GPU, or one per MIG device where it has them."""
+    gpus = yaml.safe_load(spec_file(spec).read_text(encoding="utf-8"))["gpus"]
+    return sum(len(g.get("mig_devices") or []) or 1 for g in gpus)
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.1f}/{five:.1f}"
+
+
+@dataclass
+class Run:
+    wall: float
+    changed: dict[str, int]
+    load_before: str
+    load_after: str
+    # Seconds from the playbook's start until each node advertised the expected count (None: never).
+    allocatable_at: dict[str, float | None] = field(default_factory=dict)
+
+    def all_reached(self) -> bool:
+        return bool(self.allocatable_at) and all(v is not None for v in self.allocatable_at.values())
+
+    def describe(self) -> str:
+        reached = ", ".join(f"{k} {'never' if v is None else f'{v:.1f} s'}" for k, v in self.allocatable_at.items())
+        return f"{self.wall:.1f} s, changed {self.changed}, {self.load_before} .. {self.load_after}" + (
+            f"; allocatable reached: {reached}" if reached else ""
+        )
+
+
+class AllocatableWatch(threading.Thread):
+    """Polls the API server for each node's allocatable nvidia.com/gpu and notes when it reaches the count."""
+
+    def __init__(self, kubeconfig: str, nodes: list[str], count: int, start: float, interval: float = 0.5) -> None:
+        super().__init__(daemon=True, name="allocatable-watch")
+        self.api = config.new_client_from_config(config_file=kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.nodes = nodes
+        self.count = count
+        self.start_time = start
+        self.interval = interval
+        self.reached: dict[str, float | None] = dict.fromkeys(nodes)
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set() and any(v is None for v in self.reached.values()):
+            for node in [n for n, v in self.reached.items() if v is None]:
+                try:
+                    allocatable = self.core.read_node(node).status.allocatable or {}
+                except client.ApiException:
+                    continue
+                if int(allocatable.get(RESOURCE, "0")) == self.count:
+                    self.reached[node] = time.monotonic() - self.start_time
+            self.stopping.wait(self.interval)
+
+    def stop(self) -> dict[str, float | None]:
+        self.stopping.set()
+        self.join(timeout=10)
+        self.api.close()
+        return self.reached
+
+
+def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None = None) -> Run:
+    """Run site.yml once; count changed tasks per host from the json callback's stats."""
+    env = dict(
+        os.environ,
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".build"),
+        ANSIBLE_HOST_KEY_CHECKING="False",
+    )
+    argv = ["ansible-playbook", "-i", str(inventory), "-f", str(forks), str(SITE)]
+    before = load()
+    start = time.monotonic()
+    watcher = None
+    if watch is not None:
+        watcher = AllocatableWatch(*watch, start=start)
+        watcher.start()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=3600, cwd=REPO)
+    wall = time.monotonic() - start
+    reached: dict[str, float | None] = {}
+    if watcher is not None:
+        # The plugin may register a moment after the play ends: give it a little longer.
+        deadline = time.monotonic() + 60
+        while any(v is None for v in watcher.reached.values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        reached = watcher.stop()
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout[-6000:] + done.stderr[-4000:])
+        raise SystemExit(f"bench_site: site.yml failed (exit {done.returncode}); its output is above")
+    stats = json.loads(done.stdout[done.stdout.index("{") :])["stats"]
+    changed = {host: s["changed"] for host, s in stats.items()}
+    return Run(wall=wall, changed=changed, load_before=before, load_after=load(), allocatable_at=reached)
+
+
+def fresh_lab(hosts: int, spec: str, workdir: Path) -> tuple[Path, str, list[str]]:
+    """Bring a fresh lab up with HOSTS nodes and write its inventory; returns (inventory, kubeconfig, nodes)."""
+    if lab_is_up():
+        lab("down", timeout=300)
+    lab("up", str(hosts))
+    inventory = workdir / f"inventory-{hosts}.yml"
+    inventory.write_text(lab("inventory", *([spec] * hosts)), encoding="utf-8")
+    return inventory, lab("kubeconfig").strip(), lab("nodes").split()
+
+
+def fmt(values: list[float]) -> str:
+    return f"{statistics.median(values):7.1f} s" if values else "      - s"
+
+
+def runs_text(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+def ratio(numerator: list[float], denominator: list[float]) -> str:
+    if not numerator or not denominator:
+        return "      -  "
+    return f"{statistics.median(numerator) / statistics.median(denominator):7.2f} x"
+
+
+def progress(text: str) -> None:
+    print(text, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1, help="repetitions of each first run (default 1)")
+    parser.add_argument("--spec", default="h100x8", help="simulated-GPU spec for every node (default h100x8)")
+    parser.add_argument("--hosts", type=int, default=4, help="nodes for the forks comparison (default 4)")
+    parser.add_argument("--only", choices=["one", "many"], help="only the one-host or only the many-host part")
+    args = parser.parse_args()
+    if lab_is_up():
+        print("bench_site: this lab instance is up; take it down first (tests/e2e/lab.sh down)", file=sys.stderr)
+        return 1
+    subprocess.run([str(REPO / "scripts" / "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
+    count = gpu_count(args.spec)
+    instance = os.environ.get("GPUOPS_LAB_INSTANCE", "0")
+    progress(f"bench_site: lab instance {instance}, spec {args.spec} ({count} x {RESOURCE}), {os.cpu_count()} CPUs")
+
+    first: list[Run] = []
+    second: list[Run] = []
+    many: dict[int, list[Run]] = {args.hosts: [], 1: []}
+    with tempfile.TemporaryDirectory(prefix="bench-site-") as tmp:
+        workdir = Path(tmp)
+        try:
+            for attempt in range(args.runs if args.only != "many" else 0):
+                inventory, kubeconfig, nodes = fresh_lab(1, args.spec, workdir)
+                first.append(site(inventory, forks=1, watch=(kubeconfig, nodes, count)))
+                progress(f"  1 host, run {attempt + 1}: first {first[-1].describe()}")
+                second.append(site(inventory, forks=1))
+                progress(f"  1 host, run {attempt + 1}: second {second[-1].describe()}")
+            for attempt in range(args.runs if args.only != "one" else 0):
+                for forks in (args.hosts, 1):
+                    inventory, kubeconfig, nodes = fresh_lab(args.hosts, args.spec, workdir)
+                    many[forks].append(site(inventory, forks=forks, watch=(kubeconfig, nodes, count)))
+                    progress(
+                        f"  {args.hosts} hosts, forks {forks}, run {attempt + 1}: first {many[forks][-1].describe()}"
+                    )
+        finally:
+            if lab_is_up():
+                lab("down", timeout=300)
+    report(args, count, first, second, many)
+    return 0
+
+
+def report(
+    args: argparse.Namespace, count: int, first: list[Run], second: list[Run], many: dict[int, list[Run]]
+) -> None:
+    n = args.hosts
+    f = [r.wall for r in first]
+    s = [r.wall for r in second]
+    a = [r.wall for r in many[n]]
+    b = [r.wall for r in many[1]]
+    one_alloc = [v for r in first for v in r.allocatable_at.values() if v is not None]
+    all_alloc = [max(v for v in r.allocatable_at.values() if v is not None) for r in many[n] if r.all_reached()]
+    print()
+    print(f"site.yml wall time, median of {args.runs} run(s) each; first runs on fresh lab nodes ({args.spec})")
+    print(f"  1 host     first run                {fmt(f)}   runs: {runs_text(f)}")
+    print(f"  1 host     second (no-op) run       {fmt(s)}   runs: {runs_text(s)}")
+    print(f"             first / second           {ratio(f, s)}")
+    print(f"             tasks changed on the second run: {[r.changed for r in second]}")
+    print(f"  {n} hosts    first run, forks {n}        {fmt(a)}   runs: {runs_text(a)}")
+    print(f"  {n} hosts    first run, forks 1        {fmt(b)}   runs: {runs_text(b)}")
+    print(f"             forks 1 / forks {n}         {ratio(b, a)}")
+    print(f"             {n} hosts forks {n} / 1 host   {ratio(a, f)}")
+    print(f"time from site.yml's start until allocatable {RESOURCE} = {count}, polled from the API server")
+    print(f"  1 host                              {fmt(one_alloc)}   runs: {runs_text(one_alloc)}")
+    print(f"  {n} hosts, forks {n}, the last node     {fmt(all_alloc)}   runs: {runs_text(all_alloc)}")
+    loads = [r.load_before for r in first + second + a_runs(many)]
+    print(f"machine load (1 min / 5 min) at the start of each run: {', '.join(loads)}")
+
+
+def a_runs(many: dict[int, list[Run]]) -> list[Run]:
+    return [r for runs in many.values() for r in runs]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
