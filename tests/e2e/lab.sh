@@ -10,6 +10,10 @@
 #   tests/e2e/lab.sh kubectl ARGS    run the lab's kubectl against the lab
 #   tests/e2e/lab.sh node-exec N CMD run CMD inside node container N (1-based)
 #   tests/e2e/lab.sh nodes           print the node names, one per line
+#   tests/e2e/lab.sh inventory [SPEC...]  prepare the nodes for playbooks/site.yml and print an Ansible
+#                                    inventory (YAML) for them; SPEC i is node i's simulated-GPU spec
+#                                    (a name from tests/fixtures/simulated/ or a path; default h100x8)
+#   tests/e2e/lab.sh spec-path N     print where node N's simulated-GPU spec lives on this machine
 #
 # Everything it creates is named gpuops-lab-*: containers gpuops-lab-node-N, volumes
 # gpuops-lab-node-N-containerd, bridges gpuopslabN, state under $GPUOPS_LAB_DIR
@@ -17,6 +21,8 @@
 # range): etcd 26379/26380, kube-apiserver 26443, kubelet of node N 26250+N, its healthz 26270+N.
 # GPUOPS_LAB_INSTANCE=I (1-4) runs another lab beside the default one (0): names gpuops-labI-*,
 # bridges gpuopslabIN, ports +1000*I, subnets 10.(231+I).N.0/24, state under $GPUOPS_CACHE/labI.
+# `inventory` serves the container toolkit repository and the device plugin's wheels on
+# 127.0.0.1:31000+I, and gives node N's device plugin the metrics port 31010+10*I+N.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,6 +47,11 @@ pause_image=localhost/gpuops-lab-pause:1.0
 node_image_repo=localhost/gpuops-lab-node
 mirror=${GPUOPS_DEBIAN_MIRROR:-}
 ready_timeout=${GPUOPS_LAB_READY_TIMEOUT:-240}
+serve_port=$((31000 + instance))
+metrics_port_base=$((31010 + 10 * instance))
+# Where a node's simulated-GPU spec is, inside the node (the node's config directory is mounted at
+# /etc/gpuops-lab, so an edit on this machine is an edit on the node, seen by inotify there).
+node_spec_path=/etc/gpuops-lab/simulated/gpus.yaml
 
 log() { printf '[lab] %s\n' "$*" >&2; }
 die() {
@@ -426,7 +437,7 @@ cmd_down() {
     done
     if ip link show "$(bridge_name "$i")" >/dev/null 2>&1; then ip link del "$(bridge_name "$i")"; fi
   done
-  for p in kube-apiserver etcd; do
+  for p in serve kube-apiserver etcd; do
     if running "$p"; then
       log "stopping $p"
       kill "$(cat "$lab/run/$p.pid")"
@@ -444,11 +455,125 @@ cmd_down() {
 
 cmd_status() {
   local p
-  for p in etcd kube-apiserver; do
+  for p in etcd kube-apiserver serve; do
     if running "$p"; then echo "$p: running (pid $(cat "$lab/run/$p.pid"))"; else echo "$p: stopped"; fi
   done
   podman ps -a --filter "label=gpuops-lab-instance=$instance" --format '{{.Names}}: {{.Status}}'
   if running kube-apiserver; then kctl get nodes -o wide; fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Inventory: what playbooks/site.yml needs on the lab's nodes, and an inventory that says so.
+# Nothing NVIDIA's servers or a package index would give a real node is fetched at run time: the
+# container toolkit comes from the signed local repository (scripts/build-toolkit-repo.sh) and the
+# device plugin's pinned wheels from a wheelhouse, both served on 127.0.0.1 (the nodes share the
+# machine's network). Debian's own packages come from the node's apt sources.
+# ---------------------------------------------------------------------------------------------
+python_bin=${GPUOPS_PYTHON:-python3}
+
+resolve_spec() { # name-or-path -> a readable file
+  local spec=$1
+  if [ -f "$spec" ]; then
+    echo "$spec"
+  elif [ -f "$repo/tests/fixtures/simulated/$spec.yaml" ]; then
+    echo "$repo/tests/fixtures/simulated/$spec.yaml"
+  else
+    local known=("$repo"/tests/fixtures/simulated/*.yaml)
+    known=("${known[@]##*/}")
+    die "no simulated-GPU spec '$spec' (give a file, or one of: ${known[*]%.yaml})"
+  fi
+}
+
+# The device plugin's pinned dependencies (roles/device_plugin/defaults), downloaded once into a
+# wheelhouse keyed by the pins: the same key as molecule/plugin's, so both share the download.
+wheelhouse() {
+  local pins key dir
+  pins=$("$python_bin" -c 'import sys, yaml; print(" ".join(sorted(yaml.safe_load(open(sys.argv[1]))["device_plugin_pip_packages"])), end="")' \
+    "$repo/roles/device_plugin/defaults/main.yml") || die "cannot read the plugin's pins with $python_bin (it needs PyYAML)"
+  key=$(printf '%s' "$pins" | sha256sum | cut -c1-12)
+  dir=$cache/wheels/cluster-plugin-$key
+  if [ ! -f "$dir/.complete" ]; then
+    log "downloading the device plugin's pinned wheels into $dir"
+    # shellcheck disable=SC2086 # one pin per word
+    "$python_bin" -m pip download -q --only-binary=:all: -d "$dir" $pins >&2
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}
+
+serve_up() {
+  local toolkit wheels
+  toolkit=$("$repo/scripts/build-toolkit-repo.sh")
+  wheels=$(wheelhouse)
+  mkdir -p "$lab/serve"
+  ln -sfn "$toolkit" "$lab/serve/toolkit"
+  ln -sfn "$wheels" "$lab/serve/wheels"
+  start_bg serve "$python_bin" -m http.server --bind 127.0.0.1 --directory "$lab/serve" "$serve_port"
+  wait_for "the toolkit repository and the wheels served on 127.0.0.1:$serve_port" 30 \
+    curl -fsS "http://127.0.0.1:$serve_port/toolkit/gpgkey"
+}
+
+# What a freshly installed Debian node has and the lab's image lacks: apt's package lists. And what
+# simulated GPUs need on the node: PyYAML, with which nvidia_gpu_info reads the spec.
+prepare_node_for_site() { # index spec-file
+  local i=$1 spec=$2 name dir
+  name=$(node_name "$i")
+  dir=$lab/nodes/$name/simulated
+  mkdir -p "$dir"
+  # Written in place: the node sees the same file, and the plugin's watch sees the write.
+  cat "$spec" >"$dir/gpus.yaml"
+  if ! node_exec "$i" python3 -c 'import yaml' 2>/dev/null; then
+    log "$name: fetching apt's package lists and installing python3-yaml"
+    node_exec "$i" sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-yaml >/dev/null' >&2 ||
+      die "$name: apt-get could not install python3-yaml"
+  fi
+}
+
+cmd_inventory() {
+  local n i spec kubeconfig specs=("$@")
+  n=$(node_count)
+  [ "$n" -gt 0 ] || die "the lab is not up (run: lab.sh up)"
+  [ ${#specs[@]} -le "$n" ] || die "${#specs[@]} specs given for $n node(s)"
+  kubeconfig=$lab/admin.kubeconfig
+  serve_up
+  for ((i = 1; i <= n; i++)); do
+    spec=$(resolve_spec "${specs[i - 1]:-h100x8}")
+    prepare_node_for_site "$i" "$spec"
+  done
+  cat <<EOF
+# Written by tests/e2e/lab.sh inventory (lab instance $instance) for playbooks/site.yml and validate.yml.
+all:
+  hosts:
+    # The Kubernetes API is reached from the control host, with the Python that runs Ansible.
+    localhost:
+      ansible_connection: local
+      ansible_python_interpreter: "{{ ansible_playbook_python }}"
+  children:
+    gpu_nodes:
+      hosts:
+EOF
+  for ((i = 1; i <= n; i++)); do
+    cat <<EOF
+        $(node_name "$i"):
+          gpu_node_labels_node_name: $(node_name "$i")
+          device_plugin_metrics_address: "127.0.0.1:$((metrics_port_base + i))"
+EOF
+  done
+  cat <<EOF
+      vars:
+        ansible_connection: containers.podman.podman
+        ansible_python_interpreter: /usr/bin/python3
+        # Simulated GPUs (labs and CI only): the spec at $node_spec_path on each node,
+        # $lab/nodes/<node>/simulated/gpus.yaml on this machine.
+        gpuops_simulate_from: $node_spec_path
+        device_plugin_backend: simulated
+        device_plugin_simulated_spec: $node_spec_path
+        container_toolkit_repo_base_url: "http://127.0.0.1:$serve_port/toolkit"
+        container_toolkit_version: "1.17.8"
+        device_plugin_pip_extra_args: "--no-index --find-links http://127.0.0.1:$serve_port/wheels/"
+        gpu_node_labels_kubeconfig: $kubeconfig
+        device_plugin_kubeconfig: $kubeconfig
+EOF
 }
 
 load_bin() {
@@ -477,11 +602,16 @@ main() {
       [ $# -ge 2 ] || die "usage: lab.sh node-exec N COMMAND..."
       node_exec "$@"
       ;;
+    inventory) cmd_inventory "$@" ;;
+    spec-path)
+      [[ ${1:-} =~ ^[1-9]$ ]] || die "usage: lab.sh spec-path N"
+      echo "$lab/nodes/$(node_name "$1")/simulated/gpus.yaml"
+      ;;
     nodes)
       for ((i = 1; i <= $(node_count); i++)); do node_name "$i"; done
       ;;
     *)
-      sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
       [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2
       ;;
   esac
