@@ -1,19 +1,25 @@
 """Benchmarks of the end-to-end lab (tests/e2e/lab.sh): how long a bring-up takes with the
-Kubernetes binaries and images already cached, and how long a node takes to be Ready again after
-its kubelet restarts. Prints medians of several runs; asserts nothing.
+Kubernetes binaries and images already cached, how long a node takes to be Ready again after
+its kubelet restarts, how long site.yml takes from its start until the node advertises allocatable
+nvidia.com/gpu, and how long allocatable nvidia.com/gpu takes to come back after a kubelet restart
+(the device plugin re-registers). Prints medians of several runs; asserts nothing.
 
-    python bench/bench_lab.py [--ups 3] [--restarts 5] [--nodes 2]
+    python bench/bench_lab.py [--ups 3] [--restarts 5] [--gpu-restarts 10] [--nodes 2]
 
-It needs the lab to be down when it starts (it brings the lab up and down itself).
+It needs the lab to be down when it starts (it brings the lab up and down itself). GPUOPS_LAB_INSTANCE
+picks the lab. The GPU figures use node 1 with the simulated 8 x H100 spec (tests/fixtures/simulated);
+``--gpu-restarts 0`` leaves out site.yml and those figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "e2e"))
@@ -44,11 +50,63 @@ def time_kubelet_restart(lab: Lab, node: str) -> float:
     return time.monotonic() - start
 
 
+def run_site(lab: Lab) -> float:
+    """site.yml on the lab's nodes (simulated GPUs): seconds from its start until node 1 advertises its GPUs."""
+    repo = Path(__file__).resolve().parents[1]
+    collection = subprocess.run(
+        [str(repo / "scripts" / "collection-tree.sh")], check=True, stdout=subprocess.PIPE, text=True
+    ).stdout.strip()
+    inventory = lab.kubeconfig.parent / "bench-inventory.yml"
+    inventory.write_text(run_lab("inventory", *(["h100x8"] * len(lab.nodes))))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(Path(collection).parents[2]))
+    start = time.monotonic()
+    with (lab.kubeconfig.parent / "bench-site.log").open("w") as log:
+        subprocess.run(
+            ["ansible-playbook", "-i", str(inventory), str(repo / "playbooks" / "site.yml")],
+            check=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=3600,
+        )
+    lab.wait_until(
+        f"{lab.nodes[0]} allocatable nvidia.com/gpu 8",
+        lambda: lab.allocatable(lab.nodes[0]).get("nvidia.com/gpu") == "8",
+        timeout=300,
+        interval=0.2,
+    )
+    return time.monotonic() - start
+
+
+def time_gpus_restored(lab: Lab, node: str, count: str) -> float:
+    """Kubelet restart until the new kubelet reports allocatable nvidia.com/gpu == count again.
+
+    The new kubelet reads its device checkpoint and reports those devices as unhealthy (allocatable 0)
+    until the plugin has registered again and sent its device list, so a status from after the restart
+    with the full count means the plugin is back.
+    """
+    start = time.monotonic()
+    restarted = lab.restart_kubelet(node)
+
+    def restored() -> bool:
+        status = lab.node(node).status
+        allocatable = (status.allocatable or {}).get("nvidia.com/gpu")
+        since = restarted.replace(microsecond=0) + timedelta(seconds=1 if restarted.microsecond else 0)
+        fresh = any(c.type == "Ready" and c.last_heartbeat_time >= since for c in status.conditions or [])
+        return fresh and allocatable == count
+
+    lab.wait_until(f"{node} allocatable nvidia.com/gpu {count} after a kubelet restart", restored, interval=0.1)
+    return time.monotonic() - start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ups", type=int, default=3, help="lab bring-ups to time (default 3)")
     parser.add_argument("--restarts", type=int, default=5, help="kubelet restarts to time (default 5)")
     parser.add_argument("--nodes", type=int, default=2, help="node containers (default 2)")
+    parser.add_argument(
+        "--gpu-restarts", type=int, default=10, help="kubelet restarts timed until GPUs are allocatable (default 10)"
+    )
     args = parser.parse_args()
     if lab_is_up():
         print("bench_lab: the lab is up; run `make lab-down` first", file=sys.stderr)
@@ -58,6 +116,8 @@ def main() -> int:
     first = time_up(args.nodes)
     ups: list[float] = []
     restarts: list[float] = []
+    gpu_restarts: list[float] = []
+    site = 0.0
     try:
         for _attempt in range(args.ups):
             run_lab("down")
@@ -70,6 +130,10 @@ def main() -> int:
         )
         for _attempt in range(args.restarts):
             restarts.append(time_kubelet_restart(lab, lab.nodes[0]))
+        if args.gpu_restarts > 0:
+            site = run_site(lab)
+            for _attempt in range(args.gpu_restarts):
+                gpu_restarts.append(time_gpus_restored(lab, lab.nodes[0], "8"))
     finally:
         run_lab("down")
 
@@ -84,6 +148,14 @@ def main() -> int:
         f"  median of {len(restarts)} restarts:        {statistics.median(restarts):7.1f} s   runs: "
         + ", ".join(f"{r:.1f}" for r in restarts)
     )
+    if gpu_restarts:
+        print(f"site.yml on {args.nodes} node(s), from its start until node 1 advertises 8 nvidia.com/gpu")
+        print(f"  one run:                          {site:7.1f} s")
+        print("kubelet restart until allocatable nvidia.com/gpu is 8 again (the plugin re-registered)")
+        print(
+            f"  median of {len(gpu_restarts)} restarts:       {statistics.median(gpu_restarts):7.1f} s   "
+            f"min {min(gpu_restarts):.1f}, max {max(gpu_restarts):.1f}"
+        )
     return 0
 
 
