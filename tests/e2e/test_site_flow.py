@@ -1,0 +1,325 @@
+"""playbooks/site.yml turns a lab node into a GPU node, device plugin in systemd mode, proven against the
+real kube-apiserver, kubelet and containerd of the lab (tests/e2e/lab.sh).
+
+The node has 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml: two NVLink islands of four, NUMA
+nodes 0 and 1); the simulated spec is the only stand-in, everything else is the real product: the
+roles install the container toolkit from a signed (local) repository, configure the node's containerd,
+install the plugin into a venv with a hardened unit, and label and taint the node through the API.
+
+One lab, one check run and one real run are shared by every test of this module, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PAUSE_IMAGE, Lab, run_lab
+from kubernetes import client
+from playbook_run import REPO, PlaybookRun, inventory_hostvars, lab_inventory, run_playbook
+
+GPU = "nvidia.com/gpu"
+SPEC = REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
+CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+# What a check run may touch on the node without writing anything of the product: Ansible's own
+# temporary files, logs and caches, and the mounts and volumes the lab owns (-xdev skips those).
+SNAPSHOT = (
+    "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/tmp"
+    " -o -path /var/log -o -path /var/cache -o -path /root/.ansible \\) -prune -o -newer /run/gpuops-check-mark -print"
+)
+
+
+@dataclass
+class SiteFlow:
+    node: str
+    inventory: Path
+    extra_vars: Path
+    check: PlaybookRun
+    written_during_check: list[str]
+    packages_before_check: str
+    packages_after_check: str
+    labels_after_check: dict[str, str]
+    runtime_classes_after_check: list[str]
+    first: PlaybookRun
+
+
+def packages(lab: Lab, node: str) -> str:
+    return lab.node_exec(node, "dpkg-query", "-W", "-f", "${Package} ${Version} ${Status}\\n").stdout
+
+
+def runtime_classes(lab: Lab) -> list[str]:
+    return [rc.metadata.name for rc in client.NodeV1Api(lab.api).list_runtime_class().items]
+
+
+@pytest.fixture(scope="module")
+def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> SiteFlow:
+    """`site.yml --check --diff`, then `site.yml`, on the first lab node, with what was seen around them."""
+    node = lab.nodes[0]
+    work = tmp_path_factory.mktemp("site-flow")
+    inventory = lab_inventory(work / "inventory.yml")
+    # Recovery on (off by default, as in NVIDIA's plugin) so that a GPU marked unhealthy can come back.
+    extra_vars = work / "vars.yml"
+    extra_vars.write_text(
+        yaml.safe_dump(
+            {
+                "device_plugin_config": {
+                    "version": "v1",
+                    "flags": {"migStrategy": "none"},
+                    "gpuops": {"healthRecoverySeconds": 1},
+                }
+            }
+        )
+    )
+
+    packages_before = packages(lab, node)
+    lab.node_exec(node, "touch", "/run/gpuops-check-mark")
+    check = run_playbook("site.yml", inventory, "--check", "--diff", extra_vars=extra_vars, limit=node)
+    written = lab.node_exec(node, "sh", "-c", SNAPSHOT).stdout.split()
+    packages_after = packages(lab, node)
+    labels = dict(lab.node(node).metadata.labels or {})
+    classes = runtime_classes(lab)
+
+    first = run_playbook("site.yml", inventory, "--diff", extra_vars=extra_vars, limit=node)
+    return SiteFlow(
+        node=node,
+        inventory=inventory,
+        extra_vars=extra_vars,
+        check=check,
+        written_during_check=written,
+        packages_before_check=packages_before,
+        packages_after_check=packages_after,
+        labels_after_check=labels,
+        runtime_classes_after_check=classes,
+        first=first,
+    )
+
+
+def test_check_mode_first_fails_nothing_and_changes_nothing(flow: SiteFlow) -> None:
+    assert flow.check.returncode == 0, flow.check.summary()
+    assert flow.check.recap[flow.node]["failed"] == 0
+    # It does report what it would do...
+    assert flow.check.recap[flow.node]["changed"] > 0, flow.check.summary()
+    # ...and does none of it: no file written on the node, no package installed, nothing in the API.
+    assert flow.written_during_check == [], flow.written_during_check
+    assert flow.packages_after_check == flow.packages_before_check
+    assert not [k for k in flow.labels_after_check if k.startswith("nvidia.com/")]
+    assert "nvidia" not in flow.runtime_classes_after_check
+
+
+def test_site_runs_and_skips_the_driver_by_detection(flow: SiteFlow) -> None:
+    assert flow.first.returncode == 0, flow.first.summary()
+    assert flow.first.recap[flow.node]["failed"] == 0
+    assert flow.first.recap[flow.node]["changed"] > 0
+    # A lab node has no NVIDIA PCI device: the driver role finds that out and says so.
+    assert f"No NVIDIA PCI device found on {flow.node}; the driver is not installed" in flow.first.output
+
+
+def test_node_advertises_eight_gpus(lab: Lab, flow: SiteFlow) -> None:
+    node = lab.wait_until(
+        f"{flow.node} allocatable {GPU}=8",
+        lambda: (n := lab.node(flow.node)).status.allocatable.get(GPU) == "8" and n,
+        timeout=120,
+    )
+    assert node.status.capacity[GPU] == "8"
+    assert node.status.allocatable[GPU] == "8"
+
+
+def test_gpu_labels_and_taint(lab: Lab, flow: SiteFlow) -> None:
+    node = lab.node(flow.node)
+    labels = node.metadata.labels
+    assert labels["nvidia.com/gpu.present"] == "true"
+    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels["nvidia.com/gpu.memory"] == "81559"
+    assert labels["nvidia.com/gpu.family"] == "hopper"
+    assert (labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]) == ("9", "0")
+    assert labels["nvidia.com/cuda.driver-version.major"] == "580"
+    taints = [(t.key, t.value, t.effect) for t in node.spec.taints or []]
+    assert ("nvidia.com/gpu", "present", "NoSchedule") in taints
+
+
+def test_runtime_class_nvidia(lab: Lab, flow: SiteFlow) -> None:
+    runtime_class = client.NodeV1Api(lab.api).read_runtime_class("nvidia")
+    assert runtime_class.handler == "nvidia"
+    # containerd in the node knows that handler: nvidia is its default runtime now.
+    dump = lab.node_exec(flow.node, "containerd", "config", "dump").stdout
+    assert 'default_runtime_name = "nvidia"' in dump
+    assert "/usr/bin/nvidia-container-runtime" in dump
+
+
+def nvlink_islands() -> dict[str, set[str]]:
+    """GPU UUID -> its NVLink peers, from the spec (a peer relation is symmetric)."""
+    peers: dict[str, set[str]] = {}
+    for gpu in yaml.safe_load(SPEC.read_text())["gpus"]:
+        for peer in gpu.get("nvlink_peers", []):
+            peers.setdefault(gpu["uuid"], set()).add(peer)
+            peers.setdefault(peer, set()).add(gpu["uuid"])
+    return peers
+
+
+def checkpoint_devices(lab: Lab, node: str, pod_uid: str) -> list[str]:
+    """The device IDs the kubelet's device manager checkpointed for a pod (after Allocate)."""
+    data = json.loads(lab.node_exec(node, "cat", CHECKPOINT).stdout)["Data"]
+    ids: list[str] = []
+    for entry in data.get("PodDeviceEntries") or []:
+        if entry["PodUID"] == pod_uid and entry["ResourceName"] == GPU:
+            device_ids = entry["DeviceIDs"]
+            # Since 1.20 a map NUMA node -> IDs; a plain list before.
+            ids += [i for group in device_ids.values() for i in group] if isinstance(device_ids, dict) else device_ids
+    return ids
+
+
+def container_environment(lab: Lab, node: str, container_id: str) -> dict[str, str]:
+    """The environment of the container's process, read from /proc in the node."""
+    for line in lab.node_exec(node, "ctr", "-n", "k8s.io", "tasks", "ls").stdout.splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == container_id:
+            raw = lab.node_exec(node, "cat", f"/proc/{fields[1]}/environ").stdout
+            return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+    raise AssertionError(f"container {container_id} is not running in {node}")
+
+
+def gpu_pod(name: str, node: str, runtime_class: str | None) -> dict:
+    spec: dict = {
+        "nodeName": node,
+        "automountServiceAccountToken": False,
+        "dnsPolicy": "Default",
+        "terminationGracePeriodSeconds": 1,
+        "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [
+            {
+                "name": "gpu",
+                "image": PAUSE_IMAGE,
+                "imagePullPolicy": "Never",
+                "resources": {"limits": {GPU: 2}},
+            }
+        ],
+    }
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def delete_pod(lab: Lab, name: str) -> None:
+    lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    lab.wait_until(
+        f"pod {name} gone",
+        lambda: not any(p.metadata.name == name for p in lab.core.list_namespaced_pod("default").items),
+        timeout=120,
+    )
+
+
+def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow) -> None:
+    lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(flow.node).get(GPU) == "8")
+    # The runc RuntimeClass: see docs/lab.md. The nvidia runtime hands a GPU container to
+    # nvidia-container-cli, which cannot exist on a node without a GPU (the lab's is a stand-in that fails).
+    if "runc" not in runtime_classes(lab):
+        client.NodeV1Api(lab.api).create_runtime_class(
+            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "runc"}, "handler": "runc"}
+        )
+    name = f"gpu-pair-{uuid.uuid4().hex[:8]}"
+    lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, "runc"))
+    try:
+        pod = lab.wait_until(
+            f"pod {name} Running",
+            lambda: (p := lab.core.read_namespaced_pod(name, "default")).status.phase == "Running" and p,
+            timeout=120,
+        )
+        # The kubelet called Allocate: its checkpoint names two devices for this pod...
+        devices = checkpoint_devices(lab, flow.node, pod.metadata.uid)
+        assert len(devices) == 2, devices
+        # ...which the plugin's preferred allocation took from one NVLink island.
+        assert devices[1] in nvlink_islands()[devices[0]], devices
+        # The container sees them as NVIDIA_VISIBLE_DEVICES (the envvar strategy).
+        container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
+        visible = container_environment(lab, flow.node, container_id)["NVIDIA_VISIBLE_DEVICES"]
+        assert sorted(visible.split(",")) == sorted(devices)
+    finally:
+        delete_pod(lab, name)
+
+
+def test_gpu_pod_on_the_default_runtime_fails_for_want_of_a_gpu(lab: Lab, flow: SiteFlow) -> None:
+    """Why the pod above asks for runc: with nvidia as containerd's default runtime, a container given GPUs
+    goes through nvidia-container-runtime's prestart hook to nvidia-container-cli, which needs a GPU and its
+    driver. The lab's cli is the local repository's stand-in; its refusal must be what stops the pod. (The
+    pod's sandbox, which asks for no GPU, runs under the nvidia runtime all the same.)"""
+    name = f"gpu-default-{uuid.uuid4().hex[:8]}"
+    lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, None))
+    try:
+
+        def start_error() -> str | None:
+            statuses = lab.core.read_namespaced_pod(name, "default").status.container_statuses or []
+            for status in statuses:
+                for state in (status.state, status.last_state):
+                    detail = state and (state.waiting or state.terminated)
+                    if detail and detail.message and "error running hook" in detail.message:
+                        return str(detail.message)
+            return None
+
+        message = lab.wait_until(f"pod {name} stopped by the nvidia runtime's hook", start_error, timeout=120)
+        assert "nvidia-container-cli: test double" in message
+        assert lab.core.read_namespaced_pod(name, "default").status.pod_ip
+    finally:
+        delete_pod(lab, name)
+
+
+def write_in_place(path: Path, text: str) -> None:
+    # Not a rename: the node sees this file through a bind mount of its directory.
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, flow: SiteFlow) -> None:
+    spec_path = Path(run_lab("spec-path", flow.node.rsplit("-", 1)[1]).strip())
+    original = spec_path.read_text()
+    spec = yaml.safe_load(original)
+    spec["gpus"][7]["xid"] = 79  # fell off the bus
+    try:
+        write_in_place(spec_path, yaml.safe_dump(spec, sort_keys=False))
+        lab.wait_until(
+            f"{GPU}=7 with one GPU unhealthy", lambda: lab.allocatable(flow.node).get(GPU) == "7", timeout=30
+        )
+    finally:
+        write_in_place(spec_path, original)
+    lab.wait_until(f"{GPU}=8 after recovery", lambda: lab.allocatable(flow.node).get(GPU) == "8", timeout=30)
+
+
+def registrations(flow: SiteFlow) -> float:
+    """The plugin's count of successful registrations with the kubelet (its Prometheus endpoint)."""
+    address = inventory_hostvars(flow.inventory, flow.node)["device_plugin_metrics_address"]
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    match = re.search(r'^gpu_device_plugin_registrations_total\{[^}]*result="ok"[^}]*\} (\S+)$', text, re.MULTILINE)
+    assert match, text
+    return float(match[1])
+
+
+def test_kubelet_restart_plugin_registers_again(lab: Lab, flow: SiteFlow) -> None:
+    before = registrations(flow)
+    restarted = lab.restart_kubelet(flow.node)
+    lab.wait_until("a new registration", lambda: registrations(flow) > before, timeout=60)
+    lab.wait_until(f"{flow.node} Ready after the restart", lambda: lab.node_ready(flow.node, since=restarted))
+    lab.wait_until(f"{GPU}=8 after the restart", lambda: lab.allocatable(flow.node).get(GPU) == "8", timeout=60)
+
+
+def test_second_run_changes_nothing(flow: SiteFlow) -> None:
+    second = run_playbook("site.yml", flow.inventory, extra_vars=flow.extra_vars, limit=flow.node)
+    assert second.returncode == 0, second.summary()
+    assert second.recap[flow.node]["changed"] == 0, second.changed_tasks()
+    assert second.recap[flow.node]["failed"] == 0
+
+
+def test_validate_is_green_and_prints_the_table(flow: SiteFlow) -> None:
+    validate = run_playbook("validate.yml", flow.inventory, extra_vars=flow.extra_vars, limit=flow.node)
+    assert validate.returncode == 0, validate.summary()
+    assert "NODE" in validate.output and "ALLOCATABLE" in validate.output
+    row = re.search(
+        rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok\s+on\s+healthy\s+-"', validate.output
+    )
+    assert row, validate.summary()
+    print("\n".join(line for line in validate.output.splitlines() if "NODE" in line or flow.node + " " in line))
