@@ -5,8 +5,10 @@ nvidia.com/gpu, and how long allocatable nvidia.com/gpu takes to come back after
 (the device plugin re-registers). Prints medians of several runs; asserts nothing.
 
     python bench/bench_lab.py [--ups 3] [--restarts 5] [--gpu-restarts 10] [--nodes 2]
+    python bench/bench_lab.py --running [--restarts 5] [--gpu-restarts 10]
 
-It needs the lab to be down when it starts (it brings the lab up and down itself). GPUOPS_LAB_INSTANCE
+It needs the lab to be down when it starts (it brings the lab up and down itself), unless --running: then
+it times only the kubelet restarts on the lab that is up (after `make demo`, say) and leaves it up. GPUOPS_LAB_INSTANCE
 picks the lab. The GPU figures use node 1 with the simulated 8 x H100 spec (tests/fixtures/simulated);
 ``--gpu-restarts 0`` leaves out site.yml and those figures.
 """
@@ -43,7 +45,13 @@ def time_up(nodes: int) -> float:
     return time.monotonic() - start
 
 
+def reset_start_limit(lab: Lab, node: str) -> None:
+    """Back-to-back restarts would hit systemd's start rate limit (5 in 10 s); each timed one starts afresh."""
+    lab.node_exec(node, "systemctl", "reset-failed", "kubelet", check=False)
+
+
 def time_kubelet_restart(lab: Lab, node: str) -> float:
+    reset_start_limit(lab, node)
     start = time.monotonic()
     restarted = lab.restart_kubelet(node)
     lab.wait_until(f"{node} Ready", lambda: lab.node_ready(node, since=restarted), interval=0.2)
@@ -85,6 +93,7 @@ def time_gpus_restored(lab: Lab, node: str, count: str) -> float:
     until the plugin has registered again and sent its device list, so a status from after the restart
     with the full count means the plugin is back.
     """
+    reset_start_limit(lab, node)
     start = time.monotonic()
     restarted = lab.restart_kubelet(node)
 
@@ -99,6 +108,15 @@ def time_gpus_restored(lab: Lab, node: str, count: str) -> float:
     return time.monotonic() - start
 
 
+def open_lab() -> Lab:
+    kubeconfig = Path(run_lab("kubeconfig").strip())
+    return Lab(
+        kubeconfig=kubeconfig,
+        nodes=run_lab("nodes").split(),
+        api=config.new_client_from_config(config_file=str(kubeconfig)),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ups", type=int, default=3, help="lab bring-ups to time (default 3)")
@@ -107,54 +125,74 @@ def main() -> int:
     parser.add_argument(
         "--gpu-restarts", type=int, default=10, help="kubelet restarts timed until GPUs are allocatable (default 10)"
     )
+    parser.add_argument(
+        "--running",
+        action="store_true",
+        help="use the lab that is up (say after `make demo`) and leave it up: no bring-ups, no site.yml; "
+        "the GPU restarts need node 1 to advertise nvidia.com/gpu already",
+    )
     args = parser.parse_args()
-    if lab_is_up():
-        print("bench_lab: the lab is up; run `make lab-down` first", file=sys.stderr)
+    if args.running != lab_is_up():
+        state = "not up" if args.running else "up; run `make lab-down` first, or pass --running"
+        print(f"bench_lab: the lab is {state}", file=sys.stderr)
         return 1
 
-    # The first bring-up may build binaries and images; it is reported apart from the timed ones.
-    first = time_up(args.nodes)
+    first = 0.0
     ups: list[float] = []
     restarts: list[float] = []
     gpu_restarts: list[float] = []
     site = 0.0
+    gpus = "8"
+    if not args.running:
+        # The first bring-up may build binaries and images; it is reported apart from the timed ones.
+        first = time_up(args.nodes)
     try:
-        for _attempt in range(args.ups):
-            run_lab("down")
-            ups.append(time_up(args.nodes))
-        kubeconfig = Path(run_lab("kubeconfig").strip())
-        lab = Lab(
-            kubeconfig=kubeconfig,
-            nodes=run_lab("nodes").split(),
-            api=config.new_client_from_config(config_file=str(kubeconfig)),
-        )
+        if not args.running:
+            for _attempt in range(args.ups):
+                run_lab("down")
+                ups.append(time_up(args.nodes))
+        lab = open_lab()
         for _attempt in range(args.restarts):
             restarts.append(time_kubelet_restart(lab, lab.nodes[0]))
         if args.gpu_restarts > 0:
-            site = run_site(lab)
+            if args.running:
+                gpus = lab.allocatable(lab.nodes[0]).get("nvidia.com/gpu", "0")
+                if gpus == "0":
+                    print(
+                        f"bench_lab: {lab.nodes[0]} advertises no nvidia.com/gpu; run `make demo` first",
+                        file=sys.stderr,
+                    )
+                    return 1
+            else:
+                site = run_site(lab)
             for _attempt in range(args.gpu_restarts):
-                gpu_restarts.append(time_gpus_restored(lab, lab.nodes[0], "8"))
+                gpu_restarts.append(time_gpus_restored(lab, lab.nodes[0], gpus))
     finally:
-        run_lab("down")
+        if not args.running:
+            run_lab("down")
 
-    print(f"lab bring-up, {args.nodes} node(s), cached binaries and images")
-    print(f"  first run (may include builds):  {first:7.1f} s")
-    print(
-        f"  median of {len(ups)} runs:            {statistics.median(ups):7.1f} s   runs: "
-        + ", ".join(f"{u:.1f}" for u in ups)
-    )
-    print("kubelet restart until the node is Ready by a new heartbeat")
-    print(
-        f"  median of {len(restarts)} restarts:        {statistics.median(restarts):7.1f} s   runs: "
-        + ", ".join(f"{r:.1f}" for r in restarts)
-    )
-    if gpu_restarts:
+    if ups:
+        print(f"lab bring-up, {args.nodes} node(s), cached binaries and images")
+        print(f"  first run (may include builds):  {first:7.1f} s")
+        print(
+            f"  median of {len(ups)} runs:            {statistics.median(ups):7.1f} s   runs: "
+            + ", ".join(f"{u:.1f}" for u in ups)
+        )
+    if restarts:
+        print("kubelet restart until the node is Ready by a new heartbeat")
+        print(
+            f"  median of {len(restarts)} restarts:        {statistics.median(restarts):7.1f} s   runs: "
+            + ", ".join(f"{r:.1f}" for r in restarts)
+        )
+    if site:
         print(f"site.yml on {args.nodes} node(s), from its start until node 1 advertises 8 nvidia.com/gpu")
         print(f"  one run:                          {site:7.1f} s")
-        print("kubelet restart until allocatable nvidia.com/gpu is 8 again (the plugin re-registered)")
+    if gpu_restarts:
+        print(f"kubelet restart until allocatable nvidia.com/gpu is {gpus} again (the plugin re-registered)")
         print(
             f"  median of {len(gpu_restarts)} restarts:       {statistics.median(gpu_restarts):7.1f} s   "
-            f"min {min(gpu_restarts):.1f}, max {max(gpu_restarts):.1f}"
+            f"min {min(gpu_restarts):.1f}, max {max(gpu_restarts):.1f}   runs: "
+            + ", ".join(f"{r:.1f}" for r in gpu_restarts)
         )
     return 0
 
