@@ -89,7 +89,7 @@ demo-clean:
 
 # make test's run of the demo: the lab is removed afterwards whether the demo passed or not.
 demo-test: setup collection
-	rc=0; python demo/lab_demo.py || rc=$$?; tests/e2e/lab.sh down; exit $$rc
+	rc=0; python demo/lab_demo.py --removed-after || rc=$$?; tests/e2e/lab.sh down; exit $$rc
 
 # The modules alone on sample configs, in check mode with diffs; changes nothing on this machine.
 demo-modules: setup collection

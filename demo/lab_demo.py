@@ -41,9 +41,9 @@ class DemoError(Exception):
     """A stage failed; the message says which and where its log is."""
 
 
-def say(message: str) -> None:
+def say(message: str, end: str = "\n") -> None:
     elapsed = int(time.monotonic() - START)
-    print(f"[demo] {elapsed // 60:2d}:{elapsed % 60:02d}  {message}", flush=True)
+    print(f"[demo] {elapsed // 60:2d}:{elapsed % 60:02d}  {message}", end=end, flush=True)
 
 
 def lab(*args: str, stdout=subprocess.PIPE) -> str:
@@ -70,11 +70,14 @@ def ansible_env() -> dict[str, str]:
 def stage_name(role: str | None, task: str) -> str:
     if role:
         return role.rsplit(".", 1)[-1]
+    if task == "Gathering Facts":
+        return "facts"
     return "discovery" if "Discover" in task else task
 
 
 def run_site(inventory: Path, log: Path, env: dict[str, str]) -> dict[str, dict[str, int]]:
-    """site.yml with the default output into ``log``; one line here each time a new stage (role) starts."""
+    """site.yml with the default output into ``log``; one line per stage (role): its name when it starts,
+    its duration appended when the next one starts."""
     say(f"site.yml: started on {NODES} nodes (full output: {log})")
     current = None
     stage_start = time.monotonic()
@@ -95,14 +98,15 @@ def run_site(inventory: Path, log: Path, env: dict[str, str]) -> dict[str, dict[
                 stage = stage_name(task.group("role"), task.group("task"))
                 if stage != current:
                     if current is not None:
-                        say(f"  {current:<18} {time.monotonic() - stage_start:6.1f} s")
+                        print(f" {time.monotonic() - stage_start:6.1f} s", flush=True)
                     current, stage_start = stage, time.monotonic()
+                    say(f"  {current:<18}", end="")
             counts = RECAP_LINE.match(line)
             if counts:
                 recap[counts.group("host")] = {k: int(v) for k, v in counts.groupdict().items() if k != "host"}
         rc = proc.wait()
     if current is not None:
-        say(f"  {current:<18} {time.monotonic() - stage_start:6.1f} s")
+        print(f" {time.monotonic() - stage_start:6.1f} s", flush=True)
     if rc != 0:
         tail = log.read_text().splitlines()[-30:]
         print("\n".join(tail), file=sys.stderr)
@@ -181,6 +185,11 @@ def main() -> int:
         metavar="SPEC",
         help="simulated-GPU spec of each node: a name from tests/fixtures/simulated/ or a file (default: h100x8 t4x1)",
     )
+    parser.add_argument(
+        "--removed-after",
+        action="store_true",
+        help="the caller removes the lab afterwards (make demo-test): no hints about looking around",
+    )
     args = parser.parse_args()
     instance = os.environ.get("GPUOPS_LAB_INSTANCE", "0")
 
@@ -226,12 +235,16 @@ def main() -> int:
     if red:
         for line in red:
             print(f"red: {line}")
-        say("validation found red checks (above); `make demo-clean` removes the lab")
+        hint = "" if args.removed_after else "; `make demo-clean` removes the lab"
+        say(f"validation found red checks (above){hint}")
         return 1
-    say(
-        f"done in {time.monotonic() - START:.0f} s. Try: GPUOPS_LAB_INSTANCE={instance} tests/e2e/lab.sh kubectl "
-        "get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count; `make demo-clean` removes the lab"
-    )
+    if args.removed_after:
+        say(f"done in {time.monotonic() - START:.0f} s")
+    else:
+        say(
+            f"done in {time.monotonic() - START:.0f} s. Try: GPUOPS_LAB_INSTANCE={instance} tests/e2e/lab.sh kubectl "
+            "get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count; `make demo-clean` removes the lab"
+        )
     return 0
 
 
