@@ -49,7 +49,7 @@ def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def request_counts(api) -> Counter[tuple[str, str]]:
     """apiserver_request_total summed by (verb, resource[/subresource]); discovery shows as its path."""
-    method, url, headers, body, _ = api.param_serialize("GET", "/metrics", header_params={"Accept": "text/plain"})
+    method, url, headers, body, _files = api.param_serialize("GET", "/metrics", header_params={"Accept": "text/plain"})
     response = api.call_api(method, url, header_params=headers, body=body)
     response.read()
     text = response.data.decode()
@@ -138,8 +138,8 @@ def run_role(workdir: Path, inventory: Path, forks: int, env: dict[str, str]) ->
     if done.returncode != 0 or not recap:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-2000:])
         raise SystemExit(f"bench_labels: ansible-playbook failed (exit {done.returncode})")
-    changed = sum(1 for c, _ in recap if int(c) > 0)
-    failed = sum(1 for _, f in recap if int(f) > 0)
+    changed = sum(1 for c, _failed in recap if int(c) > 0)
+    failed = sum(1 for _changed, f in recap if int(f) > 0)
     return wall, changed, failed
 
 
@@ -212,7 +212,7 @@ def main() -> int:
     print("(GPU information precomputed from simulated specs; no node contacted; the lab's kubelets stopped)")
     print(f"{names[0]} now has {labelled} nvidia.com/ labels and taints {taints}")
     print()
-    header = f"{'':34}" + "".join(f"{label:>14}" for label, *_ in results)
+    header = f"{'':34}" + "".join(f"{label:>14}" for label, *_rest in results)
     print(header)
     print(f"{'wall time (s)':34}" + "".join(f"{r[1]:14.1f}" for r in results))
     print(f"{'per node (ms)':34}" + "".join(f"{1000 * r[1] / args.nodes:14.1f}" for r in results))
@@ -230,7 +230,7 @@ def main() -> int:
     for verb, resource in keys:
         print(f"  {verb + ' ' + resource:32}" + "".join(f"{r[4][(verb, resource)]:14d}" for r in results))
     write_verbs = ("PATCH", "PUT", "POST", "DELETE")
-    writes = [sum(v for (verb, _), v in r[4].items() if verb in write_verbs and v > 0) for r in results]
+    writes = [sum(v for (verb, _res), v in r[4].items() if verb in write_verbs and v > 0) for r in results]
     role_writes = [
         sum(v for (verb, res), v in r[4].items() if verb in write_verbs and v > 0 and by_role((verb, res)))
         for r in results
@@ -238,7 +238,7 @@ def main() -> int:
     print(f"{'  writes':34}" + "".join(f"{w:14d}" for w in role_writes))
     print("the API server's own requests in the same interval (no kubelet running)")
     print(f"{'  PUT leases':34}" + "".join(f"{r[4][('PUT', 'leases')]:14d}" for r in results))
-    watches = [sum(v for (verb, _), v in r[4].items() if verb == "WATCH" and v > 0) for r in results]
+    watches = [sum(v for (verb, _res), v in r[4].items() if verb == "WATCH" and v > 0) for r in results]
     print(f"{'  WATCH (watch restarts, all)':34}" + "".join(f"{w:14d}" for w in watches))
     other = [
         sum(
