@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Pack the device plugin's source for the systemd mode: one reproducible tar, copied in one transfer.
 
     pack_source.py SOURCE_DIR CACHE_DIR   -> prints the path of CACHE_DIR/device-plugin-src-<digest>.tar
