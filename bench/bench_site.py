@@ -60,7 +60,7 @@ def gpu_count(spec: str) -> int:
 
 
 def load() -> str:
-    one, five, _ = os.getloadavg()
+    one, five = os.getloadavg()[:2]
     return f"{one:.1f}/{five:.1f}"
 
 

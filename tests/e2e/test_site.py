@@ -47,7 +47,8 @@ class SiteFlow:
     packages_before_check: str
     packages_after_check: str
     labels_after_check: dict[str, str]
-    runtime_classes_after_check: list[str]
+    runtime_classes_before_check: dict[str, str]
+    runtime_classes_after_check: dict[str, str]
     first: PlaybookRun
 
 
@@ -55,8 +56,10 @@ def packages(lab: Lab, node: str) -> str:
     return lab.node_exec(node, "dpkg-query", "-W", "-f", "${Package} ${Version} ${Status}\\n").stdout
 
 
-def runtime_classes(lab: Lab) -> list[str]:
-    return [rc.metadata.name for rc in client.NodeV1Api(lab.api).list_runtime_class().items]
+def runtime_classes(lab: Lab) -> dict[str, str]:
+    """The cluster's RuntimeClasses, name -> resourceVersion (which moves on any write)."""
+    items = client.NodeV1Api(lab.api).list_runtime_class().items
+    return {rc.metadata.name: rc.metadata.resource_version for rc in items}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,7 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> SiteFlow:
     )
 
     packages_before = packages(lab, node)
+    classes_before = runtime_classes(lab)
     lab.node_exec(node, "touch", "/run/gpuops-check-mark")
     check = run_playbook("site.yml", inventory, "--check", "--diff", extra_vars=extra_vars, limit=node)
     written = lab.node_exec(node, "sh", "-c", SNAPSHOT).stdout.split()
@@ -97,6 +101,7 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> SiteFlow:
         packages_before_check=packages_before,
         packages_after_check=packages_after,
         labels_after_check=labels,
+        runtime_classes_before_check=classes_before,
         runtime_classes_after_check=classes,
         first=first,
     )
@@ -111,6 +116,8 @@ def test_check_mode_first_fails_nothing_and_changes_nothing(flow: SiteFlow) -> N
     assert flow.written_during_check == [], flow.written_during_check
     assert flow.packages_after_check == flow.packages_before_check
     assert not [k for k in flow.labels_after_check if k.startswith("nvidia.com/")]
+    # (This module runs before the DaemonSet one, so the nvidia RuntimeClass is not there yet.)
+    assert flow.runtime_classes_after_check == flow.runtime_classes_before_check
     assert "nvidia" not in flow.runtime_classes_after_check
 
 
