@@ -9,6 +9,7 @@ container names, ``node_exec`` and ``allocatable``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -19,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 LAB_SH = Path(__file__).resolve().parent / "lab.sh"
 PAUSE_IMAGE = "localhost/gpuops-lab-pause:1.0"
+KUBELET_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 KUBERNETES_VERSION = os.environ.get("GPUOPS_K8S_VERSION", "v1.33.13")
 
 
@@ -89,11 +92,34 @@ class Lab:
             for c in conditions
         )
 
+    def checkpoint_devices(self, node: str, pod_uid: str, resource: str = "nvidia.com/gpu") -> list[str]:
+        """The device IDs the kubelet's device manager checkpointed for a pod once Allocate answered."""
+        data = json.loads(self.node_exec(node, "cat", KUBELET_CHECKPOINT).stdout)["Data"]
+        ids: list[str] = []
+        for entry in data.get("PodDeviceEntries") or []:
+            if entry["PodUID"] == pod_uid and entry["ResourceName"] == resource:
+                device_ids = entry["DeviceIDs"]
+                # Since 1.20 a map NUMA node -> IDs; a plain list before.
+                ids += (
+                    [i for group in device_ids.values() for i in group] if isinstance(device_ids, dict) else device_ids
+                )
+        return ids
+
     def restart_kubelet(self, node: str) -> datetime:
         """Restart the node's kubelet service; returns when it was restarted (UTC)."""
         when = datetime.now(timezone.utc)
         self.node_exec(node, "systemctl", "restart", "kubelet")
         return when
+
+
+def nvlink_peers(spec: Path) -> dict[str, set[str]]:
+    """GPU UUID -> its NVLink peers, from a simulated-GPU spec (a peer relation is symmetric)."""
+    peers: dict[str, set[str]] = {}
+    for gpu in yaml.safe_load(spec.read_text(encoding="utf-8"))["gpus"]:
+        for peer in gpu.get("nvlink_peers", []):
+            peers.setdefault(gpu["uuid"], set()).add(peer)
+            peers.setdefault(peer, set()).add(gpu["uuid"])
+    return peers
 
 
 def lab_instance() -> int:

@@ -11,7 +11,6 @@ One lab, one check run and one real run are shared by every test of this module,
 
 from __future__ import annotations
 
-import json
 import re
 import urllib.request
 import uuid
@@ -20,13 +19,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, run_lab
+from conftest import PAUSE_IMAGE, Lab, nvlink_peers, run_lab
 from kubernetes import client
 from playbook_run import REPO, PlaybookRun, inventory_hostvars, lab_inventory, run_playbook
 
 GPU = "nvidia.com/gpu"
 SPEC = REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
-CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 # What a check run may touch on the node without writing anything of the product: Ansible's own
 # temporary files (~/.ansible/tmp, whose creation also touches /root itself), logs and caches, and the
 # mounts and volumes the lab owns (-xdev skips those).
@@ -163,28 +161,6 @@ def test_runtime_class_nvidia(lab: Lab, flow: SiteFlow) -> None:
     assert "/usr/bin/nvidia-container-runtime" in dump
 
 
-def nvlink_islands() -> dict[str, set[str]]:
-    """GPU UUID -> its NVLink peers, from the spec (a peer relation is symmetric)."""
-    peers: dict[str, set[str]] = {}
-    for gpu in yaml.safe_load(SPEC.read_text())["gpus"]:
-        for peer in gpu.get("nvlink_peers", []):
-            peers.setdefault(gpu["uuid"], set()).add(peer)
-            peers.setdefault(peer, set()).add(gpu["uuid"])
-    return peers
-
-
-def checkpoint_devices(lab: Lab, node: str, pod_uid: str) -> list[str]:
-    """The device IDs the kubelet's device manager checkpointed for a pod (after Allocate)."""
-    data = json.loads(lab.node_exec(node, "cat", CHECKPOINT).stdout)["Data"]
-    ids: list[str] = []
-    for entry in data.get("PodDeviceEntries") or []:
-        if entry["PodUID"] == pod_uid and entry["ResourceName"] == GPU:
-            device_ids = entry["DeviceIDs"]
-            # Since 1.20 a map NUMA node -> IDs; a plain list before.
-            ids += [i for group in device_ids.values() for i in group] if isinstance(device_ids, dict) else device_ids
-    return ids
-
-
 def container_environment(lab: Lab, node: str, container_id: str) -> dict[str, str]:
     """The environment of the container's process, read from /proc in the node."""
     for line in lab.node_exec(node, "ctr", "-n", "k8s.io", "tasks", "ls").stdout.splitlines()[1:]:
@@ -242,10 +218,10 @@ def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow) -> None:
             timeout=120,
         )
         # The kubelet called Allocate: its checkpoint names two devices for this pod...
-        devices = checkpoint_devices(lab, flow.node, pod.metadata.uid)
+        devices = lab.checkpoint_devices(flow.node, pod.metadata.uid)
         assert len(devices) == 2, devices
         # ...which the plugin's preferred allocation took from one NVLink island.
-        assert devices[1] in nvlink_islands()[devices[0]], devices
+        assert devices[1] in nvlink_peers(SPEC)[devices[0]], devices
         # The container sees them as NVIDIA_VISIBLE_DEVICES (the envvar strategy).
         container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
         visible = container_environment(lab, flow.node, container_id)["NVIDIA_VISIBLE_DEVICES"]

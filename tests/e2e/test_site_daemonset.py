@@ -9,17 +9,15 @@ other mode's deployment each time, and only one plugin serves the node.
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, run_lab
+from conftest import PAUSE_IMAGE, Lab, nvlink_peers, run_lab
 from daemonset_node import DAEMONSET, GPU, MODE_LABEL, NAMESPACE, POD_SELECTOR, SPEC, DaemonsetNode, daemonset_node
 from kubernetes import client
 
-CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 SERVICE = "gpuops-device-plugin"
 
 
@@ -85,25 +83,6 @@ def test_node_advertises_eight_gpus(lab: Lab, ds: DaemonsetNode) -> None:
     assert registrations(lab, pod) >= 1
 
 
-def nvlink_peers() -> dict[str, set[str]]:
-    peers: dict[str, set[str]] = {}
-    for gpu in yaml.safe_load(SPEC.read_text())["gpus"]:
-        for peer in gpu.get("nvlink_peers", []):
-            peers.setdefault(gpu["uuid"], set()).add(peer)
-            peers.setdefault(peer, set()).add(gpu["uuid"])
-    return peers
-
-
-def checkpoint_devices(lab: Lab, node: str, pod_uid: str) -> list[str]:
-    """The device IDs the kubelet's device manager recorded for a pod once Allocate answered."""
-    data = json.loads(lab.node_exec(node, "cat", CHECKPOINT).stdout)["Data"]
-    ids: list[str] = []
-    for entry in data.get("PodDeviceEntries") or []:
-        if entry["PodUID"] == pod_uid and entry["ResourceName"] == GPU:
-            ids += [i for group in entry["DeviceIDs"].values() for i in group]
-    return ids
-
-
 def ensure_runc_runtime_class(lab: Lab) -> None:
     """A GPU container on the nvidia runtime needs a real GPU and driver (nvidia-container-cli); the pod
     asks for plain runc instead, so that it runs here and its environment can be read."""
@@ -142,9 +121,9 @@ def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> Non
             f"pod {name} Running",
             lambda: (p := lab.core.read_namespaced_pod(name, "default")).status.phase == "Running" and p,
         )
-        devices = checkpoint_devices(lab, ds.node, pod.metadata.uid)
+        devices = lab.checkpoint_devices(ds.node, pod.metadata.uid)
         assert len(devices) == 2, devices
-        assert devices[1] in nvlink_peers()[devices[0]], devices
+        assert devices[1] in nvlink_peers(SPEC)[devices[0]], devices
     finally:
         lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
         lab.wait_until(
