@@ -122,6 +122,12 @@ def nvlink_peers(spec: Path) -> dict[str, set[str]]:
     return peers
 
 
+def write_in_place(path: Path, text: str) -> None:
+    """Rewrite a file without a rename: nodes and pods see simulated specs through bind mounts of their directory."""
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 def lab_instance() -> int:
     """Which lab (``GPUOPS_LAB_INSTANCE``, 0-4): several can run side by side (tests/e2e/lab.sh)."""
     return int(os.environ.get("GPUOPS_LAB_INSTANCE", "0"))

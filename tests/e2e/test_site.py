@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, nvlink_peers, run_lab
+from conftest import PAUSE_IMAGE, Lab, nvlink_peers, run_lab, write_in_place
 from kubernetes import client
 from playbook_run import REPO, PlaybookRun, inventory_hostvars, lab_inventory, run_playbook
 
@@ -253,12 +253,6 @@ def test_gpu_pod_on_the_default_runtime_fails_for_want_of_a_gpu(lab: Lab, flow: 
         assert lab.core.read_namespaced_pod(name, "default").status.pod_ip
     finally:
         delete_pod(lab, name)
-
-
-def write_in_place(path: Path, text: str) -> None:
-    # Not a rename: the node sees this file through a bind mount of its directory.
-    with open(path, "w") as handle:
-        handle.write(text)
 
 
 def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, flow: SiteFlow) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, nvlink_peers, run_lab
+from conftest import PAUSE_IMAGE, Lab, nvlink_peers, run_lab, write_in_place
 from daemonset_node import DAEMONSET, GPU, MODE_LABEL, NAMESPACE, POD_SELECTOR, SPEC, DaemonsetNode, daemonset_node
 from kubernetes import client
 
@@ -130,12 +130,6 @@ def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> Non
             f"pod {name} gone",
             lambda: not any(p.metadata.name == name for p in lab.core.list_namespaced_pod("default").items),
         )
-
-
-def write_in_place(path: Path, text: str) -> None:
-    # Not a rename: the node and the pod see this file through bind mounts of its directory.
-    with open(path, "w") as handle:
-        handle.write(text)
 
 
 def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, ds: DaemonsetNode) -> None:
