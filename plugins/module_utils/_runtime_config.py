@@ -30,7 +30,7 @@ import traceback
 try:
     import tomlkit
     from tomlkit.exceptions import ParseError as TomlParseError
-    from tomlkit.items import AoT, InlineTable, String, StringType, Table, Whitespace
+    from tomlkit.items import AoT, InlineTable, Null, String, StringType, Table, Whitespace
 
     HAS_TOMLKIT = True
     TOMLKIT_IMPORT_ERROR = None
@@ -45,6 +45,7 @@ MARKER = "gpuops.k8s.nvidia_runtime"
 RUNC_SHIM = "io.containerd.runc.v2"
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 MINIMAL_CONTAINERD_CONFIG = "version = 2\n"
+RUNC_MARKER = MARKER + ": containerd's built-in runc, listed so that it stays"
 
 _MARKER_RE = re.compile(
     r"gpuops\.k8s\.nvidia_runtime: previous default (?P<value>\"(?:[^\"\\]|\\.)*\"|unset)(?P<added>; table added)?"
@@ -392,7 +393,8 @@ def _blank_before_tables(text):
 
 def _ends_blank(table):
     """True when the last thing a table (with its sub-tables) writes is a blank line."""
-    last = table.value.body[-1][1] if table.value.body else None
+    written = [item for _key, item in table.value.body if not _writes_nothing(item)]
+    last = written[-1] if written else None
     if isinstance(last, Table):
         return _ends_blank(last)
     return isinstance(last, Whitespace)
@@ -428,9 +430,14 @@ def _previous_item(doc, target):
     for item in _in_order(doc):
         if item is target:
             return previous
-        if not _is_super(item):
+        if not _is_super(item) and not _writes_nothing(item):
             previous = item
     return None
+
+
+def _writes_nothing(item):
+    """What a deleted item leaves behind, and whitespace that _drop_separator emptied."""
+    return isinstance(item, Null) or (isinstance(item, Whitespace) and not item.as_string())
 
 
 def _drop_separator(doc, table, ends_blank=None):
@@ -603,12 +610,100 @@ def containerd_version(doc, source):
     return version
 
 
+class _BuiltinRuncEntry:
+    """containerd's built-in runc, written out so that a version 2 file keeps it (see below)."""
+
+    template_name = None
+
+    def check(self, entry):
+        """Only added where no runc is listed, so there is never an existing entry to check."""
+
+    def build(self, _template, inline):
+        entry = tomlkit.inline_table() if inline else tomlkit.table()
+        entry["runtime_type"] = RUNC_SHIM
+        return entry
+
+
+def _last_table(table):
+    while table.value.body and isinstance(table.value.body[-1][1], Table):
+        table = table.value.body[-1][1]
+    return table
+
+
+def _keep_builtin_runc(doc, source, parent_parts, name, blank_lines):
+    """List containerd's built-in runc in a version 2 file that listed no runtime before the edit.
+
+    containerd 1.x reads a version 2 file's ``runtimes`` table in place of its built-in one, so the
+    first runtime a file lists makes runc disappear: pods and RuntimeClasses asking for runc fail,
+    and a default left at runc stops the CRI plugin from loading. The entry added here is what
+    containerd had built in (the runc shim with its default options), right after ``name``'s and
+    marked, so that ``absent`` takes it out again while it is the only other runtime listed.
+    """
+    runtimes_path = [*parent_parts, "runtimes"]
+    entry = _holding(_runtime_nodes(doc, source, runtimes_path), name)
+    entry = entry.table[name] if entry else None
+    blank = None
+    if isinstance(entry, Table):
+        # The blank line that ends the new block moves behind runc, which joins the block.
+        last = _last_table(entry)
+        if last.value.body and isinstance(last.value.body[-1][1], Whitespace):
+            blank = last.value.body.pop()[1]  # the last item: no key after it whose index could shift
+    _edit_toml_runtime(
+        doc,
+        _plain(doc),
+        source,
+        parent_parts,
+        "default_runtime_name",
+        "runc",
+        "present",
+        False,
+        _BuiltinRuncEntry(),
+        blank_lines,
+    )
+    runc = _holding(_runtime_nodes(doc, source, runtimes_path), "runc").table["runc"]
+    if blank is not None and isinstance(runc, Table):
+        _last_table(runc).value.append(None, tomlkit.ws(blank.as_string()))
+    if "runtime_type" in runc and hasattr(runc["runtime_type"], "comment"):
+        runc["runtime_type"].comment(RUNC_MARKER)
+
+
+def _runtime_nodes(doc, source, runtimes_path):
+    nodes = [_Node(doc)]
+    for depth, key in enumerate(runtimes_path):
+        nodes = _descend(nodes, key, source, runtimes_path[: depth + 1])
+    return nodes
+
+
+def _drop_builtin_runc(doc, data, source, parent_parts, name):
+    """Take out the runc entry ``_keep_builtin_runc`` added when, besides ``name``, it is the only runtime listed."""
+    runtimes_path = [*parent_parts, "runtimes"]
+    listed = _plain_at(data, runtimes_path)
+    others = {key: value for key, value in listed.items() if key != name} if isinstance(listed, dict) else None
+    if others != {"runc": {"runtime_type": RUNC_SHIM}}:
+        return
+    nodes = _runtime_nodes(doc, source, runtimes_path)
+    runc = _holding(nodes, "runc").table["runc"]
+    comment = getattr(getattr(runc["runtime_type"], "trivia", None), "comment", "") or ""
+    if RUNC_MARKER not in comment:
+        return
+    _drop_separator(doc, runc)
+    for node in nodes:
+        if "runc" in node.table:
+            del node.table["runc"]
+
+
 def edit_containerd(text, source, name, runtime_path, set_as_default, state):
     doc = parse_toml(text, source)
     before = _plain(doc)
     version = containerd_version(doc, source)
     parent_parts = ["plugins", CRI_PLUGIN[version], "containerd"]
     ops = _ContainerdEntry(source, name, runtime_path, [*parent_parts, "runtimes", name])
+    blank_lines = _blank_before_tables(text)
+    listed = _plain_at(before, [*parent_parts, "runtimes"])
+    # containerd 2.x (version 3) keeps its built-in runc next to the runtimes a file lists; 1.x does not.
+    builtin_runc = version == 2 and name != "runc"
+    if builtin_runc and state == "absent":
+        _drop_builtin_runc(doc, before, source, parent_parts, name)
     _edit_toml_runtime(
         doc,
         before,
@@ -619,8 +714,10 @@ def edit_containerd(text, source, name, runtime_path, set_as_default, state):
         state,
         set_as_default,
         ops,
-        _blank_before_tables(text),
+        blank_lines,
     )
+    if builtin_runc and state == "present" and not listed:
+        _keep_builtin_runc(doc, source, parent_parts, name, blank_lines)
     after = _plain(doc)
     new_text, changed = _finish_toml(doc, text, before, after)
     entry, default = _toml_effective(after, parent_parts, "default_runtime_name", name)

@@ -91,6 +91,9 @@ notes:
   - Idempotent; a second run with the same options reports no change.
   - For containerd, an existing runtime entry of the same name with C(runtime_type = "io.containerd.runc.v2") and
     the same (or no) C(BinaryName) is treated as the nvidia runtime; its C(SystemdCgroup) follows C(runc).
+  - containerd 1.x serves only the runtimes a version 2 file lists. On a version 2 file that lists none, the
+    module therefore lists the built-in C(runc) next to the new runtime, marked, and C(state=absent) removes it
+    again while it is the only other runtime listed and unchanged.
 seealso:
   - name: containerd configuration
     description: The containerd config file format (versions 2 and 3).

@@ -185,6 +185,27 @@ def test_version3_configs_with_containerd_2(name, tmp_path, run_module, containe
     assert "runtimes" not in after["plugins"].get(CRI[2], {}).get("containerd", {})
 
 
+@pytest.mark.parametrize("set_as_default", [True, False])
+def test_debian_packaged_config_keeps_runc_with_containerd_16(set_as_default, tmp_path, run_module, containerd16):
+    # Debian's config.toml lists no runtime, so containerd 1.6 serves its built-in runc. A file that
+    # lists nvidia alone would lose it (containerd 1.x takes the file's runtimes table as the whole
+    # list): pods asking for runc would fail, and a default left at runc stops the CRI plugin.
+    path = prepare("v2-debian-package.toml", tmp_path, containerd16)
+    original = path.read_bytes()
+    before = config_dump(containerd16, path)["plugins"][CRI[2]]["containerd"]
+    assert set(before["runtimes"]) == {"runc"}
+    run_module(runtime="containerd", config_path=str(path), set_as_default=set_as_default)
+    section = config_dump(containerd16, path)["plugins"][CRI[2]]["containerd"]
+    assert set(section["runtimes"]) == {"nvidia", "runc"}
+    assert section["runtimes"]["runc"]["runtime_type"] == "io.containerd.runc.v2"
+    assert "BinaryName" not in section["runtimes"]["runc"].get("options", {})
+    assert section["default_runtime_name"] == ("nvidia" if set_as_default else "runc")
+    assert run_module(runtime="containerd", config_path=str(path), set_as_default=set_as_default)["changed"] is False
+    run_module(runtime="containerd", config_path=str(path), set_as_default=set_as_default, state="absent")
+    assert path.read_bytes() == original
+    assert config_dump(containerd16, path)["plugins"][CRI[2]]["containerd"] == before
+
+
 def test_version2_file_read_by_containerd_2(tmp_path, run_module, containerd2):
     # containerd 2.x migrates version 2 files on load: the edit must survive that too.
     path = prepare("v2-mirrors-comments.toml", tmp_path, containerd2)

@@ -188,21 +188,87 @@ def test_set_as_default_false_leaves_the_default():
     assert lines(containerd(result.text, state="absent", set_as_default=False).text) == lines(V2)
 
 
+BUILTIN_RUNC = {"runtime_type": "io.containerd.runc.v2"}
+
+
 def test_minimal_file_gets_the_whole_path_and_absent_removes_it_again():
     result = containerd(rc.MINIMAL_CONTAINERD_CONFIG)
     section = cri(result.text)
     assert section["default_runtime_name"] == "nvidia"
-    assert section["runtimes"]["nvidia"] == {
-        "runtime_type": "io.containerd.runc.v2",
-        "options": {"BinaryName": RUNTIME},
+    assert section["runtimes"] == {
+        "nvidia": {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": RUNTIME}},
+        "runc": BUILTIN_RUNC,
     }
-    assert lines(containerd(result.text, state="absent").text) == lines(rc.MINIMAL_CONTAINERD_CONFIG)
+    assert containerd(result.text, state="absent").text == rc.MINIMAL_CONTAINERD_CONFIG
 
 
 def test_minimal_file_without_default_uses_implicit_tables_only():
     result = containerd("version = 2\n", set_as_default=False)
     assert "default_runtime_name" not in cri(result.text)
-    assert lines(containerd(result.text, state="absent").text) == ["version = 2"]
+    assert set(cri(result.text)["runtimes"]) == {"nvidia", "runc"}
+    assert containerd(result.text, state="absent").text == "version = 2\n"
+
+
+# containerd 1.x takes a version 2 file's runtimes table instead of its built-in one, so the file that
+# lists no runtime gets runc listed next to nvidia (Debian's packaged config is such a file).
+DEBIAN_LIKE = """\
+version = 2
+
+[plugins]
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.8"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"  # the node's choice
+
+  [plugins."io.containerd.gc.v1.scheduler"]
+    pause_threshold = 0.02
+"""
+
+
+@pytest.mark.parametrize("set_as_default", [True, False])
+@pytest.mark.parametrize("text", [DEBIAN_LIKE, DEBIAN_LIKE.replace("\n\n", "\n").replace("  ", "")])
+def test_a_file_without_runtimes_keeps_the_builtin_runc(text, set_as_default):
+    present = containerd(text, set_as_default=set_as_default)
+    section = cri(present.text)
+    assert section["runtimes"]["runc"] == BUILTIN_RUNC
+    assert section.get("default_runtime_name", "runc") in section["runtimes"]
+    assert section["snapshotter"] == "overlayfs"
+    runc_line = next(
+        line
+        for line in present.text.splitlines()
+        if line.strip().startswith("runtime_type") and "built-in runc" in line
+    )
+    assert runc_line.endswith("# " + rc.RUNC_MARKER)
+    assert not containerd(present.text, set_as_default=set_as_default).changed
+    absent = containerd(present.text, state="absent", set_as_default=set_as_default)
+    assert absent.text == text
+
+
+KATA = "[plugins.'io.containerd.grpc.v1.cri'.containerd.runtimes.kata]\nruntime_type = 'io.containerd.kata.v2'\n"
+
+
+def test_the_builtin_runc_is_not_added_where_the_file_lists_runtimes_or_to_version_3():
+    # A file that lists runtimes already decides which exist (V2 lists runc; this one only kata).
+    assert containerd(V2).text.count(rc.RUNC_MARKER) == 0
+    kata_only = "version = 2\n" + KATA
+    assert set(cri(containerd(kata_only).text)["runtimes"]) == {"kata", "nvidia"}
+    # containerd 2.x keeps its built-in runc next to the file's runtimes.
+    assert set(cri(containerd("version = 3\n").text, CRI3)["runtimes"]) == {"nvidia"}
+
+
+def test_absent_keeps_the_added_runc_while_the_file_needs_it():
+    present = containerd(rc.MINIMAL_CONTAINERD_CONFIG).text
+    # Another runtime listed since: runc has to stay listed for containerd 1.x to keep it.
+    with_kata = present + KATA
+    assert set(cri(containerd(with_kata, state="absent").text)["runtimes"]) == {"kata", "runc"}
+    # An operator's setting on it: the entry is theirs now.
+    edited = present.replace(f"# {rc.RUNC_MARKER}\n", f"# {rc.RUNC_MARKER}\nprivileged_without_host_devices = true\n")
+    assert cri(containerd(edited, state="absent").text)["runtimes"]["runc"]["privileged_without_host_devices"] is True
+    # Without the marker it was never ours.
+    unmarked = present.replace(f" # {rc.RUNC_MARKER}", "")
+    assert cri(containerd(unmarked, state="absent").text)["runtimes"] == {"runc": BUILTIN_RUNC}
 
 
 def test_absent_without_marker_falls_back_to_containerd_default():
