@@ -10,6 +10,7 @@ removes the nodes' volumes). Medians over --runs repetitions; the machine's load
 with each figure. Asserts nothing.
 
     GPUOPS_LAB_INSTANCE=3 python bench/bench_site.py [--runs 1] [--spec h100x8] [--hosts 4] [--only one|many]
+                                                     [--no-forks-1]
 
 It needs its lab instance to be down when it starts, and leaves it down.
 """
@@ -181,6 +182,9 @@ def main() -> int:
     parser.add_argument("--spec", default="h100x8", help="simulated-GPU spec for every node (default h100x8)")
     parser.add_argument("--hosts", type=int, default=4, help="nodes for the forks comparison (default 4)")
     parser.add_argument("--only", choices=["one", "many"], help="only the one-host or only the many-host part")
+    parser.add_argument(
+        "--no-forks-1", action="store_true", help="many hosts at forks N only (skips the serial run, N times as long)"
+    )
     args = parser.parse_args()
     if lab_is_up():
         print("bench_site: this lab instance is up; take it down first (tests/e2e/lab.sh down)", file=sys.stderr)
@@ -203,7 +207,7 @@ def main() -> int:
                 second.append(site(inventory, forks=1))
                 progress(f"  1 host, run {attempt + 1}: second {second[-1].describe()}")
             for attempt in range(args.runs if args.only != "one" else 0):
-                for forks in (args.hosts, 1):
+                for forks in (args.hosts,) if args.no_forks_1 else (args.hosts, 1):
                     inventory, kubeconfig, nodes = fresh_lab(args.hosts, args.spec, workdir)
                     many[forks].append(site(inventory, forks=forks, watch=(kubeconfig, nodes, count)))
                     progress(
