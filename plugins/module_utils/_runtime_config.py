@@ -157,7 +157,12 @@ def _descend(nodes, key, source, path_parts):
 def _create(node, key, explicit):
     table = tomlkit.inline_table() if isinstance(node.table, InlineTable) else tomlkit.table(not explicit)
     node.table[key] = table
-    return _Node(node.table[key], node, key)
+    created = node.table[key]
+    if _is_super(created):
+        # tomlkit gives a table added after other items a newline of its own; one without a header
+        # would write it in front of the first table under it, which gets its own lead (_lead).
+        created.trivia.indent = ""
+    return _Node(created, node, key)
 
 
 def _holding(nodes, key):

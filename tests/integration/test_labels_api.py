@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -305,3 +306,117 @@ def test_daemonset_and_runtimeclass(apiserver):
     assert changed == 1
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("gpuops-device-plugin", "gpuops-system")
     assert ds.spec.template.spec.runtime_class_name is None
+
+
+def _node_requests(apiserver):
+    """The API server's request counters for Node objects, by verb (its own /metrics)."""
+    api = apiserver["api"]
+    method, url, headers, body, _files = api.param_serialize(
+        "GET", "/metrics", header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"]
+    )
+    response = api.call_api(method, url, header_params=headers, body=body)
+    response.read()
+    assert response.status == 200, response.data[:200]
+    counts = {}
+    for line in response.data.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        if labels.get("resource") == "nodes" and not labels.get("subresource"):
+            counts[labels["verb"]] = counts.get(labels["verb"], 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def _play_batch(apiserver, hosts, common, expect_ok=True):
+    """gpu_node_labels over several inventory hosts in one play; returns (changed per host, node requests made)."""
+    collections = subprocess.run(
+        [str(ROOT / "scripts/collection-tree.sh")], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    work = apiserver["work"]
+    inventory = work / "batch-inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": common}}))
+    playbook = work / "batch-play.yml"
+    playbook.write_text(
+        yaml.safe_dump([{"hosts": "all", "gather_facts": False, "roles": [{"role": "gpuops.k8s.gpu_node_labels"}]}])
+    )
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(Path(collections).parents[2]),
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_LOCALHOST_WARNING="false",
+    )
+    before = _node_requests(apiserver)
+    run = subprocess.run(
+        ["ansible-playbook", "-i", str(inventory), "--forks", "3", str(playbook)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    after = _node_requests(apiserver)
+    made = {verb: after.get(verb, 0) - before.get(verb, 0) for verb in after}
+    if not expect_ok:
+        assert run.returncode != 0
+        return json.loads(run.stdout), made
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    stats = json.loads(run.stdout)["stats"]
+    return {host: stats[host]["changed"] for host in hosts}, made
+
+
+def test_a_batch_is_read_with_one_list_and_written_once_per_changed_node(apiserver):
+    names = [f"gpu-labels-batch-{i}" for i in (1, 2, 3)]
+    for name in names:
+        apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    hosts = {name: {"gpu_node_labels_user_labels": {"rack": f"r{i}"}} for i, name in enumerate(names, 1)}
+    common = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpu_node_labels_simulate_from": str(SPEC),
+        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
+    }
+
+    changed, made = _play_batch(apiserver, hosts, common)
+    assert changed == dict.fromkeys(names, 1)
+    assert made.get("LIST", 0) == 1, made
+    assert made.get("PATCH", 0) == 3, made
+    for i, name in enumerate(names, 1):
+        labels = apiserver["core"].read_node(name).metadata.labels
+        assert labels["rack"] == f"r{i}"
+        assert labels["nvidia.com/gpu.count"] == "8"
+
+    changed, made = _play_batch(apiserver, hosts, common)
+    assert changed == dict.fromkeys(names, 0)
+    assert made.get("LIST", 0) == 1 and made.get("PATCH", 0) == 0, made
+
+    # One host's labels change: that node alone is written, and only its host reports a change.
+    hosts[names[1]] = {"gpu_node_labels_user_labels": {"rack": "r9"}}
+    changed, made = _play_batch(apiserver, hosts, common)
+    assert changed == {names[0]: 0, names[1]: 1, names[2]: 0}
+    assert made.get("PATCH", 0) == 1, made
+    assert apiserver["core"].read_node(names[1]).metadata.labels["rack"] == "r9"
+
+
+def test_a_batch_with_different_credentials_fails_with_a_sentence(apiserver):
+    names = ["gpu-labels-creds-1", "gpu-labels-creds-2"]
+    for name in names:
+        apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    hosts = {names[0]: {}, names[1]: {"gpu_node_labels_context": "another-cluster"}}
+    common = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpu_node_labels_simulate_from": str(SPEC),
+        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
+    }
+    report, made = _play_batch(apiserver, hosts, common, expect_ok=False)
+    messages = [
+        result.get("msg", "")
+        for play in report["plays"]
+        for task in play["tasks"]
+        for result in task["hosts"].values()
+        if result.get("failed")
+    ]
+    assert any("set gpu_node_labels_delegate_to, _kubeconfig, _context" in m for m in messages), messages
+    assert made.get("PATCH", 0) == 0, made
+    for name in names:
+        assert "nvidia.com/gpu.present" not in (apiserver["core"].read_node(name).metadata.labels or {})
