@@ -413,6 +413,13 @@ def _in_order(container):
             yield from _in_order(item)
 
 
+def _last_table(table):
+    """The table a table's block ends with: itself, or its last sub-table's last sub-table, and so on."""
+    while table.value.body and isinstance(table.value.body[-1][1], Table):
+        table = table.value.body[-1][1]
+    return table
+
+
 def _end_like_start(doc, first, last):
     """Give a block of new tables (``first`` .. ``last``) a blank line at its end when one precedes it.
 
@@ -423,8 +430,7 @@ def _end_like_start(doc, first, last):
     previous = _previous_item(doc, first)
     if not (isinstance(previous, Whitespace) and previous.as_string().endswith("\n")):
         return
-    while last.value.body and isinstance(last.value.body[-1][1], Table):
-        last = last.value.body[-1][1]
+    last = _last_table(last)
     if not (last.value.body and isinstance(last.value.body[-1][1], Whitespace)):
         last.value.append(None, tomlkit.ws("\n"))
 
@@ -627,12 +633,6 @@ class _BuiltinRuncEntry:
         entry = tomlkit.inline_table() if inline else tomlkit.table()
         entry["runtime_type"] = RUNC_SHIM
         return entry
-
-
-def _last_table(table):
-    while table.value.body and isinstance(table.value.body[-1][1], Table):
-        table = table.value.body[-1][1]
-    return table
 
 
 def _keep_builtin_runc(doc, source, parent_parts, name, blank_lines):

@@ -146,11 +146,21 @@ def apiserver(tmp_path_factory):
             log.close()
 
 
-def _play(apiserver, role, extra, check=False):
-    """Run one role on localhost; returns (changed task count, the result of each task)."""
+def _ansible_env():
+    """ansible-playbook's environment: the collection from this tree, JSON results, no localhost warning."""
     collections = subprocess.run(
         [str(ROOT / "scripts/collection-tree.sh")], check=True, capture_output=True, text=True
     ).stdout.strip()
+    return dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(Path(collections).parents[2]),
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_LOCALHOST_WARNING="false",
+    )
+
+
+def _play(apiserver, role, extra, check=False):
+    """Run one role on localhost; returns (changed task count, the result of each task)."""
     playbook = apiserver["work"] / f"play-{role}.yml"
     playbook.write_text(
         yaml.safe_dump(
@@ -160,13 +170,7 @@ def _play(apiserver, role, extra, check=False):
     extra_file = apiserver["work"] / "extra.json"
     # The roles' Kubernetes calls need the kubernetes client, which this (the controller's) Python has.
     extra_file.write_text(json.dumps(dict(extra, ansible_python_interpreter=sys.executable)))
-    env = dict(
-        os.environ,
-        ANSIBLE_COLLECTIONS_PATH=str(Path(collections).parents[2]),
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-        ANSIBLE_LOCALHOST_WARNING="false",
-        ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
-    )
+    env = dict(_ansible_env(), ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
     argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{extra_file}"]
     if check:
         argv += ["--check", "--diff"]
@@ -329,9 +333,6 @@ def _node_requests(apiserver):
 
 def _play_batch(apiserver, hosts, common, expect_ok=True):
     """gpu_node_labels over several inventory hosts in one play; returns (changed per host, node requests made)."""
-    collections = subprocess.run(
-        [str(ROOT / "scripts/collection-tree.sh")], check=True, capture_output=True, text=True
-    ).stdout.strip()
     work = apiserver["work"]
     inventory = work / "batch-inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": common}}))
@@ -339,12 +340,7 @@ def _play_batch(apiserver, hosts, common, expect_ok=True):
     playbook.write_text(
         yaml.safe_dump([{"hosts": "all", "gather_facts": False, "roles": [{"role": "gpuops.k8s.gpu_node_labels"}]}])
     )
-    env = dict(
-        os.environ,
-        ANSIBLE_COLLECTIONS_PATH=str(Path(collections).parents[2]),
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-        ANSIBLE_LOCALHOST_WARNING="false",
-    )
+    env = _ansible_env()
     before = _node_requests(apiserver)
     run = subprocess.run(
         ["ansible-playbook", "-i", str(inventory), "--forks", "3", str(playbook)],
