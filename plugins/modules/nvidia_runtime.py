@@ -13,18 +13,32 @@ version_added: 0.1.0
 description:
   - Adds (or removes) the NVIDIA container runtime in the configuration of containerd, Docker or CRI-O,
     and optionally makes it the default runtime.
-  - Only the keys of the nvidia runtime and the default runtime change; every other key and every comment
-    of the file stay as they were. TOML files are edited with C(tomlkit), which preserves formatting.
+  - Only the keys of the nvidia runtime, the default runtime and (when asked) CDI change; every other key,
+    comment, blank line and line end of the file stays byte for byte as it was.
+  - "How TOML files are edited: as text. The module finds where the statements it owns stand (table headers,
+    key/value pairs, inline tables), changes only those spans, and parses the result with a strict TOML parser
+    (the standard library's C(tomllib) on Python 3.11 and newer, else C(tomli), else tomlkit's parser) to check
+    that the file means exactly what was intended before anything is written. A round-tripping TOML library
+    is not used because it re-renders what it is given: on configs that set CRI keys with dotted keys it put
+    the runtime under the wrong table, and some valid layouts stopped it with internal errors."
   - "containerd: config versions 2 and 3 (read from the file). The runtime is added under
     C(plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.<name>) (version 2) or
     C(plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.<name>) (version 3). It inherits the fields
     and C(options) of the existing C(runc) runtime (C(SystemdCgroup) and the rest), with
     C(runtime_type = \"io.containerd.runc.v2\") and C(options.BinaryName) set to O(runtime_path)."
+  - "containerd, where the config goes (O(config_mode)): into the main file; into a drop-in file that the
+    main file imports (the main file gains only the import); or into the C(config.toml.tmpl) /
+    C(config-v3.toml.tmpl) template of k3s or RKE2, built on C({{ template \"base\" . }}), since they
+    regenerate C(config.toml) at every start."
   - When the containerd config file does not exist it is created from C(containerd config default) if the
     C(containerd) binary is on the target, or from a minimal version 2 file otherwise.
   - "Docker: C(runtimes.<name>) in C(daemon.json) with C(path) and C(args), and C(default-runtime). Key order and
     the file's indentation are kept."
   - "CRI-O: a drop-in file with C([crio.runtime.runtimes.<name>]) and C([crio.runtime] default_runtime)."
+  - "Entries that the GPU Operator, C(nvidia-ctk) or k3s wrote (O(runtime_name) and its C(-cdi), C(-legacy) and
+    C(-experimental) variants, with a binary under C(/usr/local/nvidia/toolkit/) or C(/usr/bin/)) are adopted:
+    their binary is pointed at O(runtime_path) (the variants at the matching C(nvidia-container-runtime.<mode>)
+    next to it) and every other option stays (see O(adopt_existing))."
   - >-
     When O(state=present) changes the default runtime it records the previous one, so that O(state=absent)
     can restore it. In TOML files that record is a comment on the default-runtime line
@@ -36,7 +50,7 @@ description:
 author:
   - gpuops.k8s maintainers (@gpuops)
 requirements:
-  - tomlkit >= 0.11 on the target (for O(runtime=containerd) and O(runtime=crio); Debian 12 C(python3-tomlkit))
+  - "For O(runtime=containerd) and O(runtime=crio) on Python older than 3.11: C(tomli) (or tomlkit) on the target."
 options:
   runtime:
     description:
@@ -49,6 +63,35 @@ options:
       - The configuration file to edit.
       - Defaults to C(/etc/containerd/config.toml), C(/etc/docker/daemon.json) or
         C(/etc/crio/crio.conf.d/99-nvidia.toml), according to O(runtime).
+      - With O(config_mode=template), the C(config.toml) that k3s or RKE2 generated (read, never written), for
+        example C(/var/lib/rancher/k3s/agent/etc/containerd/config.toml).
+    type: path
+  config_mode:
+    description:
+      - containerd only. Where the runtime goes.
+      - V(file) edits O(config_path) itself.
+      - V(drop_in) writes the runtime into O(drop_in_path) and adds that file's directory (C(<dir>/*.toml)) to the
+        C(imports) of O(config_path), as C(nvidia-ctk) 1.17 and newer do; the main file is otherwise untouched.
+        For a version 2 main file the drop-in also carries the main file's CRI section, since containerd 1.x
+        replaces a whole plugin section with an imported one; later edits of that section in the main file are
+        then shadowed by the drop-in. O(state=absent) removes the drop-in file and keeps the import.
+      - V(template) writes a k3s or RKE2 template (O(template_path)) built on the base template, with a marked
+        block that adds the runtime only where the generated config lacks it. A template cannot change the tables
+        the base template writes, so the default runtime is k3s's and RKE2's own C(default-runtime) setting,
+        which the C(nvidia_runtime) role writes.
+      - V(auto) is V(drop_in) when O(config_path) already imports a drop-in directory (a glob), else V(file).
+    type: str
+    choices: [auto, file, drop_in, template]
+    default: auto
+  drop_in_path:
+    description:
+      - containerd with O(config_mode=drop_in) (or V(auto) choosing it) only. The drop-in file.
+    type: path
+    default: /etc/containerd/conf.d/99-nvidia.toml
+  template_path:
+    description:
+      - containerd with O(config_mode=template) only. The template file; by default C(config.toml.tmpl) (version 2
+        generated config) or C(config-v3.toml.tmpl) (version 3) next to O(config_path).
     type: path
   runtime_name:
     description:
@@ -64,9 +107,31 @@ options:
   set_as_default:
     description:
       - Make the nvidia runtime the default runtime.
-      - When V(false), the default runtime is left as it is.
+      - When V(false), the default runtime is left as it is, also when someone else made it the nvidia runtime;
+        the module changes the default only when asked to.
     type: bool
     default: true
+  adopt_existing:
+    description:
+      - Converge NVIDIA runtime entries that other installers wrote (see the description) to O(runtime_path).
+      - When V(false), such an entry with another binary makes the module fail with a message naming it.
+    type: bool
+    default: true
+  enable_cdi:
+    description:
+      - Switch on the Container Device Interface in the runtime, for device-plugin and DRA strategies that hand
+        devices over as CDI names.
+      - containerd C(enable_cdi = true) and C(cdi_spec_dirs) in the CRI plugin (needed by 1.7, on by default in
+        2.x); Docker C(features.cdi = true); CRI-O C(cdi_spec_dirs) in C([crio.runtime]) (CRI-O always reads CDI).
+      - V(false) leaves CDI settings as they are; O(state=absent) leaves them too.
+    type: bool
+    default: false
+  cdi_spec_dirs:
+    description:
+      - The directories CDI specs are read from, when O(enable_cdi=true).
+    type: list
+    elements: path
+    default: [/etc/cdi, /var/run/cdi]
   state:
     description:
       - V(present) adds the runtime (and makes it the default when O(set_as_default=true)).
@@ -86,7 +151,7 @@ attributes:
     description: Computes the change and the diff without writing anything.
   diff_mode:
     support: full
-    description: Returns the file's text before and after the change, with the path as header.
+    description: Returns each changed file's text before and after the change, with its path as header.
 notes:
   - Idempotent; a second run with the same options reports no change.
   - For containerd, an existing runtime entry of the same name with C(runtime_type = "io.containerd.runc.v2") and
@@ -94,6 +159,8 @@ notes:
   - containerd 1.x serves only the runtimes a version 2 file lists. On a version 2 file that lists none, the
     module therefore lists the built-in C(runc) next to the new runtime, marked, and C(state=absent) removes it
     again while it is the only other runtime listed and unchanged.
+  - Any valid file is either converged or refused with one sentence that names the file and the key; an edit
+    whose result would not parse to exactly the intended settings is refused and nothing is written.
 seealso:
   - name: containerd configuration
     description: The containerd config file format (versions 2 and 3).
@@ -105,6 +172,20 @@ EXAMPLES = r"""
   gpuops.k8s.nvidia_runtime:
     runtime: containerd
   notify: Restart containerd
+
+- name: Put the runtime into a containerd drop-in, with CDI on
+  gpuops.k8s.nvidia_runtime:
+    runtime: containerd
+    config_mode: drop_in
+    drop_in_path: /etc/containerd/conf.d/99-nvidia.toml
+    enable_cdi: true
+
+- name: Add the runtime to the containerd of k3s through its template
+  gpuops.k8s.nvidia_runtime:
+    runtime: containerd
+    config_mode: template
+    config_path: /var/lib/rancher/k3s/agent/etc/containerd/config.toml
+    set_as_default: false
 
 - name: Add the nvidia runtime to Docker without making it the default, keeping a backup
   gpuops.k8s.nvidia_runtime:
@@ -126,13 +207,24 @@ EXAMPLES = r"""
 
 RETURN = r"""
 config_path:
-  description: The file that was edited.
+  description: The file that holds the runtime (the drop-in or the template in those modes).
   returned: always
   type: str
   sample: /etc/containerd/config.toml
+config_mode:
+  description: Where the runtime went (containerd): V(file), V(drop_in) or V(template).
+  returned: when O(runtime=containerd)
+  type: str
+  sample: file
+changed_files:
+  description: The files this run changed (or would change, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: [/etc/containerd/config.toml]
 runtime_entry:
   description:
-    - The nvidia runtime's entry as the file now holds it; null when absent.
+    - The nvidia runtime's entry as the file now holds it; null when absent (in template mode, what the block adds).
   returned: always
   type: dict
   sample:
@@ -147,13 +239,22 @@ default_runtime:
   returned: always
   type: str
   sample: nvidia
+adopted:
+  description: Entries of other installers whose binary was pointed at ours.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - entry: plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia
+      from: /usr/local/nvidia/toolkit/nvidia-container-runtime
+      to: /usr/bin/nvidia-container-runtime
 config_version:
   description: The containerd config version of the file.
   returned: when O(runtime=containerd)
   type: int
   sample: 2
 backup_file:
-  description: The backup copy of the original file.
+  description: The backup copy of the original file (the last one, when several files changed).
   returned: when a backup was made
   type: str
   sample: /etc/containerd/config.toml.12345.2026-01-01@10:00:00~
@@ -164,24 +265,17 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_containerd as ctd
 from ansible_collections.gpuops.k8s.plugins.module_utils._files import (
     file_diff,
     read_text,
     remove_file,
     write_atomic,
 )
-from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import (
-    HAS_TOMLKIT,
-    MINIMAL_CONTAINERD_CONFIG,
-    TOMLKIT_IMPORT_ERROR,
-    TOMLKIT_VERSION,
-    ConfigError,
-    edit_containerd,
-    edit_crio,
-    edit_docker,
-    imports_overriding_cri,
-    tomlkit_too_old,
-)
+from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import ConfigError
+from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_crio import edit_crio
+from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_docker import edit_docker
+from ansible_collections.gpuops.k8s.plugins.module_utils._toml_text import HAS_TOML_PARSER
 
 DEFAULT_PATHS = {
     "containerd": "/etc/containerd/config.toml",
@@ -189,6 +283,20 @@ DEFAULT_PATHS = {
     "crio": "/etc/crio/crio.conf.d/99-nvidia.toml",
 }
 DOCKER_STATE_SUFFIX = ".nvidia-runtime-state"
+
+
+class Change:
+    """One file's text before and after (``after`` None: the file is removed, or never created)."""
+
+    def __init__(self, path, before, after, mode=0o644):
+        self.path = path
+        self.before = before
+        self.after = after
+        self.mode = mode
+
+    @property
+    def changed(self):
+        return self.before != self.after
 
 
 def _containerd_default_config(module):
@@ -201,11 +309,20 @@ def _containerd_default_config(module):
         module.warn(
             f"`{binary} config default` failed (rc={rc}): {err.strip()}; starting from a minimal version 2 config."
         )
-    return MINIMAL_CONTAINERD_CONFIG
+    return ctd.MINIMAL_CONTAINERD_CONFIG
+
+
+def _read(module, path):
+    if os.path.isdir(path):
+        module.fail_json(msg=f"{path} is a directory, not a file.")
+    try:
+        return read_text(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        module.fail_json(msg=f"Cannot read {path}: {exc}.")
 
 
 def _read_state_doc(module, path):
-    text = read_text(path)
+    text = _read(module, path)
     if text is None:
         return None
     try:
@@ -217,97 +334,191 @@ def _read_state_doc(module, path):
     return data if isinstance(data, dict) else None
 
 
+def _edit_args(params):
+    return dict(
+        name=params["runtime_name"],
+        runtime_path=params["runtime_path"],
+        set_as_default=params["set_as_default"],
+        state=params["state"],
+        adopt_existing=params["adopt_existing"],
+        enable_cdi=params["enable_cdi"],
+        cdi_spec_dirs=params["cdi_spec_dirs"],
+    )
+
+
+def _containerd_file(module, path, original, args):
+    """The edit of one containerd config file (created from the default config where missing)."""
+    start = original
+    if original is None or not original.strip():
+        if args["state"] == "absent":
+            return None, original
+        start = _containerd_default_config(module)
+    return ctd.edit_containerd(start, path, **args), start
+
+
+def _containerd(module, result):
+    params = module.params
+    args = _edit_args(params)
+    path = params["config_path"] or DEFAULT_PATHS["containerd"]
+    mode = params["config_mode"]
+    original = _read(module, path)
+
+    if mode == "template":
+        return _containerd_template(module, result, path, original, args)
+
+    imports = None
+    if original is not None and original.strip():
+        try:
+            main_data = ctd.parse(original, path)
+        except ConfigError as exc:
+            module.fail_json(msg=str(exc), **result)
+        imports = main_data.get("imports")
+    if mode == "auto":
+        mode = "drop_in" if ctd.imports_directory(imports, path) else "file"
+    result["config_mode"] = mode
+
+    if mode == "file":
+        edit, _start = _containerd_file(module, path, original, args)
+        if edit is None:  # absent, and there is no containerd config at all
+            result.update(runtime_entry=None, default_runtime="runc")
+            return []
+        if args["state"] == "present":
+            for imported in ctd.imports_overriding_cri(edit.imports, edit.config_version, path):
+                module.warn(
+                    f"{imported} also configures the plugin io.containerd.grpc.v1.cri; containerd 1.x replaces that "
+                    f"whole section with the imported one, so the runtime added to {path} does not take effect there "
+                    "(set config_mode to drop_in with that file as drop_in_path, or config_path to it)."
+                )
+        _report(result, edit)
+        new_text = None if original is None and args["state"] == "absent" else edit.text
+        return [Change(path, original, new_text)]
+
+    # drop_in
+    drop_in = params["drop_in_path"]
+    result["config_path"] = drop_in
+    drop_in_text = _read(module, drop_in)
+    if args["state"] == "absent":
+        if drop_in_text is None:
+            result.update(runtime_entry=None, default_runtime="runc")
+            return []
+        edit = ctd.edit_containerd(drop_in_text, drop_in, **args)
+        _report(result, edit)
+        return [Change(drop_in, drop_in_text, None)]
+    main_text = original
+    changes = []
+    if main_text is None or not main_text.strip():
+        main_text = _containerd_default_config(module)
+    main_data = ctd.parse(main_text, path)
+    version = ctd.containerd_version(main_data, path)
+    if not ctd.covers(main_data.get("imports"), path, drop_in):
+        new_main, _changed = ctd.ensure_import(main_text, path, ctd.drop_in_import(drop_in))
+        changes.append(Change(path, original, new_main))
+    start = drop_in_text if drop_in_text is not None and drop_in_text.strip() else ctd.drop_in_base(main_data, version)
+    edit = ctd.edit_containerd(start, drop_in, **args)
+    if edit.config_version != version:
+        module.fail_json(
+            msg=f"{drop_in} declares config version {edit.config_version} but {path} has version {version}; "
+            "containerd reads a drop-in with the main file's version, so they must agree.",
+            **result,
+        )
+    _report(result, edit)
+    changes.append(Change(drop_in, drop_in_text, edit.text))
+    return changes
+
+
+def _containerd_template(module, result, path, generated, args):
+    result["config_mode"] = "template"
+    if generated is None or not generated.strip():
+        module.fail_json(
+            msg=f"{path} does not exist yet; start k3s or RKE2 once so that it generates its containerd config, "
+            "then run this again.",
+            **result,
+        )
+    template = module.params["template_path"] or ctd.template_path_for(generated, path)
+    current = _read(module, template)
+    template, edit = ctd.edit_template(generated, current, path, template, **args)
+    result["config_path"] = template
+    _report(result, edit)
+    return [Change(template, current, edit.text)]
+
+
+def _report(result, edit):
+    result["runtime_entry"] = edit.runtime_entry
+    result["default_runtime"] = edit.default_runtime
+    result["adopted"] = edit.adopted
+    if edit.config_version is not None:
+        result["config_version"] = edit.config_version
+    result["notes"] = edit.notes
+
+
 def run_module(module):
     params = module.params
     runtime = params["runtime"]
     path = params["config_path"] or DEFAULT_PATHS[runtime]
     name = params["runtime_name"]
-    runtime_path = params["runtime_path"]
     state = params["state"]
 
-    if runtime in ("containerd", "crio"):
-        if not HAS_TOMLKIT:
-            module.fail_json(msg=missing_required_lib("tomlkit"), exception=TOMLKIT_IMPORT_ERROR)
-        if tomlkit_too_old():
-            module.fail_json(
-                msg=f"tomlkit {TOMLKIT_VERSION} is too old; this module needs tomlkit 0.11 or newer on the target."
-            )
+    if runtime in ("containerd", "crio") and not HAS_TOML_PARSER:
+        module.fail_json(msg=missing_required_lib("tomli (Python older than 3.11 has no tomllib)"))
     if not name or any(c in name for c in "\n\r\"'\\"):
         module.fail_json(msg="runtime_name must be a non-empty name without quotes, backslashes or newlines.")
+    if runtime != "containerd" and params["config_mode"] not in ("auto", "file"):
+        module.fail_json(msg=f"config_mode {params['config_mode']} applies to containerd only.")
 
-    if os.path.isdir(path):
-        module.fail_json(msg=f"config_path {path} is a directory, not a file.")
-    try:
-        original = read_text(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        module.fail_json(msg=f"Cannot read {path}: {exc}.")
-
-    result = {"changed": False, "config_path": path}
-    state_path = path + DOCKER_STATE_SUFFIX
-    state_doc_before = None
+    result = {"changed": False, "config_path": path, "adopted": []}
+    changes = []
     try:
         if runtime == "containerd":
-            start = original
-            if original is None or not original.strip():
-                if state == "absent":
-                    start = original if original is not None else ""
-                else:
-                    start = _containerd_default_config(module)
-            if state == "absent" and not start.strip():
-                edit = None
-            else:
-                edit = edit_containerd(start, path, name, runtime_path, params["set_as_default"], state)
+            changes = _containerd(module, result)
         elif runtime == "crio":
-            edit = edit_crio(original or "", path, name, runtime_path, params["set_as_default"], state)
+            original = _read(module, path)
+            edit = edit_crio(original or "", path, **_edit_args(params))
+            _report(result, edit)
+            new_text = None if original is None and state == "absent" else edit.text
+            changes = [Change(path, original, new_text)]
         else:
+            original = _read(module, path)
+            state_path = path + DOCKER_STATE_SUFFIX
             state_doc_before = _read_state_doc(module, state_path)
-            edit = edit_docker(
-                original or "", path, name, runtime_path, params["set_as_default"], state, state_doc_before
-            )
+            edit = edit_docker(original or "", path, state_doc=state_doc_before, **_edit_args(params))
+            _report(result, edit)
+            new_text = None if original is None and state == "absent" else edit.text
+            state_text = json.dumps(edit.state_doc, indent=2, sort_keys=True) + "\n" if edit.state_doc else None
+            state_before = json.dumps(state_doc_before, indent=2, sort_keys=True) + "\n" if state_doc_before else None
+            changes = [Change(path, original, new_text)]
+            if edit.state_doc != state_doc_before:
+                changes.append(Change(state_path, state_before, state_text, 0o600))
     except ConfigError as exc:
         module.fail_json(msg=str(exc), **result)
 
-    if edit is None:  # absent, and there is no containerd config at all
-        result.update(runtime_entry=None, default_runtime="runc")
-        module.exit_json(**result)
+    for note in result.pop("notes", []):
+        module.warn(note)
+    for item in result.get("adopted", []):
+        if not os.path.exists(item["to"]):
+            module.warn(f"{item['entry']} now points at {item['to']}, which does not exist on this node (yet).")
 
-    if runtime == "containerd" and state == "present":
-        for imported in imports_overriding_cri(edit.imports, edit.config_version, path):
-            module.warn(
-                f"{imported} also configures the plugin io.containerd.grpc.v1.cri; containerd 1.x replaces that whole "
-                f"section with the imported one, so the runtime added to {path} does not take effect there "
-                f"(set config_path to {imported} instead)."
-            )
-
-    new_text = edit.text
-    if original is None and state == "absent":
-        new_text = None  # nothing to remove, and no file to create
-    file_changed = new_text is not None and new_text != original
-    state_doc_changed = runtime == "docker" and edit.state_doc != state_doc_before
-
-    result["changed"] = file_changed or state_doc_changed
-    result["runtime_entry"] = edit.runtime_entry
-    result["default_runtime"] = edit.default_runtime
-    if edit.config_version is not None:
-        result["config_version"] = edit.config_version
+    changed = [c for c in changes if c.changed]
+    result["changed"] = bool(changed)
+    result["changed_files"] = [c.path for c in changed]
     if module._diff:
-        result["diff"] = file_diff(path, original, new_text if file_changed else original)
-
-    if module.check_mode or not result["changed"]:
+        shown = [c for c in changed if not c.path.endswith(DOCKER_STATE_SUFFIX)]
+        diffs = [file_diff(c.path, c.before, c.after) for c in shown]
+        if not diffs and changes:  # nothing changes: the file as it is, on both sides
+            diffs = [file_diff(changes[0].path, changes[0].before, changes[0].before)]
+        result["diff"] = diffs[0] if len(diffs) == 1 else diffs
+    if module.check_mode or not changed:
         module.exit_json(**result)
 
-    try:
-        if file_changed:
-            if params["backup"] and original is not None:
-                result["backup_file"] = module.backup_local(path)
-            write_atomic(module, path, new_text)
-        if state_doc_changed:
-            if edit.state_doc is None:
-                remove_file(state_path)
-            else:
-                write_atomic(module, state_path, json.dumps(edit.state_doc, indent=2, sort_keys=True) + "\n", 0o600)
-    except OSError as exc:
-        module.fail_json(msg=f"Cannot write {path}: {exc}.", **result)
+    for change in changed:
+        try:
+            if change.after is None:
+                remove_file(change.path)
+                continue
+            if module.params["backup"] and change.before is not None and not change.path.endswith(DOCKER_STATE_SUFFIX):
+                result["backup_file"] = module.backup_local(change.path)
+            write_atomic(module, change.path, change.after, change.mode)
+        except OSError as exc:
+            module.fail_json(msg=f"Cannot write {change.path}: {exc}.", **result)
     module.exit_json(**result)
 
 
@@ -316,9 +527,15 @@ def main():
         argument_spec=dict(
             runtime=dict(type="str", required=True, choices=["containerd", "docker", "crio"]),
             config_path=dict(type="path"),
+            config_mode=dict(type="str", default="auto", choices=["auto", "file", "drop_in", "template"]),
+            drop_in_path=dict(type="path", default=ctd.DROP_IN_PATH),
+            template_path=dict(type="path"),
             runtime_name=dict(type="str", default="nvidia"),
             runtime_path=dict(type="path", default="/usr/bin/nvidia-container-runtime"),
             set_as_default=dict(type="bool", default=True),
+            adopt_existing=dict(type="bool", default=True),
+            enable_cdi=dict(type="bool", default=False),
+            cdi_spec_dirs=dict(type="list", elements="path", default=["/etc/cdi", "/var/run/cdi"]),
             state=dict(type="str", default="present", choices=["present", "absent"]),
             backup=dict(type="bool", default=False),
         ),

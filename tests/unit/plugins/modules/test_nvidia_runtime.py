@@ -11,7 +11,6 @@ import pytest
 import tomllib
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
-from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_config
 from ansible_collections.gpuops.k8s.plugins.modules import nvidia_runtime
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
@@ -247,23 +246,15 @@ def test_empty_containerd_file_absent(tmp_path):
     assert run({"runtime": "containerd", "config_path": str(path), "state": "absent"})["changed"] is False
 
 
-def test_missing_tomlkit_gives_missing_required_lib(config, monkeypatch):
-    monkeypatch.setattr(nvidia_runtime, "HAS_TOMLKIT", False)
-    monkeypatch.setattr(nvidia_runtime, "TOMLKIT_IMPORT_ERROR", "Traceback: No module named 'tomlkit'")
+def test_missing_toml_parser_gives_missing_required_lib(config, monkeypatch):
+    monkeypatch.setattr(nvidia_runtime, "HAS_TOML_PARSER", False)
     result = fail({"runtime": "containerd", "config_path": str(config)})
-    assert "Failed to import the required Python library (tomlkit)" in result["msg"]
+    assert "Failed to import the required Python library (tomli" in result["msg"]
     assert config.read_text() == V2
 
 
-def test_old_tomlkit_is_refused(config, monkeypatch):
-    monkeypatch.setattr(_runtime_config, "TOMLKIT_VERSION", "0.9.5")
-    monkeypatch.setattr(nvidia_runtime, "TOMLKIT_VERSION", "0.9.5")
-    result = fail({"runtime": "crio", "config_path": str(config)})
-    assert result["msg"] == "tomlkit 0.9.5 is too old; this module needs tomlkit 0.11 or newer on the target."
-
-
-def test_docker_does_not_need_tomlkit(tmp_path, monkeypatch):
-    monkeypatch.setattr(nvidia_runtime, "HAS_TOMLKIT", False)
+def test_docker_does_not_need_a_toml_parser(tmp_path, monkeypatch):
+    monkeypatch.setattr(nvidia_runtime, "HAS_TOML_PARSER", False)
     path = tmp_path / "daemon.json"
     result = run({"runtime": "docker", "config_path": str(path)})
     assert result["changed"]
@@ -355,10 +346,10 @@ def test_warns_when_an_import_overrides_the_cri_section(tmp_path, monkeypatch):
     (confd / "c.toml").write_text("not toml [\n")
     path = tmp_path / "config.toml"
     path.write_text('version = 2\nimports = ["conf.d/*.toml", 3, "config.toml"]\n' + V2.split("\n", 1)[1])
-    run({"runtime": "containerd", "config_path": str(path)})
+    run({"runtime": "containerd", "config_path": str(path), "config_mode": "file"})
     assert len(warnings) == 1
     assert warnings[0].startswith(f"{confd / 'a.toml'} also configures the plugin io.containerd.grpc.v1.cri")
     warnings.clear()
     path.write_text('version = 3\nimports = ["conf.d/*.toml"]\n')
-    run({"runtime": "containerd", "config_path": str(path)})
+    run({"runtime": "containerd", "config_path": str(path), "config_mode": "file"})
     assert warnings == []

@@ -1,0 +1,129 @@
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""CRI-O's rules for the nvidia runtime: a drop-in with ``[crio.runtime.runtimes.<name>]`` (private)."""
+
+from __future__ import annotations
+
+import json
+
+from ansible_collections.gpuops.k8s.plugins.module_utils import _toml_text as tt
+from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import (
+    NVIDIA_VARIANTS,
+    ConfigError,
+    EditResult,
+    TomlEdit,
+    adoption_error,
+    cdi_dirs,
+    comment_without_marker,
+    foreign_entry_error,
+    is_nvidia_binary,
+    marker_comment,
+    read_marker,
+    variant_binary,
+)
+
+PARTS = ("crio", "runtime")
+
+
+def _check(entry, entry_parts, source, wanted, runtime_path, adopt_existing):
+    """'ours', 'adopt' or raise: what an existing entry of that name is."""
+    if not isinstance(entry, dict):
+        raise ConfigError(
+            f"{source}: {tt.dotted(entry_parts)} is a {type(entry).__name__}, but a table was expected there."
+        )
+    runtime_type = entry.get("runtime_type")
+    path = entry.get("runtime_path")
+    if runtime_type not in (None, "", "oci"):
+        raise foreign_entry_error(
+            source,
+            tt.dotted(entry_parts),
+            f"runtime_type {json.dumps(runtime_type)} and runtime_path {json.dumps(path)}",
+            runtime_path,
+        )
+    if path in (None, "", wanted):
+        return "ours"
+    if not is_nvidia_binary(path, runtime_path):
+        raise foreign_entry_error(
+            source,
+            tt.dotted(entry_parts),
+            f"runtime_type {json.dumps(runtime_type)} and runtime_path {json.dumps(path)}",
+            runtime_path,
+        )
+    if not adopt_existing:
+        raise adoption_error(source, tt.dotted(entry_parts), path, wanted)
+    return "adopt"
+
+
+def edit_crio(
+    text,
+    source,
+    name,
+    runtime_path,
+    set_as_default,
+    state,
+    adopt_existing=True,
+    enable_cdi=False,
+    cdi_spec_dirs=None,
+):
+    """Add (or remove) the nvidia runtime in a CRI-O config file or drop-in."""
+    edit = TomlEdit(text, source)
+    for depth in (1, 2):
+        value = edit.value(PARTS[:depth])
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(
+                f"{source}: {tt.dotted(PARTS[:depth])} is a {type(value).__name__}, but a table was expected there."
+            )
+    runtimes_parts = (*PARTS, "runtimes")
+    entry_parts = (*runtimes_parts, name)
+    default_parts = (*PARTS, "default_runtime")
+    adopted = []
+    if state == "present":
+        for variant in NVIDIA_VARIANTS:
+            key = name + variant
+            parts = (*runtimes_parts, key)
+            entry = edit.value(parts)
+            if entry is None:
+                continue
+            wanted = variant_binary(runtime_path, variant)
+            if variant and not (isinstance(entry, dict) and is_nvidia_binary(entry.get("runtime_path"), runtime_path)):
+                continue
+            verdict = _check(entry, parts, source, wanted, runtime_path, adopt_existing)
+            if verdict == "adopt":
+                adopted.append({"entry": tt.dotted(parts), "from": entry.get("runtime_path"), "to": wanted})
+            if entry.get("runtime_path") != wanted:
+                edit.set_key((*parts, "runtime_path"), wanted)
+            if not variant and entry.get("runtime_type") != "oci":
+                edit.set_key((*parts, "runtime_type"), "oci")
+        if edit.value(entry_parts) is None:
+            edit.add_table(entry_parts, {"runtime_path": runtime_path, "runtime_type": "oci"})
+        current = edit.value(default_parts)
+        if set_as_default and current != name:
+            user_comment = comment_without_marker(edit.comment(default_parts)) if current is not None else ""
+            marker = marker_comment(current, table_added=not edit.defined(PARTS))
+            edit.set_key(default_parts, name, comment=f"{user_comment} # {marker}" if user_comment else marker)
+        if enable_cdi and edit.value((*PARTS, "cdi_spec_dirs")) != cdi_dirs(cdi_spec_dirs):
+            edit.set_key((*PARTS, "cdi_spec_dirs"), cdi_dirs(cdi_spec_dirs))
+    else:
+        entry = edit.value(entry_parts)
+        if entry is not None:
+            _check(entry, entry_parts, source, runtime_path, runtime_path, True)
+            edit.remove(entry_parts)
+        if edit.value(default_parts) == name:
+            found, previous, table_added = read_marker(edit.comment(default_parts))
+            if found and previous is not None:
+                edit.set_key(default_parts, previous, comment=comment_without_marker(edit.comment(default_parts)))
+            else:
+                edit.remove(default_parts)
+                if table_added:
+                    edit.drop_empty_header(PARTS)
+        edit.prune_empty(runtimes_parts)
+    new_text, changed = edit.finish()
+    return EditResult(
+        new_text,
+        changed,
+        edit.value(entry_parts),
+        edit.value(default_parts),
+        adopted=adopted,
+    )
