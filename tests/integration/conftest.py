@@ -3,8 +3,10 @@
 The module runs the way Ansible runs it on a target: a separate Python process that gets its
 arguments as a JSON file and prints its result as JSON. The collection is made importable through
 a symlink tree (``ansible_collections/gpuops/k8s`` -> this checkout), so the tests exercise the
-working tree itself. containerd 1.6 comes from Debian (scripts/bootstrap.sh); containerd 2.x,
-which reads config version 3, is built by scripts/build-containerd2.sh and cached.
+working tree itself. containerd 1.6 comes from Debian (scripts/bootstrap.sh); containerd 1.7
+(the first with the CDI keys) and 2.x (which reads config version 3) are built by
+scripts/build-containerd17.sh and scripts/build-containerd2.sh, both through
+scripts/build-containerd.sh, and cached.
 """
 
 from __future__ import annotations
@@ -79,17 +81,25 @@ def containerd16():
     return binary
 
 
-@pytest.fixture(scope="session")
-def containerd2():
+def built_containerd(script, expect):
     # Builds on the first call (minutes), then comes from $GPUOPS_CACHE.
-    proc = subprocess.run(
-        [str(REPO / "scripts" / "build-containerd2.sh")], capture_output=True, text=True, timeout=3600, check=False
-    )
+    proc = subprocess.run([str(REPO / "scripts" / script)], capture_output=True, text=True, timeout=3600, check=False)
     assert proc.returncode == 0, proc.stderr
     binary = proc.stdout.strip().splitlines()[-1]
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
-    assert " 2." in version, version
+    assert expect in version, version
     return binary
+
+
+@pytest.fixture(scope="session")
+def containerd2():
+    return built_containerd("build-containerd2.sh", " 2.")
+
+
+@pytest.fixture(scope="session")
+def containerd17():
+    """containerd 1.7: config version 2 with the CRI plugin's ``enable_cdi`` and ``cdi_spec_dirs``."""
+    return built_containerd("build-containerd17.sh", " 1.7.")
 
 
 def config_dump(binary, path):
