@@ -428,9 +428,8 @@ def split_template(text):
     match = pattern.search(text)
     if not match:
         return text, None
-    return text[: match.start()] + ("\n" if match.group(0).endswith("\n") and match.start() > 0 else "") + text[
-        match.end() :
-    ], match.group("body")
+    # The blank line in front of the block is the one template_text wrote: it goes with the block.
+    return text[: match.start()] + text[match.end() :], match.group("body")
 
 
 def strip_rendered_block(rendered):
@@ -455,13 +454,24 @@ def template_text(current, block):
     return kept + "\n" + TEMPLATE_BEGIN + "\n" + block + TEMPLATE_END + "\n"
 
 
+def template_guard(name):
+    """The Go template condition under which our tables render: k3s found no runtime of that name itself.
+
+    k3s and RKE2 add ``nvidia`` (and ``nvidia-cdi``) by themselves once they find the toolkit on the
+    node, and a table declared twice stops containerd. The toolkit is often installed after the
+    template was written, so whether base renders the runtime is decided at every k3s start, and the
+    block must ask the same question then. ``index`` of a runtime k3s did not find gives an empty
+    entry, whose BinaryName is empty.
+    """
+    return "{{ if not (index .ExtraRuntimes " + json.dumps(name) + ").BinaryName }}"
+
+
 def template_block(base_text, source, plan):
-    """Our block for a k3s/RKE2 template: the runtime tables ``base`` does not render itself.
+    """Our block for a k3s/RKE2 template: the runtime's tables, rendered only where base lacks them.
 
     A template cannot change a table that ``base`` already writes (TOML forbids a table twice), so
-    the block only adds tables: the runtime entry when base has none, and CDI where asked. The default
-    runtime is k3s's own ``default-runtime`` setting (the role writes it), and an entry that base
-    renders with another binary is reported rather than duplicated.
+    the block only adds the runtime entry; the default runtime is k3s's own ``default-runtime``
+    setting (the role writes it). An entry that base renders with another binary is reported.
     """
     edit = TomlEdit(base_text, source)
     version = containerd_version(edit.before, source)
@@ -469,39 +479,34 @@ def template_block(base_text, source, plan):
     entry_parts = (*parts, "runtimes", plan.name)
     notes = []
     entry = edit.value(entry_parts)
-    lines = []
     runc = edit.value((*parts, "runtimes", "runc"))
-    runc = runc if isinstance(runc, dict) else {}
-    if entry is None:
-        new = _new_entry(runc, plan.runtime_path)
-        options = new.pop("options")
-        lines.append(f"[{tt.dotted(entry_parts)}]")
-        lines.extend(f"  {tt.key_text(k)} = {tt.value_text(v)}" for k, v in new.items())
-        lines.append("")
-        lines.append(f"[{tt.dotted((*entry_parts, 'options'))}]")
-        lines.extend(f"  {tt.key_text(k)} = {tt.value_text(v)}" for k, v in options.items())
-    elif isinstance(entry, dict) and _binary(entry) != plan.runtime_path:
+    new = _new_entry(runc if isinstance(runc, dict) else {}, plan.runtime_path)
+    options = new.pop("options")
+    tables = [f"[{tt.dotted(entry_parts)}]"]
+    tables += [f"  {tt.key_text(k)} = {tt.value_text(v)}" for k, v in new.items()]
+    tables += [f"[{tt.dotted((*entry_parts, 'options'))}]"]
+    tables += [f"  {tt.key_text(k)} = {tt.value_text(v)}" for k, v in options.items()]
+    body = "\n".join(tables) + "\n"
+    if isinstance(entry, dict) and _binary(entry) != plan.runtime_path:
         notes.append(
-            f"the generated config already has the runtime {plan.name} with BinaryName {json.dumps(_binary(entry))} "
-            f"(k3s adds it when it finds the toolkit); it stays, as a template cannot redefine it."
+            f"k3s renders the runtime {plan.name} itself with BinaryName {json.dumps(_binary(entry))} (it looks in "
+            "/usr/local/nvidia/toolkit before PATH); a template cannot redefine it, so that binary stays in use."
         )
-    if plan.enable_cdi:
-        cdi = _cdi_parts(version)
-        if edit.value((*cdi, "enable_cdi")) is not True:
-            notes.append(
-                "CDI cannot be switched on through the template (base writes the CRI table); "
-                "k3s and RKE2 with containerd 2.x have it on already."
-            )
-    if not lines:
-        return None, notes, version
-    block = "\n".join(lines) + "\n"
-    # The block must parse together with what base renders.
-    combined = base_text + ("" if base_text.endswith("\n") else "\n") + block
-    try:
-        tt.loads(combined)
-    except tt.TomlTextError as exc:
-        raise ConfigError(f"{source}: the runtime block would not fit the generated config ({exc}).") from None
-    return block, notes, version
+    if entry is None:
+        # Where base lacks the runtime the tables render: they must fit what base writes.
+        combined = base_text + ("" if base_text.endswith("\n") else "\n") + body
+        try:
+            tt.loads(combined)
+        except tt.TomlTextError as exc:
+            raise ConfigError(f"{source}: the runtime's tables would not fit the generated config ({exc}).") from None
+    if plan.enable_cdi and edit.value((*_cdi_parts(version), "enable_cdi")) is not True and version == 2:
+        notes.append(
+            "CDI cannot be switched on through a k3s/RKE2 template (base writes the CRI table); "
+            "their containerd 2.x (config version 3) has it on by default."
+        )
+    block = template_guard(plan.name) + "\n" + body + "{{ end }}\n"
+    rendered = entry if isinstance(entry, dict) else {**new, "options": options}
+    return block, notes, rendered
 
 
 def edit_template(generated, current, source, template_path=None, **args):
@@ -524,9 +529,9 @@ def edit_template(generated, current, source, template_path=None, **args):
         args.get("enable_cdi", False),
         args.get("cdi_spec_dirs"),
     )
-    block, notes = None, []
+    block, notes, entry = None, [], None
     if plan.state == "present":
-        block, notes, _version = template_block(base, source, plan)
+        block, notes, entry = template_block(base, source, plan)
     try:
         new = template_text(current, block)
     except ConfigError as exc:
@@ -534,9 +539,6 @@ def edit_template(generated, current, source, template_path=None, **args):
     if block is None and (current is None or new == TEMPLATE_BASE + "\n"):
         new = None  # base alone is what k3s renders without a template: no file needed
     parts = _cri_parts(version)
-    entry = plain_at(tt.loads(block), (*parts, "runtimes", plan.name)) if block else None
-    if entry is None:
-        entry = plain_at(data, (*parts, "runtimes", plan.name)) if plan.state == "present" else None
     result = EditResult(
         new,
         new != current,

@@ -447,3 +447,219 @@ def test_a_layout_tomlkit_cannot_reproduce_is_not_rewritten_without_a_change():
     assert again.text == present.text
     absent = containerd(present.text, state="absent")
     assert tomllib.loads(absent.text) == tomllib.loads(text)
+
+
+# ------------------------------------------------------------------ entries other installers left
+
+OPERATOR_V2 = """\
+version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "nvidia"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+    privileged_without_host_devices = false
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+      BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+      SystemdCgroup = true
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia-cdi]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia-cdi.options]
+      BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime.cdi"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia-legacy]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia-legacy.options]
+      BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime.legacy"
+"""
+
+
+def test_operator_entries_are_adopted_keeping_their_other_options():
+    result = containerd(OPERATOR_V2)
+    runtimes = cri(result.text)["runtimes"]
+    assert runtimes["nvidia"] == {
+        "privileged_without_host_devices": False,
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"BinaryName": RUNTIME, "SystemdCgroup": True},
+    }
+    assert runtimes["nvidia-cdi"]["options"]["BinaryName"] == RUNTIME + ".cdi"
+    assert runtimes["nvidia-legacy"]["options"]["BinaryName"] == RUNTIME + ".legacy"
+    assert [a["entry"].rsplit(".", 1)[-1] for a in result.adopted] == ["nvidia", "nvidia-cdi", "nvidia-legacy"]
+    assert result.adopted[0]["from"] == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+    # Only the three binaries changed: every other line is the same.
+    changed = [pair for pair in zip(OPERATOR_V2.splitlines(), result.text.splitlines()) if pair[0] != pair[1]]
+    assert len(changed) == 3 and all("BinaryName" in old for old, _new in changed)
+    # The default was nvidia already (the operator's): no marker, and a second run changes nothing.
+    assert "gpuops.k8s.nvidia_runtime" not in result.text
+    assert not containerd(result.text).changed
+
+
+def test_adopt_existing_false_names_the_entry_and_the_option():
+    with pytest.raises(ConfigError) as err:
+        rc.edit_containerd(OPERATOR_V2, "/etc/containerd/config.toml", "nvidia", RUNTIME, True, "present", False)
+    assert str(err.value) == (
+        "/etc/containerd/config.toml already has a runtime "
+        'plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia '
+        'whose binary is "/usr/local/nvidia/toolkit/nvidia-container-runtime" (as the GPU Operator, nvidia-ctk or k3s '
+        f"write it), not {RUNTIME}; set adopt_existing to true to point it at {RUNTIME}, or remove that entry first."
+    )
+
+
+def test_an_nvidia_binary_in_an_unknown_place_is_not_taken():
+    text = OPERATOR_V2.replace(
+        '/usr/local/nvidia/toolkit/nvidia-container-runtime"', '/opt/x/nvidia-container-runtime"'
+    )
+    with pytest.raises(ConfigError) as err:
+        containerd(text)
+    assert "choose another runtime_name or remove that entry first" in str(err.value)
+
+
+def test_a_default_someone_else_set_to_nvidia_stays_when_we_do_not_manage_it():
+    text = OPERATOR_V2
+    kept = containerd(text, set_as_default=False)
+    assert cri(kept.text)["default_runtime_name"] == "nvidia"
+    # absent takes our runtime out, and with it a default that would point at nothing.
+    removed = containerd(kept.text, state="absent", set_as_default=False)
+    assert "default_runtime_name" not in cri(removed.text)
+
+
+@pytest.mark.parametrize(("version", "table"), [(2, CRI2), (3, CRI3)])
+def test_cdi_is_switched_on_in_the_cri_plugin(version, table):
+    text = V2 if version == 2 else V3
+    result = rc.edit_containerd(text, "c.toml", "nvidia", RUNTIME, True, "present", enable_cdi=True)
+    plugin = tomllib.loads(result.text)["plugins"][table]
+    assert plugin["enable_cdi"] is True
+    assert plugin["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    again = rc.edit_containerd(result.text, "c.toml", "nvidia", RUNTIME, True, "present", enable_cdi=True)
+    assert not again.changed
+    # Off means "leave as it is": CDI stays on, and absent leaves it too.
+    assert not rc.edit_containerd(result.text, "c.toml", "nvidia", RUNTIME, True, "present").changed
+    absent = rc.edit_containerd(result.text, "c.toml", "nvidia", RUNTIME, True, "absent")
+    assert tomllib.loads(absent.text)["plugins"][table]["enable_cdi"] is True
+
+
+# --------------------------------------------------------------------------- drop-ins and templates
+
+
+def test_ensure_import_adds_the_glob_once_after_the_version_line():
+    new, changed = rc.ensure_import(V2, "c.toml", "/etc/containerd/conf.d/*.toml")
+    assert changed
+    assert new.startswith('version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\nroot = ')
+    assert rc.ensure_import(new, "c.toml", "/etc/containerd/conf.d/*.toml") == (new, False)
+    listed, _ = rc.ensure_import('version = 3\nimports = ["/a.toml"]\n', "c.toml", "/b/*.toml")
+    assert tomllib.loads(listed)["imports"] == ["/a.toml", "/b/*.toml"]
+
+
+def test_import_helpers(tmp_path):
+    main = str(tmp_path / "config.toml")
+    assert rc.imports_directory(["conf.d/*.toml"], main)
+    assert not rc.imports_directory(["/etc/containerd/extra.toml"], main)
+    assert rc.covers(["conf.d/*.toml"], main, str(tmp_path / "conf.d" / "99-nvidia.toml"))
+    assert not rc.covers(["other/*.toml"], main, str(tmp_path / "conf.d" / "99-nvidia.toml"))
+
+
+def test_a_version_2_drop_in_carries_the_main_cri_section():
+    base = rc.drop_in_base(tomllib.loads(V2), 2)
+    data = tomllib.loads(base)
+    assert data["version"] == 2
+    assert data["plugins"][CRI2] == tomllib.loads(V2)["plugins"][CRI2]
+    assert rc.drop_in_base(tomllib.loads(V3), 3) == "version = 3\n"
+
+
+K3S_GENERATED = """\
+# File generated by k3s. DO NOT EDIT. Use config.toml.tmpl instead.
+version = 2
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  SystemdCgroup = true
+"""
+
+
+def render(template, generated, k3s_found_nvidia=False):
+    """What k3s writes from a template (a test double of Go's text/template, for these two actions only).
+
+    Base's output stands in place of the base line; our guarded tables render unless k3s found the
+    runtime itself. tests/integration renders the same templates with Go's real text/template.
+    """
+    base = rc.strip_rendered_block(generated).rstrip("\n")
+    text = template.replace(rc.TEMPLATE_BASE, base)
+    guard = rc.template_guard("nvidia")
+    if guard in text:
+        head, rest = text.split(guard, 1)
+        body, tail = rest.split("{{ end }}", 1)
+        text = head + ("" if k3s_found_nvidia else body) + tail
+    return text
+
+
+def k3s(generated, current=None, state="present"):
+    return rc.edit_template(
+        generated,
+        current,
+        "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+        name="nvidia",
+        runtime_path=RUNTIME,
+        set_as_default=False,
+        state=state,
+    )
+
+
+def test_k3s_template_adds_the_runtime_on_top_of_base():
+    path, result = k3s(K3S_GENERATED)
+    assert path == "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl"
+    assert result.text.startswith(rc.TEMPLATE_BASE + "\n\n" + rc.TEMPLATE_BEGIN + "\n")
+    rendered = render(result.text, K3S_GENERATED)
+    runtimes = cri(rendered)["runtimes"]
+    assert runtimes["nvidia"] == {
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"SystemdCgroup": True, "BinaryName": RUNTIME},
+    }
+    assert result.runtime_entry == runtimes["nvidia"]
+    # k3s renders it; the next run reads that rendering and changes nothing.
+    _path, again = k3s(rendered, result.text)
+    assert not again.changed and again.text == result.text
+    # absent: the template is no longer needed at all.
+    _path, removed = k3s(rendered, result.text, state="absent")
+    assert removed.text is None and removed.changed
+
+
+def test_k3s_template_keeps_what_the_operator_wrote_and_adds_nothing_where_base_has_the_runtime():
+    own = rc.TEMPLATE_BASE + '\n\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/x"\n'
+    _path, result = k3s(K3S_GENERATED, own)
+    assert result.text.startswith(own)
+    with_nvidia = K3S_GENERATED + (
+        '\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes."nvidia"]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes."nvidia".options]\n'
+        f'  BinaryName = "{RUNTIME}"\n'
+    )
+    # k3s renders the runtime itself here: the guarded tables stay out of the rendering.
+    _path, guarded = k3s(with_nvidia)
+    assert guarded.runtime_entry["options"]["BinaryName"] == RUNTIME
+    rendered = render(guarded.text, with_nvidia, k3s_found_nvidia=True)
+    assert cri(rendered)["runtimes"]["nvidia"]["options"] == {"BinaryName": RUNTIME}
+    _path, again = k3s(rendered, guarded.text)
+    assert not again.changed
+
+
+def test_a_template_that_does_not_build_on_base_is_refused():
+    with pytest.raises(ConfigError) as err:
+        k3s(K3S_GENERATED, "version = 2\n")
+    assert "does not build on the base template" in str(err.value)
+
+
+def test_a_version_3_generated_config_gets_the_v3_template():
+    generated = K3S_GENERATED.replace("version = 2", "version = 3").replace("io.containerd.grpc.v1.cri", CRI3)
+    path, result = k3s(generated)
+    assert path.endswith("/config-v3.toml.tmpl")
+    assert cri(render(result.text, generated), CRI3)["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME

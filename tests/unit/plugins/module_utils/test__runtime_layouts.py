@@ -43,7 +43,11 @@ def dotted(parts):
 
 
 def inline(table):
-    return "{ " + ", ".join(f"{quoted(k)} = {inline(v) if isinstance(v, dict) else toml(v)}" for k, v in table.items()) + " }"
+    return (
+        "{ "
+        + ", ".join(f"{quoted(k)} = {inline(v) if isinstance(v, dict) else toml(v)}" for k, v in table.items())
+        + " }"
+    )
 
 
 class Layout:
@@ -165,7 +169,7 @@ def containerd_configs(draw):
         before += section(layout, ("debug",), {"level": "info"}, 0) + layout.gap()
     if draw(st.booleans()):  # an unrelated array of tables
         for address in ("a", "b"):
-            before += [f"[[x_proxy_list]]", layout.key_line(1, "address", toml(address))] + layout.gap()
+            before += ["[[x_proxy_list]]", layout.key_line(1, "address", toml(address)), *layout.gap()]
     after = []
     if draw(st.booleans()):
         after += section(layout, ("plugins", "io.containerd.x_other.v1"), {"x_key": 1}, 0) + layout.gap()
