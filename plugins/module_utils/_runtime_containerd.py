@@ -329,6 +329,14 @@ def imports_directory(imports, config_path):
     return any(glob.has_magic(pattern) for pattern in _import_paths(imports, config_path))
 
 
+def drop_in_default(imports, config_path):
+    """Where a drop-in goes by default: into the directory the main config imports, else DROP_IN_PATH."""
+    for pattern in _import_paths(imports, config_path):
+        if glob.has_magic(pattern) and not glob.has_magic(os.path.dirname(pattern)):
+            return os.path.join(os.path.dirname(pattern), os.path.basename(DROP_IN_PATH))
+    return DROP_IN_PATH
+
+
 def covers(imports, config_path, drop_in_path):
     """True when one of the main config's imports names ``drop_in_path`` (literally or by a glob)."""
     import fnmatch
@@ -370,18 +378,41 @@ def ensure_import(main_text, source, pattern):
     return edit.finish()
 
 
-def drop_in_base(main_data, version):
-    """What a drop-in starts from: its version and, for version 2, the main file's CRI section.
+def effective_cri_v2(main_data, config_path, exclude=None):
+    """The version 2 CRI section containerd 1.x runs with: the main file's, or the last import's that has one.
+
+    containerd 1.x reads the imports in order and each file that carries the CRI plugin section
+    replaces the whole section; ``exclude`` (our own drop-in) is left out.
+    """
+    section = plain_at(main_data, ("plugins", CRI_PLUGIN[2]))
+    for pattern in _import_paths(main_data.get("imports"), config_path):
+        for imported in sorted(glob.glob(pattern)):
+            if exclude and os.path.abspath(imported) == os.path.abspath(exclude):
+                continue
+            try:
+                with open(imported, encoding="utf-8") as handle:
+                    data = tt.loads(handle.read())
+            except (OSError, ValueError, tt.TomlTextError):
+                continue
+            found = plain_at(data, ("plugins", CRI_PLUGIN[2]))
+            if isinstance(found, dict):
+                section = found
+    return section if isinstance(section, dict) else {}
+
+
+def drop_in_base(main_data, version, config_path="/etc/containerd/config.toml", drop_in_path=None):
+    """What a drop-in starts from: its version and, for version 2, the CRI section containerd runs with.
 
     containerd 1.x replaces a whole plugin section with an imported file's, so a version 2 drop-in
-    that holds only the runtime would take every other CRI setting of the main file away (the
-    sandbox image, runc's SystemdCgroup, registries). It therefore carries the main file's CRI
-    section too, as nvidia-ctk's drop-ins do; containerd 2.x merges key by key and needs none of it.
+    that holds only the runtime would take every other CRI setting away (the sandbox image, runc's
+    SystemdCgroup, registries). It therefore carries the CRI section as containerd 1.x would have
+    run with it (the main file's, or an earlier import's), as nvidia-ctk's drop-ins do; containerd
+    2.x merges key by key and needs none of it.
     """
     lines = [f"version = {version}"]
     if version == 2:
-        cri = plain_at(main_data, ("plugins", CRI_PLUGIN[2]))
-        if isinstance(cri, dict) and cri:
+        cri = effective_cri_v2(main_data, config_path, drop_in_path)
+        if cri:
             lines.append("")
             lines.extend(_table_text(("plugins", CRI_PLUGIN[2]), cri))
     return "\n".join(lines) + "\n"
@@ -532,6 +563,11 @@ def edit_template(generated, current, source, template_path=None, **args):
     block, notes, entry = None, [], None
     if plan.state == "present":
         block, notes, entry = template_block(base, source, plan)
+        if plan.set_as_default and plain_at(data, (*_cri_parts(version), "default_runtime_name")) != plan.name:
+            notes.append(
+                f"the default runtime of k3s and RKE2 is their own default-runtime setting (default-runtime: "
+                f"{plan.name} in their config.yaml), not the template's; the nvidia_runtime role writes it."
+            )
     try:
         new = template_text(current, block)
     except ConfigError as exc:

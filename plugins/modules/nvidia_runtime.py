@@ -86,8 +86,9 @@ options:
   drop_in_path:
     description:
       - containerd with O(config_mode=drop_in) (or V(auto) choosing it) only. The drop-in file.
+      - By default C(99-nvidia.toml) in the directory that O(config_path) already imports (a glob such as
+        C(conf.d/*.toml)), else C(/etc/containerd/conf.d/99-nvidia.toml).
     type: path
-    default: /etc/containerd/conf.d/99-nvidia.toml
   template_path:
     description:
       - containerd with O(config_mode=template) only. The template file; by default C(config.toml.tmpl) (version 2
@@ -394,7 +395,7 @@ def _containerd(module, result):
         return [Change(path, original, new_text)]
 
     # drop_in
-    drop_in = params["drop_in_path"]
+    drop_in = params["drop_in_path"] or ctd.drop_in_default(imports, path)
     result["config_path"] = drop_in
     drop_in_text = _read(module, drop_in)
     if args["state"] == "absent":
@@ -413,7 +414,9 @@ def _containerd(module, result):
     if not ctd.covers(main_data.get("imports"), path, drop_in):
         new_main, _changed = ctd.ensure_import(main_text, path, ctd.drop_in_import(drop_in))
         changes.append(Change(path, original, new_main))
-    start = drop_in_text if drop_in_text is not None and drop_in_text.strip() else ctd.drop_in_base(main_data, version)
+    start = drop_in_text
+    if start is None or not start.strip():
+        start = ctd.drop_in_base(main_data, version, path, drop_in)
     edit = ctd.edit_containerd(start, drop_in, **args)
     if edit.config_version != version:
         module.fail_json(
@@ -528,7 +531,7 @@ def main():
             runtime=dict(type="str", required=True, choices=["containerd", "docker", "crio"]),
             config_path=dict(type="path"),
             config_mode=dict(type="str", default="auto", choices=["auto", "file", "drop_in", "template"]),
-            drop_in_path=dict(type="path", default=ctd.DROP_IN_PATH),
+            drop_in_path=dict(type="path"),
             template_path=dict(type="path"),
             runtime_name=dict(type="str", default="nvidia"),
             runtime_path=dict(type="path", default="/usr/bin/nvidia-container-runtime"),

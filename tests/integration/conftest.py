@@ -11,6 +11,7 @@ scripts/build-containerd.sh, and cached.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -118,3 +119,34 @@ def config_dump(binary, path):
 
 def containerd_default(binary):
     return subprocess.run([binary, "config", "default"], capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+@pytest.fixture(scope="session")
+def k3s_render():
+    """tests/integration/k3s_render built with Go (the standard library only), cached by its source."""
+    source = Path(__file__).resolve().parent / "k3s_render"
+    digest = hashlib.sha256((source / "main.go").read_bytes() + (source / "go.mod").read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("GPUOPS_CACHE", Path.home() / ".cache" / "gpuops"))
+    binary = cache / f"k3s-render-{digest}" / "k3s-render"
+    if not binary.exists():
+        go = shutil.which("go") or "/usr/local/go/bin/go"
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [go, "build", "-trimpath", "-o", str(binary), "."],
+            cwd=source,
+            check=True,
+            timeout=600,
+            env=dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod"),
+        )
+    return str(binary)
+
+
+def config_dump_with_warnings(binary, path):
+    """containerd's effective config for ``path`` and what it said on stderr (unknown keys, say)."""
+    import tomllib
+
+    proc = subprocess.run(
+        [binary, "--config", str(path), "config", "dump"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, f"containerd rejected {path}: {proc.stderr}"
+    return tomllib.loads(proc.stdout), proc.stderr

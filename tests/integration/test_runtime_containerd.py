@@ -8,6 +8,7 @@ must give back the original effective config.
 
 from __future__ import annotations
 
+import functools
 import shutil
 
 import pytest
@@ -73,6 +74,7 @@ def prepare(name, tmp_path, binary):
 
 
 def assert_present_and_absent(run_module, binary, path, version):
+    run_module = functools.partial(run_module, config_mode="file")
     original = path.read_bytes()
     before = config_dump(binary, path)
     cri = ("plugins", CRI[version], "containerd")
@@ -156,6 +158,8 @@ def test_present_then_absent_gives_back_the_sample_bytes(name, set_as_default, t
     path.write_bytes(original)
     runtime = "crio" if name.startswith("crio") else "containerd"
     args = {"runtime": runtime, "config_path": str(path), "set_as_default": set_as_default}
+    if runtime == "containerd":
+        args["config_mode"] = "file"  # v2-imports.toml imports a directory: auto would choose a drop-in
     assert run_module(**args)["changed"] is True
     assert path.read_bytes() != original
     assert run_module(state="absent", **args)["changed"] is True
@@ -266,7 +270,8 @@ def test_an_import_that_carries_the_cri_section_wins_in_containerd_1(tmp_path, r
     path = prepare("v2-imports.toml", tmp_path, containerd16)
     override = tmp_path / "conf.d" / "20-cri.toml"
     override.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  max_container_log_line_size = 32768\n')
-    result = run_module(runtime="containerd", config_path=str(path))
+    original = path.read_text()
+    result = run_module(runtime="containerd", config_path=str(path), config_mode="file")
     assert result["changed"] is True
     assert len(result["warnings"]) == 1
     warning = result["warnings"][0]
@@ -278,3 +283,15 @@ def test_an_import_that_carries_the_cri_section_wins_in_containerd_1(tmp_path, r
     assert "nvidia" not in old["containerd"]["runtimes"]
     new = config_dump(containerd2, path)["plugins"][CRI[3]]["containerd"]
     assert new["default_runtime_name"] == "nvidia"
+
+    # The mode that works there: a main file that imports a directory gets a drop-in (auto), which
+    # sorts last and carries the CRI section containerd 1.6 runs with (the override's) plus the runtime.
+    path.write_text(original)
+    result = run_module(runtime="containerd", config_path=str(path))
+    assert result["config_mode"] == "drop_in"
+    assert result["config_path"] == str(tmp_path / "conf.d" / "99-nvidia.toml")
+    assert path.read_text() == original  # it imports the directory already
+    cri = config_dump(containerd16, path)["plugins"][CRI[2]]
+    assert cri["max_container_log_line_size"] == 32768
+    assert cri["containerd"]["default_runtime_name"] == "nvidia"
+    assert set(cri["containerd"]["runtimes"]) == {"nvidia", "runc"}

@@ -60,7 +60,7 @@ def test_scan_finds_statements_not_lookalikes_inside_values():
 
 def test_crlf_and_bom_spans():
     text = '\ufeffversion = 2\r\n[x]\r\n  k = "v" # c\r\n'
-    version, header, key = tt.scan(text)
+    version, _header, key = tt.scan(text)
     assert text[version.start : version.end] == "version = 2\r\n"
     assert version.start == 1  # after the BOM
     assert text[key.value_start : key.value_end] == '"v"'

@@ -353,3 +353,76 @@ def test_warns_when_an_import_overrides_the_cri_section(tmp_path, monkeypatch):
     path.write_text('version = 3\nimports = ["conf.d/*.toml"]\n')
     run({"runtime": "containerd", "config_path": str(path), "config_mode": "file"})
     assert warnings == []
+
+
+def test_drop_in_mode_check_mode_and_diff_of_both_files(tmp_path, config):
+    drop_in = tmp_path / "conf.d" / "99-nvidia.toml"
+    args = {"runtime": "containerd", "config_path": str(config), "config_mode": "drop_in", "drop_in_path": str(drop_in)}
+    checked = run(args, check=True, diff=True)
+    assert checked["changed"] and config.read_text() == V2 and not drop_in.exists()
+    assert [d["after_header"] for d in checked["diff"]] == [str(config), str(drop_in)]
+    assert checked["diff"][1]["before_header"] == f"{drop_in} (absent)"
+    done = run(args)
+    assert done["changed_files"] == [str(config), str(drop_in)]
+    assert drop_in.read_text() == checked["diff"][1]["after"]
+    assert config.read_text() == checked["diff"][0]["after"]
+    assert tomllib.loads(config.read_text())["imports"] == [str(tmp_path / "conf.d" / "*.toml")]
+    # auto sees the imported directory now, and the drop-in goes into it without being named.
+    again = run({"runtime": "containerd", "config_path": str(config)})
+    assert again["changed"] is False and again["config_mode"] == "drop_in" and again["config_path"] == str(drop_in)
+    removed = run({"runtime": "containerd", "config_path": str(config), "state": "absent"})
+    assert removed["changed_files"] == [str(drop_in)] and not drop_in.exists()
+
+
+def test_drop_in_of_another_version_is_refused(tmp_path, config):
+    drop_in = tmp_path / "99-nvidia.toml"
+    drop_in.write_text("version = 3\n")
+    args = {"runtime": "containerd", "config_path": str(config), "config_mode": "drop_in", "drop_in_path": str(drop_in)}
+    result = fail(args)
+    assert "must agree" in result["msg"] and drop_in.read_text() == "version = 3\n"
+
+
+def test_template_mode_needs_a_generated_config(tmp_path):
+    result = fail({"runtime": "containerd", "config_path": str(tmp_path / "config.toml"), "config_mode": "template"})
+    assert "start k3s or RKE2 once" in result["msg"]
+
+
+def test_config_mode_is_for_containerd_only(tmp_path):
+    result = fail({"runtime": "docker", "config_path": str(tmp_path / "d.json"), "config_mode": "drop_in"})
+    assert result["msg"] == "config_mode drop_in applies to containerd only."
+
+
+def test_docker_operator_entry_is_adopted_and_cdi_switched_on(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text(
+        '{\n  "runtimes": {\n    "nvidia": {"path": "/usr/local/nvidia/toolkit/nvidia-container-runtime"}\n  }\n}\n'
+    )
+    result = run({"runtime": "docker", "config_path": str(path), "enable_cdi": True})
+    data = json.loads(path.read_text())
+    assert data["runtimes"]["nvidia"]["path"] == RUNTIME
+    assert data["features"] == {"cdi": True}
+    assert "cdi-spec-dirs" not in data  # Docker's own default directories; Docker 20.10 rejects the key
+    assert result["adopted"] == [
+        {"entry": "runtimes.nvidia", "from": "/usr/local/nvidia/toolkit/nvidia-container-runtime", "to": RUNTIME}
+    ]
+    assert run({"runtime": "docker", "config_path": str(path), "enable_cdi": True})["changed"] is False
+
+
+def test_crio_operator_entry_and_cdi(tmp_path):
+    path = tmp_path / "99-nvidia.toml"
+    path.write_text(
+        "[crio.runtime]\n\n[crio.runtime.runtimes.nvidia]\n"
+        'runtime_path = "/usr/local/nvidia/toolkit/nvidia-container-runtime"\n'
+        'runtime_type = "oci"\nmonitor_path = "/usr/libexec/crio/conmon"\n'
+    )
+    refused = fail({"runtime": "crio", "config_path": str(path), "adopt_existing": False})
+    assert "set adopt_existing to true" in refused["msg"]
+    run({"runtime": "crio", "config_path": str(path), "enable_cdi": True, "cdi_spec_dirs": ["/etc/cdi"]})
+    data = tomllib.loads(path.read_text())["crio"]["runtime"]
+    assert data["runtimes"]["nvidia"] == {
+        "runtime_path": RUNTIME,
+        "runtime_type": "oci",
+        "monitor_path": "/usr/libexec/crio/conmon",
+    }
+    assert data["cdi_spec_dirs"] == ["/etc/cdi"]
+    assert data["default_runtime"] == "nvidia"

@@ -1,0 +1,3 @@
+module gpuops.k8s/tests/k3srender
+
+go 1.21

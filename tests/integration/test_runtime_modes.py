@@ -1,0 +1,284 @@
+"""The module's containerd modes and real-node layouts, judged by real containerd.
+
+- Drop-in mode: the main file gains only an import; containerd 1.6/1.7 (which replace a whole plugin
+  section with an imported one) and 2.1 (which merges key by key) load the main file's settings and
+  the runtime.
+- k3s/RKE2 template mode: the template the module writes is executed with Go's text/template
+  (tests/integration/k3s_render, standing in for k3s's own generator) over recorded k3s/RKE2
+  configs, before and after k3s finds the toolkit itself, and containerd loads the result.
+- Entries the GPU Operator left, CDI, and layouts written in other syntaxes (dotted keys, inline
+  tables, parents declared late, CRLF, tabs, a BOM) load in containerd with the runtime converged.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import CONFIGS, config_dump, config_dump_with_warnings
+
+RUNTIME = "/usr/bin/nvidia-container-runtime"
+CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+K3S = CONFIGS / "k3s"
+
+
+def containerd_section(dump, version):
+    return dump["plugins"][CRI[version]]["containerd"]
+
+
+def binaries(dump, version):
+    runtimes = containerd_section(dump, version)["runtimes"]
+    return {name: rt.get("options", {}).get("BinaryName") for name, rt in runtimes.items() if name.startswith("nvidia")}
+
+
+# --------------------------------------------------------------------------------------- drop-ins
+
+
+@pytest.mark.parametrize("peer", ["containerd16", "containerd17"])
+def test_version_2_drop_in_keeps_the_main_cri_settings(peer, tmp_path, run_module, request):
+    binary = request.getfixturevalue(peer)
+    main = tmp_path / "config.toml"
+    main.write_text((CONFIGS / "v2-mirrors-comments.toml").read_text())
+    original = main.read_text()
+    drop_in = tmp_path / "conf.d" / "99-nvidia.toml"
+    before = config_dump(binary, main)
+
+    checked = run_module(
+        runtime="containerd", config_path=str(main), config_mode="drop_in", drop_in_path=str(drop_in), check=True
+    )
+    assert checked["changed"] and sorted(checked["changed_files"]) == sorted([str(main), str(drop_in)])
+    assert main.read_text() == original and not drop_in.exists()
+    result = run_module(runtime="containerd", config_path=str(main), config_mode="drop_in", drop_in_path=str(drop_in))
+    assert result["config_mode"] == "drop_in" and result["config_path"] == str(drop_in)
+    # The main file gains the import line and nothing else.
+    added = [line for line in main.read_text().splitlines() if line not in original.splitlines()]
+    assert added == [f'imports = ["{tmp_path / "conf.d" / "*.toml"}"]']
+    again = run_module(runtime="containerd", config_path=str(main), config_mode="auto", drop_in_path=str(drop_in))
+    assert again["changed"] is False and again["config_mode"] == "drop_in"
+
+    after = config_dump(binary, main)
+    cri_before, cri_after = before["plugins"][CRI[2]], after["plugins"][CRI[2]]
+    assert cri_after["sandbox_image"] == cri_before["sandbox_image"]
+    assert cri_after["registry"] == cri_before["registry"]
+    section = containerd_section(after, 2)
+    assert section["default_runtime_name"] == "nvidia"
+    assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+    assert section["runtimes"]["runc"] == containerd_section(before, 2)["runtimes"]["runc"]
+
+    removed = run_module(runtime="containerd", config_path=str(main), config_mode="drop_in", drop_in_path=str(drop_in))
+    assert removed["changed"] is False
+    removed = run_module(
+        runtime="containerd", config_path=str(main), config_mode="drop_in", drop_in_path=str(drop_in), state="absent"
+    )
+    assert removed["changed"] and not drop_in.exists()
+    final = config_dump(binary, main)
+    final.pop("imports", None)
+    before.pop("imports", None)
+    assert final == before
+
+
+def test_version_3_drop_in_holds_only_the_runtime(tmp_path, run_module, containerd2):
+    main = tmp_path / "config.toml"
+    main.write_text((CONFIGS / "v3-node.toml").read_text())
+    before = config_dump(containerd2, main)
+    drop_in = tmp_path / "conf.d" / "99-nvidia.toml"
+    run_module(
+        runtime="containerd", config_path=str(main), config_mode="drop_in", drop_in_path=str(drop_in), enable_cdi=True
+    )
+    assert drop_in.read_text().startswith("version = 3\n")
+    assert "sandbox" not in drop_in.read_text()
+    after, warnings = config_dump_with_warnings(containerd2, main)
+    assert "unknown" not in warnings.lower(), warnings
+    section = containerd_section(after, 3)
+    assert section["default_runtime_name"] == "nvidia"
+    assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+    assert section["runtimes"]["runc"] == containerd_section(before, 3)["runtimes"]["runc"]
+    assert after["plugins"][CRI[3]]["enable_cdi"] is True
+
+
+# --------------------------------------------------------------------------------- k3s and RKE2
+
+
+def render(k3s_render, base, template, found=()):
+    """k3s's next config.toml: the template executed over base, with the runtimes k3s found."""
+    proc = subprocess.run(
+        [k3s_render, str(base), str(template), *found], capture_output=True, text=True, check=False, timeout=30
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+FOUND = (f"nvidia={RUNTIME}", f"nvidia-cdi={RUNTIME}.cdi")
+GENERATIONS = ["k3s-v1.31.4-v2", "k3s-v1.32.3-v3", "k3s-v1.32.3-v2legacy", "k3s-v1.36-v3", "rke2-v1.32.3-v3"]
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_k3s_template_before_and_after_k3s_finds_the_toolkit(generation, tmp_path, run_module, request):
+    base_fixture = K3S / f"{generation}-base.toml"
+    nvidia_fixture = K3S / f"{generation}-nvidia.toml"
+    version = 3 if "-v3" in generation else 2
+    binary = request.getfixturevalue("containerd2" if version == 3 else "containerd17")
+    k3s_render = request.getfixturevalue("k3s_render")
+    agent = tmp_path / "agent" / "etc" / "containerd"
+    agent.mkdir(parents=True)
+    generated = agent / "config.toml"
+    generated.write_text(base_fixture.read_text())
+
+    result = run_module(runtime="containerd", config_path=str(generated), config_mode="template", set_as_default=False)
+    template = agent / ("config-v3.toml.tmpl" if version == 3 else "config.toml.tmpl")
+    assert result["changed"] and result["config_path"] == str(template)
+    assert template.read_text().startswith('{{ template "base" . }}\n')
+
+    # The next k3s start, the toolkit not found by k3s: our tables render.
+    generated.write_text(render(k3s_render, base_fixture, template))
+    dump = config_dump(binary, generated)
+    assert binaries(dump, version) == {"nvidia": RUNTIME}
+    again = run_module(runtime="containerd", config_path=str(generated), config_mode="template", set_as_default=False)
+    assert again["changed"] is False
+
+    # Later k3s finds the toolkit and renders nvidia itself: the guard keeps ours out, containerd loads.
+    generated.write_text(render(k3s_render, nvidia_fixture, template, FOUND))
+    dump = config_dump(binary, generated)
+    assert binaries(dump, version) == {"nvidia": RUNTIME, "nvidia-cdi": RUNTIME + ".cdi"}
+    assert run_module(runtime="containerd", config_path=str(generated), config_mode="template")["changed"] is False
+
+    removed = run_module(runtime="containerd", config_path=str(generated), config_mode="template", state="absent")
+    assert removed["changed"] and not template.exists()
+
+
+def test_k3s_template_keeps_the_operators_own_template(tmp_path, run_module, containerd2, k3s_render):
+    agent = tmp_path / "agent" / "etc" / "containerd"
+    agent.mkdir(parents=True)
+    generated = agent / "config.toml"
+    generated.write_text((K3S / "k3s-v1.32.3-v3-base.toml").read_text())
+    template = agent / "config-v3.toml.tmpl"
+    own = '{{ template "base" . }}\n\n[debug]\n  level = "debug"\n'
+    template.write_text(own)
+    run_module(runtime="containerd", config_path=str(generated), config_mode="template", set_as_default=False)
+    assert template.read_text().startswith(own)
+    generated.write_text(render(k3s_render, K3S / "k3s-v1.32.3-v3-base.toml", template))
+    dump = config_dump(containerd2, generated)
+    assert dump["debug"]["level"] == "debug"
+    assert binaries(dump, 3) == {"nvidia": RUNTIME}
+    run_module(runtime="containerd", config_path=str(generated), config_mode="template", state="absent")
+    assert template.read_text() == own
+
+
+def test_k3s_that_found_the_operators_toolkit_is_reported(tmp_path, run_module):
+    agent = tmp_path / "agent" / "etc" / "containerd"
+    agent.mkdir(parents=True)
+    generated = agent / "config.toml"
+    generated.write_text((K3S / "k3s-v1.36-v3-nvidia-operator.toml").read_text())
+    result = run_module(runtime="containerd", config_path=str(generated), config_mode="template")
+    assert "k3s renders the runtime nvidia itself" in str(result.get("warnings"))
+    assert "/usr/local/nvidia/toolkit/nvidia-container-runtime" in str(result.get("warnings"))
+
+
+# ------------------------------------------------------------------ what the GPU Operator left
+
+
+OPERATOR = {
+    2: """\
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:3.10"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "nvidia"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = true
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+      privileged_without_host_devices = false
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+        BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+        SystemdCgroup = true
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia-cdi]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia-cdi.options]
+        BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime.cdi"
+        SystemdCgroup = true
+""",
+}
+OPERATOR[3] = (
+    OPERATOR[2]
+    .replace("version = 2", "version = 3")
+    .replace('  sandbox_image = "registry.k8s.io/pause:3.10"\n', "")
+    .replace("io.containerd.grpc.v1.cri", CRI[3])
+)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_operator_entries_converge_to_the_host_toolkit(version, tmp_path, run_module, request):
+    binary = request.getfixturevalue("containerd17" if version == 2 else "containerd2")
+    path = tmp_path / "config.toml"
+    path.write_text(OPERATOR[version])
+    refused = run_module(
+        runtime="containerd", config_path=str(path), adopt_existing=False, expect_failure=True, config_mode="file"
+    )
+    assert "set adopt_existing to true" in refused["msg"]
+    assert path.read_text() == OPERATOR[version]
+    result = run_module(runtime="containerd", config_path=str(path), enable_cdi=True)
+    assert [item["to"] for item in result["adopted"]] == [RUNTIME, RUNTIME + ".cdi"]
+    dump = config_dump(binary, path)
+    assert binaries(dump, version) == {"nvidia": RUNTIME, "nvidia-cdi": RUNTIME + ".cdi"}
+    nvidia = containerd_section(dump, version)["runtimes"]["nvidia"]
+    assert nvidia["options"]["SystemdCgroup"] is True
+    assert nvidia.get("privileged_without_host_devices", False) is False
+    cri = dump["plugins"][CRI[version]]
+    assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    assert run_module(runtime="containerd", config_path=str(path), enable_cdi=True)["changed"] is False
+
+
+# ------------------------------------------------------------------------ layouts of real nodes
+
+
+LAYOUTS = {
+    "dotted": """version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+sandbox_image = "registry.k8s.io/pause:3.10"
+containerd.snapshotter = "overlayfs"
+containerd.runtimes.runc.runtime_type = "io.containerd.runc.v2"
+containerd.runtimes.runc.options.SystemdCgroup = true
+""",
+    "inline": """version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+  runtimes = { runc = { runtime_type = "io.containerd.runc.v2", options = { SystemdCgroup = true } } }
+""",
+    "late-parents": """version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+SystemdCgroup = true
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+runtime_type = "io.containerd.runc.v2"
+[plugins."io.containerd.grpc.v1.cri".containerd]
+snapshotter = "overlayfs"
+[plugins."io.containerd.grpc.v1.cri"]
+sandbox_image = "registry.k8s.io/pause:3.10"
+""",
+    "crlf-tabs": 'version = 2\r\n[plugins."io.containerd.grpc.v1.cri".containerd]\r\n\tsnapshotter = "overlayfs"  \r\n'
+    '\t[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\t# ünïcode ✓\r\n'
+    '\t\truntime_type = "io.containerd.runc.v2"\r\n',
+    "bom": '\ufeffversion = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+    'runtime_type = "io.containerd.runc.v2"\n',
+}
+
+
+@pytest.mark.parametrize("peer", ["containerd16", "containerd17"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_layouts_converge_and_load(layout, peer, tmp_path, run_module, request):
+    binary = request.getfixturevalue(peer)
+    path = tmp_path / "config.toml"
+    path.write_bytes(LAYOUTS[layout].encode())
+    before = config_dump(binary, path)
+    assert run_module(runtime="containerd", config_path=str(path))["changed"] is True
+    assert run_module(runtime="containerd", config_path=str(path))["changed"] is False
+    after = config_dump(binary, path)
+    section = containerd_section(after, 2)
+    assert section["default_runtime_name"] == "nvidia"
+    assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+    assert section["runtimes"]["runc"] == containerd_section(before, 2)["runtimes"]["runc"]
+    assert section["snapshotter"] == containerd_section(before, 2)["snapshotter"]
+    assert run_module(runtime="containerd", config_path=str(path), state="absent")["changed"] is True
+    assert config_dump(binary, path) == before
