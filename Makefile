@@ -40,6 +40,7 @@ units: setup collection
 
 integration: setup
 	scripts/build-containerd2.sh >/dev/null
+	scripts/build-containerd17.sh >/dev/null
 	python -m pytest -q -p no:cacheprovider tests/integration
 
 daemon: setup

@@ -93,7 +93,8 @@ def main():
             no_change.append(elapsed)
 
         sys.path.insert(0, str(work))
-        from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import edit_containerd
+        from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_containerd import edit_containerd
+        from ansible_collections.gpuops.k8s.plugins.module_utils._toml_text import TOML_PARSER
 
         edited = config.read_text()
         core_change, core_same = [], []
@@ -105,11 +106,9 @@ def main():
             edit_containerd(edited, "config.toml", "nvidia", "/usr/bin/nvidia-container-runtime", True, "present")
             core_same.append(time.perf_counter() - start)
 
-        import tomlkit
-
         print(
             f"nvidia_runtime on a {len(text.splitlines())}-line containerd config ({len(text) // 1024} KiB), "
-            f"Python {sys.version.split()[0]}, tomlkit {tomlkit.__version__}"
+            f"Python {sys.version.split()[0]}, parser {TOML_PARSER}"
         )
         print(summary("module process, change run", change))
         print(summary("module process, no-change run", no_change))
