@@ -213,7 +213,7 @@ config_path:
   type: str
   sample: /etc/containerd/config.toml
 config_mode:
-  description: Where the runtime went (containerd): V(file), V(drop_in) or V(template).
+  description: Where the runtime went (containerd), one of V(file), V(drop_in) or V(template).
   returned: when O(runtime=containerd)
   type: str
   sample: file

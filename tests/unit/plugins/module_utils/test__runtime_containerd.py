@@ -548,7 +548,7 @@ def test_ensure_import_adds_the_glob_once_after_the_version_line():
     assert changed
     assert new.startswith('version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\nroot = ')
     assert rc.ensure_import(new, "c.toml", "/etc/containerd/conf.d/*.toml") == (new, False)
-    listed, _ = rc.ensure_import('version = 3\nimports = ["/a.toml"]\n', "c.toml", "/b/*.toml")
+    listed, _changed = rc.ensure_import('version = 3\nimports = ["/a.toml"]\n', "c.toml", "/b/*.toml")
     assert tomllib.loads(listed)["imports"] == ["/a.toml", "/b/*.toml"]
 
 

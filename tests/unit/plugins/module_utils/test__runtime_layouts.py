@@ -118,7 +118,7 @@ def render(layout, tree, style, late):
             keys = dict(tree[path])
             if path == split:
                 for below in [p for p in paths if p[: len(split)] == split and p != split]:
-                    for leaf, value in flat({k: v for k, v in tree[below].items()}):
+                    for leaf, value in flat(tree[below]):
                         rel = below[len(split) :] + leaf
                         if style == "inline":
                             node = keys.setdefault(rel[0], {})

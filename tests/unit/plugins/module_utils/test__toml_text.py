@@ -152,7 +152,7 @@ def test_removing_what_was_added_gives_back_the_bytes():
     text = "# head\n[a]\nx = 1\n\n[b]\ny = 2\n"
     edit = TomlEdit(text, "f.toml")
     edit.add_table(("a", "t"), {"k": 1, "opts": {"o": True}}, after=("a",), model=("a",))
-    added, _ = edit.finish()
+    added, _changed = edit.finish()
     assert "[a.t]\nk = 1\n\n[a.t.opts]\no = true\n" in added
     edit = TomlEdit(added, "f.toml")
     edit.remove(("a", "t"))
