@@ -219,14 +219,14 @@ class TomlEdit:
             return
         # No table of that name yet: a header of its own, before the first table below it (if any).
         under = doc.sections_under(table)
-        lines = [f"[{tt.dotted(table)}]", f"{doc.indent_step()}{tt.key_text(key)} = {rendered}{tail}"]
+        indent = under[0].indent if under else doc.header_indent(table)
+        like = under[0] if under else next((s for s in doc.statements if s.kind == "table"), None)
+        spelled = tt.header_spelling(doc.text, like, table) if like is not None else tt.dotted(table)
+        lines = [f"{indent}[{spelled}]", f"{indent}{doc.indent_step()}{tt.key_text(key)} = {rendered}{tail}"]
         if under:
-            at = self._before_comments(under[0])
-            indent = under[0].indent
-            lines = [indent + line for line in lines]
-            doc.insert_lines(at, lines + ([""] if self.blank else []))
+            doc.insert_lines(self._before_comments(under[0]), lines + ([""] if self.blank else []))
         else:
-            doc.insert_block(self._end_of_text(), lines, self.blank)
+            doc.insert_block(self._table_position(table, None), lines, self.blank)
 
     def _before_comments(self, statement):
         """The start of the comment lines directly above ``statement`` (they belong to it)."""
@@ -271,7 +271,7 @@ class TomlEdit:
             key_indent = doc.key_indent(model, header_indent)
             spelled = tt.header_spelling(doc.text, header, parts)
         else:
-            header_indent = header_indent if header_indent is not None else ""
+            header_indent = header_indent if header_indent is not None else doc.header_indent(parts)
             key_indent = key_indent if key_indent is not None else header_indent + doc.indent_step()
             like = next((s for s in doc.statements if s.kind == "table"), None)
             spelled = tt.header_spelling(doc.text, like, parts) if like is not None else tt.dotted(parts)

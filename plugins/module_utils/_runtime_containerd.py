@@ -172,13 +172,6 @@ def _present(edit, plan, version, listed_before):
     runc = edit.value(runc_parts)
     runc = runc if isinstance(runc, dict) else {}
     literal = edit.literal_quotes((*runc_parts, "runtime_type"))
-    if edit.value(entry_parts) is None:
-        model = runc_parts if edit.doc.header(runc_parts) else None
-        if model is None:
-            siblings = [s.path for s in edit.doc.statements if s.kind == "table" and len(s.path) == len(entry_parts)]
-            siblings = [p for p in siblings if p[:-1] == runtimes_parts]
-            model = siblings[0] if siblings else None
-        edit.add_table(entry_parts, _new_entry(runc, plan.runtime_path), after=model, model=model, literal=literal)
     default_parts = (*parts, "default_runtime_name")
     current = edit.value(default_parts)
     if plan.set_as_default and current != plan.name:
@@ -186,6 +179,13 @@ def _present(edit, plan, version, listed_before):
         marker = marker_comment(current, table_added=not edit.defined(parts))
         comment = f"{user_comment} # {marker}" if user_comment else marker
         edit.set_key(default_parts, plan.name, comment=comment, literal=edit.literal_quotes(default_parts))
+    if edit.value(entry_parts) is None:
+        model = runc_parts if edit.doc.header(runc_parts) else None
+        if model is None:
+            siblings = [s.path for s in edit.doc.statements if s.kind == "table" and len(s.path) == len(entry_parts)]
+            siblings = [p for p in siblings if p[:-1] == runtimes_parts]
+            model = siblings[0] if siblings else None
+        edit.add_table(entry_parts, _new_entry(runc, plan.runtime_path), after=model, model=model, literal=literal)
     # containerd 1.x reads a version 2 file's runtimes table in place of its built-in one, so the
     # first runtime a file lists makes runc disappear: pods and RuntimeClasses asking for runc fail,
     # and a default left at runc stops the CRI plugin from loading. containerd 2.x keeps its runc.

@@ -522,6 +522,25 @@ class Document:
                 return following.indent[len(statement.indent) :]
         return ""
 
+    def header_indent(self, path):
+        """The indent a new header for ``path`` gets: a sibling's, else its closest ancestor's plus the file's step."""
+        path = tuple(path)
+        headers = [s for s in self.statements if s.kind == "table" and not s.in_array]
+        for header in headers:
+            if len(header.path) == len(path) and header.path[:-1] == path[:-1]:
+                return header.indent
+        step = ""
+        for header in headers:
+            parent = next((h for h in headers if h.path == header.path[:-1]), None)
+            if parent is not None and header.indent.startswith(parent.indent) and header.indent != parent.indent:
+                step = header.indent[len(parent.indent) :]
+                break
+        for depth in range(len(path) - 1, 0, -1):
+            ancestor = next((h for h in headers if h.path == path[:depth]), None)
+            if ancestor is not None:
+                return ancestor.indent + step
+        return ""
+
     def blank_before_headers(self):
         """Whether the file separates table headers with blank lines."""
         lines = self.text.splitlines()
