@@ -663,3 +663,19 @@ def test_a_version_3_generated_config_gets_the_v3_template():
     path, result = k3s(generated)
     assert path.endswith("/config-v3.toml.tmpl")
     assert cri(render(result.text, generated), CRI3)["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+
+
+def test_dotted_cri_keys_get_the_runtime_in_the_right_table():
+    # Reported from a real node: the TOML library the module used before wrote the runtime under a top-level
+    # [containerd.runtimes.nvidia] table here, and its second run left a file that did not parse.
+    text = (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\ncontainerd.default_runtime_name = "runc"\n'
+        'containerd.runtimes.runc.runtime_type = "io.containerd.runc.v2"\n'
+    )
+    present = containerd(text)
+    data = tomllib.loads(present.text)
+    assert set(data) == {"version", "plugins"}
+    assert cri(present.text)["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+    assert cri(present.text)["default_runtime_name"] == "nvidia"
+    assert not containerd(present.text).changed
+    assert containerd(present.text, state="absent").text == text

@@ -59,3 +59,16 @@ def test_crio_existing_entry_is_updated_or_refused():
 
 
 # ------------------------------------------------------------------------------------------ Docker
+
+
+def test_a_blank_line_between_crio_runtime_and_a_runtime_table_converges():
+    # Reported from a real node: the TOML library the module used before stopped with an internal error here.
+    text = '[crio.runtime]\n\n[crio.runtime.runtimes.crun]\nruntime_path = "/usr/bin/crun"\n'
+    present = crio(text)
+    assert present.text == (
+        '[crio.runtime]\ndefault_runtime = "nvidia" # gpuops.k8s.nvidia_runtime: previous default unset\n\n'
+        '[crio.runtime.runtimes.crun]\nruntime_path = "/usr/bin/crun"\n\n'
+        f'[crio.runtime.runtimes.nvidia]\nruntime_path = "{RUNTIME}"\nruntime_type = "oci"\n'
+    )
+    assert not crio(present.text).changed
+    assert crio(present.text, state="absent").text == text
