@@ -48,15 +48,17 @@ class Lab:
         return client.CoreV1Api(self.api)
 
     def node_exec(
-        self, node: str, *argv: str, check: bool = True, timeout: float = 120
+        self, node: str, *argv: str, check: bool = True, timeout: float = 120, input_text: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run a command inside a node container (``podman exec``) and return the result."""
+        """Run a command inside a node container (``podman exec``, as root: the tests' own access to the
+        node, not the playbooks' way in) and return the result; ``input_text`` goes to its stdin."""
         return subprocess.run(
-            ["podman", "exec", node, *argv],
+            ["podman", "exec", *(["-i"] if input_text is not None else []), node, *argv],
             check=check,
             capture_output=True,
             text=True,
             timeout=timeout,
+            input=input_text,
         )
 
     def node(self, name: str) -> client.V1Node:

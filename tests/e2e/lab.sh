@@ -12,14 +12,20 @@
 #   tests/e2e/lab.sh nodes           print the node names, one per line
 #   tests/e2e/lab.sh inventory [SPEC...]  prepare the nodes for playbooks/site.yml and print an Ansible
 #                                    inventory (YAML) for them; SPEC i is node i's simulated-GPU spec
-#                                    (a name from tests/fixtures/simulated/ or a path; default h100x8)
+#                                    (a name from tests/fixtures/simulated/ or a path; default h100x8).
+#                                    It connects over SSH as the unprivileged user gpuops with become,
+#                                    pipelining and ControlPersist (GPUOPS_LAB_CONNECTION=podman: as root
+#                                    through podman exec instead, for debugging)
+#   tests/e2e/lab.sh ssh N [CMD]     ssh to node N as that user, the way the inventory does
 #   tests/e2e/lab.sh spec-path N     print where node N's simulated-GPU spec lives on this machine
 #
 # Everything it creates is named gpuops-lab-*: containers gpuops-lab-node-N, volumes
 # gpuops-lab-node-N-containerd, bridges gpuopslabN, state under $GPUOPS_LAB_DIR
 # (default $GPUOPS_CACHE/lab). Ports on 127.0.0.1 (chosen high and unusual, below the ephemeral
 # range): etcd 26379/26380, kube-apiserver 26443, kubelet of node N 26250+N, its healthz 26270+N,
-# kube-controller-manager 26290, kube-scheduler 26291 (their healthz).
+# kube-controller-manager 26290, kube-scheduler 26291 (their healthz), sshd of node N 26230+N.
+# Every node runs sshd (its own host keys) and has the user gpuops with passwordless sudo, logging in
+# with the key $GPUOPS_LAB_DIR/ssh/id_ed25519 that `up` generates; known_hosts is beside it.
 # GPUOPS_LAB_INSTANCE=I (1-4) runs another lab beside the default one (0): names gpuops-labI-*,
 # bridges gpuopslabIN, ports +1000*I, subnets 10.(231+I).N.0/24, state under $GPUOPS_CACHE/labI.
 # `inventory` serves the container toolkit repository and the device plugin's wheels on
@@ -45,6 +51,9 @@ kubelet_port_base=$((26250 + port_offset))
 healthz_port_base=$((26270 + port_offset))
 controller_manager_port=$((26290 + port_offset))
 scheduler_port=$((26291 + port_offset))
+ssh_port_base=$((26230 + port_offset))
+ssh_user=gpuops
+connection=${GPUOPS_LAB_CONNECTION:-ssh}
 net_prefix=10.$((231 + instance))
 pause_image=localhost/gpuops-lab-pause:1.0
 node_image_repo=localhost/gpuops-lab-node
@@ -65,6 +74,7 @@ die() {
 node_name() { echo "gpuops-lab$suffix-node-$1"; }
 bridge_name() { echo "gpuopslab$suffix$1"; }
 node_count() { cat "$lab/nodes.count" 2>/dev/null || echo 0; }
+ssh_port() { echo $((ssh_port_base + $1)); }
 
 # ---------------------------------------------------------------------------------------------
 # Certificates: one CA signs the API server's serving certificate, the admin client (group
@@ -110,6 +120,16 @@ make_pki() {
     genkey "$pki/sa.key"
     openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
   fi
+}
+
+# The login key of the nodes' user (a fleet's machine credential) and the nodes' host keys.
+make_ssh_key() {
+  mkdir -p "$lab/ssh"
+  chmod 700 "$lab/ssh"
+  if [ ! -f "$lab/ssh/id_ed25519" ]; then
+    ssh-keygen -q -t ed25519 -N '' -C "gpuops-lab$suffix" -f "$lab/ssh/id_ed25519"
+  fi
+  touch "$lab/ssh/known_hosts"
 }
 
 write_kubeconfig() { # file user cert key
@@ -361,6 +381,16 @@ GPUOPS_LAB_CGROUP_ROOT=/$name
 EOF
   sed -e "s/@BRIDGE@/$(bridge_name "$i")/" -e "s/@SUBNET@/$net_prefix.$i.0\/24/" "$here/node/10-gpuops-lab.conflist" \
     >"$dir/10-gpuops-lab.conflist"
+  # sshd on the machine's loopback (host network), a port per node; keys only, no root login.
+  cat >"$dir/sshd.conf" <<EOF
+Port $(ssh_port "$i")
+ListenAddress 127.0.0.1
+PermitRootLogin no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AllowUsers $ssh_user
+EOF
+  cp "$lab/ssh/id_ed25519.pub" "$dir/ssh-user.pub"
 }
 
 start_node() { # index
@@ -376,7 +406,8 @@ start_node() { # index
   for volume in "$name-containerd" "$name-kubelet"; do
     podman volume exists "$volume" || podman volume create "$volume" >/dev/null
   done
-  podman run -d --name "$name" --hostname "$name" --privileged --systemd=always --network host --cgroupns private \
+  podman run -d --name "$name" --hostname "$name" --add-host "$name:127.0.1.1" \
+    --privileged --systemd=always --network host --cgroupns private \
     --label gpuops-lab=node --label "gpuops-lab-instance=$instance" \
     -v "$name-containerd:/var/lib/containerd" \
     -v "$name-kubelet:/var/lib/kubelet" \
@@ -415,6 +446,42 @@ prepare_node() { # index
     log "$name: imported $pause_image into containerd"
   fi
   node_exec "$i" systemctl start kubelet
+  setup_ssh "$i"
+}
+
+# The node's login: the user with passwordless sudo and the lab's key, the node's own host keys
+# (generated on first start), sshd running, and the host key in the lab's known_hosts.
+setup_ssh() { # index
+  local i=$1 name port key
+  name=$(node_name "$i")
+  port=$(ssh_port "$i")
+  node_exec "$i" sh -euc "
+    id -u $ssh_user >/dev/null 2>&1 || useradd -m -s /bin/bash $ssh_user
+    install -d -o $ssh_user -g $ssh_user -m 700 /home/$ssh_user/.ssh
+    install -o $ssh_user -g $ssh_user -m 600 /etc/gpuops-lab/ssh-user.pub /home/$ssh_user/.ssh/authorized_keys
+    printf '%s\n' '$ssh_user ALL=(ALL:ALL) NOPASSWD: ALL' >/etc/sudoers.d/gpuops-lab
+    chmod 440 /etc/sudoers.d/gpuops-lab
+    ssh-keygen -A >/dev/null
+    systemctl enable -q ssh
+    systemctl restart ssh"
+  key=$(node_exec "$i" cat /etc/ssh/ssh_host_ed25519_key.pub | cut -d' ' -f1,2)
+  { grep -v "^\[127.0.0.1\]:$port " "$lab/ssh/known_hosts" || true; echo "[127.0.0.1]:$port $key"; } >"$lab/ssh/known_hosts.new"
+  mv "$lab/ssh/known_hosts.new" "$lab/ssh/known_hosts"
+  wait_for "$name: sshd on 127.0.0.1:$port" 30 lab_ssh "$i" true
+}
+
+ssh_options() { # index
+  printf '%s\n' -o BatchMode=yes -o IdentitiesOnly=yes -o "UserKnownHostsFile=$lab/ssh/known_hosts" \
+    -o StrictHostKeyChecking=yes -i "$lab/ssh/id_ed25519" -p "$(ssh_port "$1")"
+}
+
+lab_ssh() { # index [command...]
+  local i=$1
+  shift
+  local options
+  mapfile -t options < <(ssh_options "$i")
+  # shellcheck disable=SC2029 # the command runs on the node, as given
+  ssh "${options[@]}" "$ssh_user@127.0.0.1" "$@"
 }
 
 cmd_up() {
@@ -430,6 +497,7 @@ cmd_up() {
   bin=$("$here/build-kubernetes.sh")
   echo "$bin" >"$lab/bin.path"
   make_pki
+  make_ssh_key
   write_kubeconfig "$lab/admin.kubeconfig" gpuops-lab-admin "$pki/admin.crt" "$pki/admin.key"
   local component
   for component in kube-controller-manager kube-scheduler; do
@@ -590,6 +658,10 @@ cmd_inventory() {
   [ "$n" -gt 0 ] || die "the lab is not up (run: lab.sh up)"
   [ ${#specs[@]} -le "$n" ] || die "${#specs[@]} specs given for $n node(s)"
   kubeconfig=$lab/admin.kubeconfig
+  case $connection in
+    ssh | podman) ;;
+    *) die "GPUOPS_LAB_CONNECTION must be ssh or podman, got '$connection'" ;;
+  esac
   serve_up
   for ((i = 1; i <= n; i++)); do
     spec=$(resolve_spec "${specs[i - 1]:-h100x8}")
@@ -613,10 +685,28 @@ EOF
           gpu_node_labels_node_name: $(node_name "$i")
           device_plugin_metrics_address: "127.0.0.1:$((metrics_port_base + i))"
 EOF
+    if [ "$connection" = ssh ]; then
+      printf '          ansible_host: 127.0.0.1\n          ansible_port: %s\n' "$(ssh_port "$i")"
+    fi
   done
+  echo "      vars:"
+  if [ "$connection" = ssh ]; then
+    # What a fleet uses: an unprivileged login with sudo, one pipelined SSH session per task, and the
+    # connection kept open between tasks (ControlPersist). The host keys are checked.
+    cat <<EOF
+        ansible_connection: ssh
+        ansible_user: $ssh_user
+        ansible_ssh_private_key_file: $lab/ssh/id_ed25519
+        ansible_ssh_common_args: >-
+          -o UserKnownHostsFile=$lab/ssh/known_hosts -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes
+        ansible_ssh_args: -o ControlMaster=auto -o ControlPersist=300s -o ServerAliveInterval=30
+        ansible_ssh_pipelining: true
+        ansible_become: true
+EOF
+  else
+    echo "        ansible_connection: containers.podman.podman"
+  fi
   cat <<EOF
-      vars:
-        ansible_connection: containers.podman.podman
         ansible_python_interpreter: /usr/bin/python3
         # Simulated GPUs (labs and CI only): the spec at $node_spec_path on each node,
         # $lab/nodes/<node>/simulated/gpus.yaml on this machine.
@@ -657,6 +747,11 @@ main() {
       [ $# -ge 2 ] || die "usage: lab.sh node-exec N COMMAND..."
       node_exec "$@"
       ;;
+    ssh)
+      [[ ${1:-} =~ ^[1-9]$ ]] || die "usage: lab.sh ssh N [COMMAND...]"
+      [ -f "$lab/ssh/id_ed25519" ] || die "the lab is not up (run: lab.sh up)"
+      lab_ssh "$@"
+      ;;
     inventory) cmd_inventory "$@" ;;
     spec-path)
       [[ ${1:-} =~ ^[1-9]$ ]] || die "usage: lab.sh spec-path N"
@@ -666,7 +761,7 @@ main() {
       for ((i = 1; i <= $(node_count); i++)); do node_name "$i"; done
       ;;
     *)
-      sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
       [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2
       ;;
   esac

@@ -25,13 +25,15 @@ from playbook_run import REPO, PlaybookRun, inventory_hostvars, lab_inventory, r
 
 GPU = "nvidia.com/gpu"
 SPEC = REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
+# The unprivileged user the lab inventory logs in as (over SSH, with become).
+LOGIN_HOME = "/home/gpuops"
 # What a check run may touch on the node without writing anything of the product: Ansible's own
-# temporary files (~/.ansible/tmp, whose creation also touches /root itself), logs and caches, and the
-# mounts and volumes the lab owns (-xdev skips those).
+# temporary files (~/.ansible/tmp of the login user and of root, whose creation also touches their home
+# directories), logs and caches, and the mounts and volumes the lab owns (-xdev skips those).
 SNAPSHOT = (
     "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/tmp"
-    " -o -path /var/log -o -path /var/cache -o -path /root/.ansible \\) -prune"
-    " -o -newer /run/gpuops-check-mark ! -path /root -print"
+    f" -o -path /var/log -o -path /var/cache -o -path /root/.ansible -o -path {LOGIN_HOME}/.ansible \\) -prune"
+    f" -o -newer /run/gpuops-check-mark ! -path /root ! -path {LOGIN_HOME} -print"
 )
 
 
@@ -304,3 +306,83 @@ def test_validate_is_green_and_prints_the_table(flow: SiteFlow) -> None:
     )
     assert row, validate.summary()
     print("\n".join(line for line in validate.output.splitlines() if "NODE" in line or flow.node + " " in line))
+
+
+# The fleet path: the lab's inventory logs in over SSH as an unprivileged user with become, as a fleet
+# does; what happens when become is off, when sudo fails and when a node cannot be reached.
+
+
+def test_the_lab_inventory_logs_in_over_ssh_as_a_sudo_user(lab: Lab, flow: SiteFlow) -> None:
+    hostvars = inventory_hostvars(flow.inventory, flow.node)
+    assert hostvars["ansible_connection"] == "ssh"
+    assert hostvars["ansible_user"] == "gpuops"
+    assert hostvars["ansible_become"] is True
+    assert hostvars["ansible_ssh_pipelining"] is True
+    assert "ControlPersist=" in hostvars["ansible_ssh_args"]
+    assert "StrictHostKeyChecking=yes" in hostvars["ansible_ssh_common_args"]
+    assert lab.node_exec(flow.node, "id", "-u", "gpuops").stdout.strip() != "0"
+    # The node refuses root logins: everything the roles did on it went through sudo.
+    sshd = lab.node_exec(flow.node, "sshd", "-T").stdout.lower().splitlines()
+    assert "permitrootlogin no" in sshd
+    assert "passwordauthentication no" in sshd
+
+
+def test_no_temporary_files_are_left_on_the_node(lab: Lab, flow: SiteFlow) -> None:
+    for directory in (f"{LOGIN_HOME}/.ansible/tmp", "/root/.ansible/tmp"):
+        left = lab.node_exec(flow.node, "find", directory, "-mindepth", "1", check=False)
+        assert left.stdout == "", f"{directory} on {flow.node}: {left.stdout}"
+
+
+def test_without_become_the_play_stops_with_a_sentence(flow: SiteFlow) -> None:
+    run = run_playbook(
+        "site.yml", flow.inventory, "-e", "ansible_become=false", extra_vars=flow.extra_vars, limit=flow.node
+    )
+    assert run.returncode != 0, run.summary()
+    assert run.recap[flow.node]["failed"] == 1
+    assert run.recap[flow.node]["changed"] == 0
+    assert f"{flow.node}: tasks run as 'gpuops' (uid " in run.output, run.summary()
+    assert "set become: true" in run.output
+    assert "Traceback" not in run.output
+
+
+def other_node(lab: Lab, flow: SiteFlow) -> str:
+    others = [node for node in lab.nodes if node != flow.node]
+    assert others, "these tests need a lab of two nodes or more (GPUOPS_LAB_NODES)"
+    return others[0]
+
+
+def test_failing_sudo_stops_that_host_only(lab: Lab, flow: SiteFlow) -> None:
+    other = other_node(lab, flow)
+    sudoers = "/etc/sudoers.d/gpuops-lab"
+    kept = lab.node_exec(other, "cat", sudoers).stdout
+    # sudo now wants a password the inventory does not have.
+    lab.node_exec(other, "sh", "-c", f"echo 'gpuops ALL=(ALL:ALL) ALL' > {sudoers}")
+    try:
+        run = run_playbook("site.yml", flow.inventory, extra_vars=flow.extra_vars, limit=f"{flow.node},{other}")
+    finally:
+        lab.node_exec(other, "sh", "-c", f"cat > {sudoers}", check=True, input_text=kept)
+    assert run.returncode != 0, run.summary()
+    assert run.recap[other]["failed"] == 1, run.summary()
+    assert run.recap[other]["ok"] == 0
+    assert f"fatal: [{other}]: FAILED! => " in run.output and "Missing sudo password" in run.output
+    # The converged node went through the whole play and is still converged.
+    assert run.recap[flow.node]["failed"] == 0 and run.recap[flow.node]["unreachable"] == 0, run.summary()
+    assert run.recap[flow.node]["changed"] == 0, run.changed_tasks()
+    assert "Traceback" not in run.output
+
+
+def test_validate_names_a_node_it_cannot_reach(lab: Lab, flow: SiteFlow) -> None:
+    other = other_node(lab, flow)
+    # sshd stops listening and its sessions (the ControlPersist master among them) end.
+    lab.node_exec(other, "sh", "-c", "systemctl stop ssh; pkill -x sshd; true")
+    try:
+        run = run_playbook("validate.yml", flow.inventory, extra_vars=flow.extra_vars, limit=f"{flow.node},{other}")
+    finally:
+        lab.node_exec(other, "systemctl", "start", "ssh")
+    assert run.returncode != 0, run.summary()
+    assert f"fatal: [{other}]: UNREACHABLE! => " in run.output, run.summary()
+    assert re.search(rf'"{re.escape(other)}(\s+-){{6}}\s+connection"', run.output), run.summary()
+    assert f"{other}: red: connection (unreachable: " in run.output
+    # The reachable node was checked and is green.
+    assert re.search(rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok\s+on\s+healthy\s+-"', run.output)
+    assert run.recap[flow.node]["failed"] == 0
