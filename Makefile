@@ -13,9 +13,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: demo demo-clean demo-test demo-modules test setup lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
+.PHONY: demo demo-clean demo-test demo-modules test test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
 
-test: setup lint sanity units integration daemon daemon-py39 daemon-image molecule e2e demo-modules demo-test
+test: setup lint sanity units integration daemon daemon-py39 daemon-image molecule e2e test-awx demo-modules demo-test
 	@echo "make test: every tier passed"
 
 setup:
@@ -23,6 +23,11 @@ setup:
 
 collection:
 	@scripts/collection-tree.sh >/dev/null
+
+# The AWX execution environment: ansible-builder on a local Debian 12 base, cached by content in
+# $(GPUOPS_CACHE) (scripts/build-ee.sh); prints the image reference.
+ee: setup
+	scripts/build-ee.sh
 
 lint: setup
 	ruff check .
@@ -62,6 +67,13 @@ daemon-image: setup
 LAB_NODES ?= 2
 e2e: setup
 	python -m pytest -q -p no:cacheprovider tests/e2e
+
+# The AWX path: the execution environment built (make ee), then site.yml run as AWX runs a job
+# (ansible-runner transmit | the EE's ansible-runner worker | process) over SSH against a lab of its own
+# (instance 1, two nodes), with Kubernetes reached only through the K8S_AUTH_* variables (tests/awx).
+AWX_LAB_INSTANCE ?= 1
+test-awx: setup collection ee
+	GPUOPS_LAB_INSTANCE=$(AWX_LAB_INSTANCE) GPUOPS_LAB_NODES=2 python -m pytest -q -p no:cacheprovider tests/awx
 
 lab-up: setup
 	tests/e2e/lab.sh up $(LAB_NODES)
