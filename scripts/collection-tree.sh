@@ -6,6 +6,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dest=${1:-$here/.build/ansible_collections/gpuops/k8s}
 mkdir -p "$dest"
+# Two make targets may mirror at once (make -j, or two shells): one at a time.
+exec 9>"$dest/../.mirror.lock"
+flock 9
 cd "$here"
 git ls-files -co --exclude-standard -z | rsync -a --delete --files-from=- --from0 ./ "$dest/"
 # rsync --delete only prunes inside directories it was given; remove files that git no longer lists.
