@@ -2,26 +2,35 @@
 # Builds the device-plugin image from the local Debian 12 base and, with --save, writes it as an
 # OCI archive for `ctr images import`. Cached by content: the image tag is a hash of the daemon's
 # sources, this script, the Containerfile and the base image; an unchanged tree rebuilds nothing.
-#   files/device_plugin/build-image.sh [--save FILE]   -> prints the image reference
+# The image is also tagged with the package's version (localhost/<name>:<version>, both from
+# pyproject.toml): the device_plugin role's default image, and latest.
+#   files/device_plugin/build-image.sh [--save FILE]   -> prints the image reference (the content tag)
+#   files/device_plugin/build-image.sh --reference     -> prints the version reference; builds nothing
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
 python=${PYTHON:-python3}
 save=""
+# localhost/<name>:<version> from the package's own metadata: one source for the name and the version.
+reference=$("$python" -c 'import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("localhost/{}:{}".format(project["name"], project["version"]))' "$here/pyproject.toml")
+repository=${reference%:*}
 while [ $# -gt 0 ]; do
   case "$1" in
     --save) save=$2; shift 2 ;;
-    *) echo "usage: $0 [--save FILE]" >&2; exit 2 ;;
+    --reference) echo "$reference"; exit 0 ;;
+    *) echo "usage: $0 [--save FILE | --reference]" >&2; exit 2 ;;
   esac
 done
 log() { printf '[device-plugin-image] %s\n' "$*" >&2; }
 
 base=$("$repo/scripts/build-base-image.sh")
 base_id=$(podman image inspect --format '{{.Id}}' "$base")
-hash=$( (cd "$here" && find src -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
+hash=$( (cd "$here" && find -L src -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
          sha256sum Containerfile build-image.sh lower_bounds.py pyproject.toml; echo "$base_id") | sha256sum | cut -c1-12)
-tag="localhost/gpu-device-plugin:$hash"
+tag="$repository:$hash"
 
 if ! podman image exists "$tag"; then
   # Wheels come from the package index through pip, once per dependency set, outside the build.
@@ -38,14 +47,15 @@ if ! podman image exists "$tag"; then
   context=$(mktemp -d)
   trap 'rm -rf "$context"' EXIT
   "$python" -m pip install -q --no-index --find-links "$wheels" --target "$context/site" -r "$wheels/requirements.txt"
-  cp -r "$here/src/gpu_device_plugin" "$context/site/"
+  # -L: src/gpu_device_plugin/_shared links to the collection's module_utils; the image gets the files.
+  cp -rL "$here/src/gpu_device_plugin" "$context/site/"
   find "$context/site" -name __pycache__ -type d -prune -exec rm -rf {} +
   rm -rf "$context/site/bin"
   cp "$here/Containerfile" "$context/"
   log "building $tag from $base"
   podman build -q --build-arg "BASE=$base" -t "$tag" "$context" >/dev/null
 fi
-podman tag "$tag" localhost/gpu-device-plugin:latest
+podman tag "$tag" "$reference" "$repository:latest"
 log "size: $(podman image inspect --format '{{.Size}}' "$tag" | awk '{printf "%.1f MB", $1 / 1000000}')"
 
 if [ -n "$save" ]; then

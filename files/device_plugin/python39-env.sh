@@ -29,7 +29,8 @@ venv="$cache/venv-device-plugin-py39-$key"
 # pip builds a project in place: build from a copy so the source tree stays clean.
 copy=$(mktemp -d)
 trap 'rm -rf "$copy"' EXIT
-cp -r "$here/pyproject.toml" "$here/README.md" "$here/src" "$copy/"
+# -L: the package's _shared files are links to the collection's module_utils (docs/architecture.md).
+cp -rL "$here/pyproject.toml" "$here/README.md" "$here/src" "$copy/"
 find "$copy/src" -name __pycache__ -type d -prune -exec rm -rf {} +
 pip39() { "$venv/bin/python" -m pip -q --disable-pip-version-check "$@"; }
 if [ ! -f "$venv/.complete" ]; then

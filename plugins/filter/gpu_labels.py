@@ -53,29 +53,7 @@ _value:
 import re
 
 from ansible.errors import AnsibleFilterError
-
-# Compute capability -> architecture family, as GPU Feature Discovery names them.
-_FAMILY_BY_CC = {
-    (7, 0): "volta",
-    (7, 2): "volta",
-    (7, 5): "turing",
-    (8, 0): "ampere",
-    (8, 6): "ampere",
-    (8, 7): "ampere",
-    (8, 9): "ada-lovelace",
-}
-_FAMILY_BY_MAJOR = {
-    1: "tesla",
-    2: "fermi",
-    3: "kepler",
-    5: "maxwell",
-    6: "pascal",
-    7: "volta",
-    8: "ampere",
-    9: "hopper",
-    10: "blackwell",
-    12: "blackwell",
-}
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import gpu_architecture
 
 _LABEL_VALUE_MAX = 63
 _INVALID_VALUE_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
@@ -92,9 +70,12 @@ def sanitize_label_value(value):
 
 
 def gpu_family(compute_capability):
-    """Architecture family for a "MAJOR.MINOR" compute capability; 'undefined' when unknown."""
-    major, minor = _split_version(compute_capability, 2, "compute_capability")
-    return _FAMILY_BY_CC.get((major, minor)) or _FAMILY_BY_MAJOR.get(major, "undefined")
+    """Architecture family for a "MAJOR.MINOR" compute capability; 'undefined' when unknown.
+
+    The table is the GPU facts' own (module_utils/_gpu_discovery.py), so a label and a fact never disagree.
+    """
+    _split_version(compute_capability, 2, "compute_capability")
+    return gpu_architecture(compute_capability)
 
 
 def validate_label_key(key):

@@ -1,14 +1,18 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpuops.k8s maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""GPU discovery shared by the collection's modules: NVML through pynvml, and the PCI bus in sysfs.
+"""GPU facts: what NVML (through pynvml) or a simulated-GPU spec says about a node's GPUs, and the PCI bus in sysfs.
+
+The one place that turns NVML answers into GPU facts. The nvidia_gpu_info module (whose facts decide the
+node's labels) and the bundled daemon (whose devices the kubelet allocates) both use it: the daemon's
+package carries this file as gpu_device_plugin/_shared/gpu_discovery.py (docs/architecture.md). It
+therefore imports nothing from Ansible.
 
 NVML answers once a driver is loaded; sysfs answers before one exists, so a play can decide whether
 to install a driver (and Fabric Manager, when NVSwitches are present).
 """
 
-import os
 import contextlib
+import os
 
 try:
     import pynvml
@@ -30,6 +34,51 @@ _FEATURE_ENABLED = 1
 _NVLINK_MAX_LINKS_FALLBACK = 18
 _NVLINK_DEVICE_TYPE_GPU = 0
 _NVLINK_DEVICE_TYPE_SWITCH = 2
+# nvmlDeviceGetTopologyCommonAncestor: at most "multiple PCIe switches" means the GPUs share a switch tree.
+_TOPOLOGY_MULTIPLE = 20
+
+# Compute capability -> architecture, as GPU Feature Discovery names the families.
+_ARCHITECTURE_BY_CC = {
+    (7, 0): "volta",
+    (7, 2): "volta",
+    (7, 5): "turing",
+    (8, 0): "ampere",
+    (8, 6): "ampere",
+    (8, 7): "ampere",
+    (8, 9): "ada-lovelace",
+}
+_ARCHITECTURE_BY_MAJOR = {
+    1: "tesla",
+    2: "fermi",
+    3: "kepler",
+    5: "maxwell",
+    6: "pascal",
+    7: "volta",
+    8: "ampere",
+    9: "hopper",
+    10: "blackwell",
+    12: "blackwell",
+}
+
+# The keys of one GPU's facts, in the order the module returns them.
+GPU_FACT_KEYS = (
+    "index",
+    "uuid",
+    "name",
+    "pci_bus_id",
+    "memory_total_mib",
+    "compute_capability",
+    "architecture",
+    "numa_node",
+    "persistence_mode",
+    "mig_mode",
+    "mig_devices",
+    "minor_number",
+    "nvlink_peers",
+    "pcie_switch",
+    "xid",
+    "lost",
+)
 
 
 def installed_pynvml():
@@ -67,6 +116,59 @@ def normalize_bus_id(bus_id):
 def format_cuda_version(value):
     """NVML encodes CUDA 12.8 as 12080."""
     return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def gpu_architecture(compute_capability):
+    """The architecture family of a "MAJOR.MINOR" compute capability; 'undefined' when unknown or malformed."""
+    try:
+        major, minor = (int(part) for part in str(compute_capability).split(".")[:2])
+    except ValueError:
+        return "undefined"
+    return _ARCHITECTURE_BY_CC.get((major, minor)) or _ARCHITECTURE_BY_MAJOR.get(major, "undefined")
+
+
+def gpu_fact(**fields):
+    """One GPU's facts with every key of GPU_FACT_KEYS; the architecture follows from the compute capability."""
+    unknown = set(fields) - set(GPU_FACT_KEYS)
+    if unknown:
+        raise ValueError("unknown GPU fact(s): " + ", ".join(sorted(unknown)))
+    fact = dict((key, fields.get(key)) for key in GPU_FACT_KEYS)
+    fact["architecture"] = gpu_architecture(fact["compute_capability"])
+    fact["mig_devices"] = [
+        {"index": position, "uuid": mig["uuid"], "profile": mig["profile"], "memory_mib": mig["memory_mib"]}
+        for position, mig in enumerate(fact["mig_devices"] or [])
+    ]
+    fact["nvlink_peers"] = list(fact["nvlink_peers"] or [])
+    fact["lost"] = bool(fact["lost"])
+    return fact
+
+
+def facts_from_spec(spec):
+    """The facts a simulated-GPU spec (as _simulated_spec.parse_spec returns it) describes: the same shape as NVML's."""
+    return {
+        "driver_version": spec["driver_version"],
+        "cuda_driver_version": spec["cuda_driver_version"],
+        "gpus": [
+            gpu_fact(
+                index=gpu["index"],
+                uuid=gpu["uuid"],
+                name=gpu["name"],
+                pci_bus_id=gpu["pci_bus_id"],
+                memory_total_mib=gpu["memory_mib"],
+                compute_capability=gpu["compute_capability"],
+                numa_node=gpu["numa_node"],
+                persistence_mode=gpu["persistence_mode"],
+                mig_mode=gpu["mig_mode"],
+                mig_devices=gpu["mig_devices"],
+                minor_number=gpu["minor_number"],
+                nvlink_peers=gpu["nvlink_peers"],
+                pcie_switch=gpu["pcie_switch"],
+                xid=gpu["xid"],
+                lost=gpu["lost"],
+            )
+            for gpu in spec["gpus"]
+        ],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,13 +291,17 @@ def nvml_discover(nvml, sysfs_root):
             f"NVML could not be initialised ({nvml_message(exc)}), so the GPUs were read from the PCI bus in sysfs."
         ) from None
     try:
-        return _discover_initialised(nvml, sysfs_root)
+        return discover_initialised(nvml, sysfs_root)
     finally:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
 
 
-def _discover_initialised(nvml, sysfs_root):
+def discover_initialised(nvml, sysfs_root):
+    """The GPU facts from an NVML that is already initialised (the daemon keeps it so, for its events).
+
+    Raises DiscoveryError with one sentence when a call fails.
+    """
     system = _Reader(nvml, "the system")
     driver_version = to_text(system.call("nvmlSystemGetDriverVersion"))
     if hasattr(nvml, "nvmlSystemGetCudaDriverVersion_v2"):
@@ -206,11 +312,15 @@ def _discover_initialised(nvml, sysfs_root):
 
     gpus = []
     links = []
+    handles = []
     for index in range(count):
-        gpu, gpu_links = _read_gpu(nvml, index, sysfs_root)
+        gpu, gpu_links, handle = _read_gpu(nvml, index, sysfs_root)
         gpus.append(gpu)
         links.append(gpu_links)
+        handles.append(handle)
     _resolve_nvlink_peers(gpus, links)
+    for gpu, switch in zip(gpus, _pcie_switch_groups(nvml, handles)):
+        gpu["pcie_switch"] = switch
     return {
         "driver_version": driver_version,
         "cuda_driver_version": format_cuda_version(cuda),
@@ -238,21 +348,24 @@ def _read_gpu(nvml, index, sysfs_root):
     persistence = reader.optional("nvmlDeviceGetPersistenceMode", handle)
     mig_mode, mig_devices = _read_mig(nvml, reader, handle)
 
-    gpu = {
-        "index": index,
-        "uuid": uuid,
-        "name": name,
-        "pci_bus_id": bus_id,
-        "memory_total_mib": memory_total // _MIB,
-        "compute_capability": f"{major}.{minor}",
-        "numa_node": numa_node,
-        "persistence_mode": None if persistence is None else persistence == _FEATURE_ENABLED,
-        "mig_mode": mig_mode,
-        "mig_devices": mig_devices,
-        "minor_number": reader.optional("nvmlDeviceGetMinorNumber", handle),
-        "nvlink_peers": [],
-    }
-    return gpu, _read_nvlinks(nvml, reader, handle)
+    gpu = gpu_fact(
+        index=index,
+        uuid=uuid,
+        name=name,
+        pci_bus_id=bus_id,
+        memory_total_mib=memory_total // _MIB,
+        compute_capability=f"{major}.{minor}",
+        numa_node=numa_node,
+        persistence_mode=None if persistence is None else persistence == _FEATURE_ENABLED,
+        mig_mode=mig_mode,
+        mig_devices=mig_devices,
+        minor_number=reader.optional("nvmlDeviceGetMinorNumber", handle),
+        # XIDs arrive later as NVML events (the daemon's health watcher); a GPU that fell off the bus
+        # fails the calls above instead.
+        xid=None,
+        lost=False,
+    )
+    return gpu, _read_nvlinks(nvml, reader, handle), handle
 
 
 def _read_mig(nvml, reader, handle):
@@ -320,6 +433,40 @@ def _read_nvlinks(nvml, reader, handle):
         else:
             remote_gpus.add(remote)
     return {"remote_gpus": remote_gpus, "to_switch": to_switch}
+
+
+def _pcie_switch_groups(nvml, handles):
+    """Per GPU, the PCIe switch tree it shares with other GPUs, named sw0, sw1, ... in index order; else None.
+
+    None for every GPU when this pynvml or driver cannot answer nvmlDeviceGetTopologyCommonAncestor.
+    """
+    ancestor = getattr(nvml, "nvmlDeviceGetTopologyCommonAncestor", None)
+    parent = list(range(len(handles)))
+
+    def root(i):
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    if ancestor is not None:
+        multiple = getattr(nvml, "NVML_TOPOLOGY_MULTIPLE", _TOPOLOGY_MULTIPLE)
+        for i in range(len(handles)):
+            for j in range(i + 1, len(handles)):
+                try:
+                    level = ancestor(handles[i], handles[j])
+                except nvml.NVMLError:
+                    continue
+                if level <= multiple:
+                    parent[root(j)] = root(i)
+    members = {}
+    for i in range(len(handles)):
+        members.setdefault(root(i), []).append(i)
+    names = [None] * len(handles)
+    shared = [group for group in members.values() if len(group) > 1]
+    for number, group in enumerate(sorted(shared)):
+        for i in group:
+            names[i] = f"sw{number}"
+    return names
 
 
 def _resolve_nvlink_peers(gpus, links):

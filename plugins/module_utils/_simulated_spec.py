@@ -1,10 +1,12 @@
-# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpuops.k8s maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Reader for the simulated-GPU spec format described in docs/simulated-gpus.md.
+"""The simulated-GPU spec format (docs/simulated-gpus.md): its keys, defaults and validation messages.
 
 Labs and CI only: nothing in a spec is checked against hardware. Every rule violation is reported
-as one sentence that names the file and, where there is one, the GPU.
+as one sentence that names the file and, where there is one, the GPU. The one reader of the format:
+the nvidia_gpu_info module and the bundled daemon (which carries this file as
+gpu_device_plugin/_shared/simulated_spec.py, docs/architecture.md) both parse specs here, and
+_gpu_discovery.facts_from_spec turns the result into GPU facts. It therefore imports nothing from Ansible.
 """
 
 import re
@@ -59,14 +61,22 @@ def _gpu_label(index, raw):
 
 
 def load_spec(path):
-    """Read and validate the spec at ``path``; return the discovery result it describes."""
+    """Read and validate the spec at ``path``; return its normalised content (see parse_spec)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise SpecError(f"Simulated-GPU spec {path} cannot be read: {reason}.") from None
+    return parse_spec_text(text, path)
+
+
+def parse_spec_text(text, path):
+    """Validate the YAML ``text`` of a spec (read from ``path``, which the messages name)."""
     if not HAS_YAML:
         raise RuntimeError("PyYAML is required to read a simulated-GPU spec")
     try:
-        with open(path) as handle:
-            data = yaml.safe_load(handle)
-    except OSError as exc:
-        raise SpecError(f"Simulated-GPU spec {path} cannot be read: {exc.strerror or exc}.") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -76,7 +86,11 @@ def load_spec(path):
 
 
 def parse_spec(data, path):
-    """Validate already-loaded spec ``data`` (from file ``path``) and return its discovery result."""
+    """Validate already-loaded spec ``data`` (from file ``path``).
+
+    Returns driver_version, cuda_driver_version and gpus: per GPU every key of the format with its
+    default filled in, the PCI bus ID in lower case, and nvlink_peers made symmetric (in index order).
+    """
     if not isinstance(data, dict):
         raise SpecError(f"Simulated-GPU spec {path} must be a YAML mapping at the top level.")
     for key in sorted(data, key=str):
@@ -169,8 +183,9 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
     if not _is_int(minor_number) or minor_number < 0:
         fail("minor_number must be a non-negative integer")
 
-    if "xid" in raw and not _is_int(raw["xid"]):
-        fail("xid must be an integer")
+    xid = raw.get("xid")
+    if xid is not None and (not _is_int(xid) or xid <= 0):
+        fail("xid must be a positive integer")
     if "lost" in raw and not isinstance(raw["lost"], bool):
         fail("lost must be true or false")
 
@@ -192,7 +207,7 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
         "uuid": uuid,
         "name": raw["name"],
         "pci_bus_id": bus_id,
-        "memory_total_mib": raw["memory_mib"],
+        "memory_mib": raw["memory_mib"],
         "compute_capability": capability,
         "numa_node": numa_node,
         "persistence_mode": persistence_mode,
@@ -201,6 +216,8 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
         "minor_number": minor_number,
         "nvlink_peers": list(peers),
         "pcie_switch": pcie_switch,
+        "xid": xid,
+        "lost": raw.get("lost", False),
     }
 
 
@@ -214,8 +231,8 @@ def _parse_mig_device(mig, mig_index, fail, seen_uuids, gpu_index):
     for key in MIG_DEVICE_KEYS:
         if key not in mig:
             fail(f"{where} lacks the required key '{key}'")
-    if not _is_str(mig["uuid"]) or not mig["uuid"]:
-        fail(f"{where}: uuid must be a non-empty string")
+    if not _is_str(mig["uuid"]) or not mig["uuid"].startswith("MIG-"):
+        fail(f'{where}: uuid must be a string starting with "MIG-"')
     if mig["uuid"] in seen_uuids:
         fail("{}: uuid {} is already used by {}".format(where, mig["uuid"], seen_uuids[mig["uuid"]]))
     seen_uuids[mig["uuid"]] = f"GPU {gpu_index} {where}"

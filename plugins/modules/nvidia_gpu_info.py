@@ -158,6 +158,12 @@ gpus:
       description: The CUDA compute capability, C(MAJOR.MINOR).
       type: str
       sample: "9.0"
+    architecture:
+      description:
+        - The architecture family the compute capability belongs to (C(volta), C(turing), C(ampere), C(ada-lovelace),
+          C(hopper), C(blackwell), ...); C(undefined) for a compute capability the collection does not know.
+      type: str
+      sample: hopper
     numa_node:
       description:
         - The NUMA node of the GPU; null when unknown. Taken from sysfs when NVML does not support the query.
@@ -177,6 +183,10 @@ gpus:
       type: list
       elements: dict
       contains:
+        index:
+          description: The position of the MIG device among its GPU's MIG devices.
+          type: int
+          sample: 0
         uuid:
           description: The MIG device UUID.
           type: str
@@ -200,10 +210,22 @@ gpus:
       elements: str
       sample: [GPU-6f1c0a3e-0000-4000-8000-000000000002]
     pcie_switch:
-      description: The PCIe switch the GPU shares with others, as named in the simulated spec.
+      description:
+        - The PCIe switch tree the GPU shares with other GPUs; null when it shares none. With NVML, the groups
+          of GPUs whose closest common ancestor is a PCIe switch, named C(sw0), C(sw1), ... in index order;
+          with O(simulate_from), as named in the spec.
       type: str
-      returned: when RV(source) is C(simulated)
       sample: sw0
+    xid:
+      description:
+        - A standing XID error the simulated spec gives the GPU; always null with NVML, where XIDs arrive
+          later as events that the device plugin's health checks watch.
+      type: int
+      sample: null
+    lost:
+      description: Whether the simulated spec says the GPU fell off the bus; always false with NVML.
+      type: bool
+      sample: false
 pci_devices:
   description:
     - NVIDIA GPU functions (vendor C(0x10de), class C(0x0300xx) or C(0x0302xx)) on the PCI bus in sysfs.
@@ -252,6 +274,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     DiscoveryError,
     NvmlUnavailable,
     installed_pynvml,
+    facts_from_spec,
     nvml_discover,
     scan_pci,
 )
@@ -267,7 +290,7 @@ SIMULATED_REASON = "simulate_from is set, so NVML was not queried and the GPUs c
 
 
 def _simulated(path):
-    spec = _simulated_spec.load_spec(path)
+    spec = facts_from_spec(_simulated_spec.load_spec(path))
     pci_devices = [
         {
             "bus_id": gpu["pci_bus_id"],

@@ -40,6 +40,18 @@ def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
     built = build_image(archive)
     image = built.stdout.strip().splitlines()[-1]
     sys.stderr.write(built.stderr)
+    # The same image under the reference the device_plugin role asks for by default (the package's
+    # name and version; tests/integration/test_device_plugin_package.py compares that with the role).
+    reference = subprocess.run(
+        [os.path.join(PLUGIN, "build-image.sh"), "--reference"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    ids = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Id}}", image, reference],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert len(ids) == 2 and ids[0] == ids[1], (image, reference, ids)
     assert archive.stat().st_size > 10_000_000
     with open(archive, "rb") as handle:
         handle.seek(257)

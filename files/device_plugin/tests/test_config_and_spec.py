@@ -113,17 +113,22 @@ def _spec_error(change):
 
 
 def test_spec_rules_name_the_file_and_the_gpu():
+    # The collection's messages (plugins/module_utils/_simulated_spec.py), one sentence each.
     message = _spec_error(lambda s: s["gpus"][1].update(colour="green"))
-    assert message.startswith("spec.yaml: GPU 1 (GPU-6f1c0a3e-0000-4000-8000-000000000002)") and "colour" in message
+    assert (
+        message
+        == "Simulated-GPU spec spec.yaml, GPU 1 (GPU-6f1c0a3e-0000-4000-8000-000000000002): unknown key 'colour'."
+    )
     assert "already used by GPU 0" in _spec_error(lambda s: s["gpus"][3].update(uuid=s["gpus"][0]["uuid"]))
     assert "already used" in _spec_error(lambda s: s["gpus"][3].update(pci_bus_id="0000:18:00.0"))
-    assert "nvlink peer GPU-nope" in _spec_error(lambda s: s["gpus"][0]["nvlink_peers"].append("GPU-nope"))
+    assert "nvlink_peers names GPU-nope" in _spec_error(lambda s: s["gpus"][0]["nvlink_peers"].append("GPU-nope"))
     assert "only allowed with mig_mode: enabled" in _spec_error(
         lambda s: s["gpus"][0].update(mig_devices=[{"uuid": "MIG-1", "profile": "1g.10gb", "memory_mib": 9984}])
     )
-    assert "missing required key(s) memory_mib" in _spec_error(lambda s: s["gpus"][2].pop("memory_mib"))
-    assert "unknown key(s) extra at the top level" in _spec_error(lambda s: s.update(extra=1))
+    assert "the required key 'memory_mib' is missing" in _spec_error(lambda s: s["gpus"][2].pop("memory_mib"))
+    assert "unknown top-level key 'extra'" in _spec_error(lambda s: s.update(extra=1))
     assert "pci_bus_id" in _spec_error(lambda s: s["gpus"][2].update(pci_bus_id="18:00.0"))
+    assert "xid must be a positive integer" in _spec_error(lambda s: s["gpus"][2].update(xid=0))
 
 
 def test_peer_relation_is_symmetric_and_defaults_apply():

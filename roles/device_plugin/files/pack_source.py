@@ -35,7 +35,9 @@ def pack(root: str) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for name in member_names(root):
-            path = os.path.join(root, name)
+            # The package's _shared files are links to the collection's module_utils: the archive holds
+            # the files themselves.
+            path = os.path.realpath(os.path.join(root, name))
             info = tar.gettarinfo(path, arcname=name)
             info.mtime = FIXED_MTIME
             info.uid = info.gid = 0

@@ -13,7 +13,8 @@ import os
 from typing import Any, Callable, Optional
 
 from gpu_device_plugin import simspec, watch
-from gpu_device_plugin.inventory import EMPTY, Gpu, Inventory, MigDevice
+from gpu_device_plugin._shared import gpu_discovery
+from gpu_device_plugin.inventory import EMPTY, Inventory, from_facts
 
 log = logging.getLogger(__name__)
 
@@ -129,125 +130,10 @@ class NvmlBackend:
             self.initialized = False
 
     def _enumerate(self) -> Inventory:
-        nvml = self.nvml
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
-        cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
-        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        bus_ids = [_bus_id(nvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
-        uuid_by_bus = {}
-        gpus = []
-        for index, handle in enumerate(handles):
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            uuid_by_bus[bus_ids[index]] = uuid
-            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-            mig_mode, migs = self._mig(handle)
-            gpus.append(
-                Gpu(
-                    index=index,
-                    uuid=uuid,
-                    name=_text(nvml.nvmlDeviceGetName(handle)),
-                    memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024),
-                    pci_bus_id=bus_ids[index],
-                    compute_capability=f"{major}.{minor}",
-                    numa_node=self._numa(handle, bus_ids[index]),
-                    minor_number=int(nvml.nvmlDeviceGetMinorNumber(handle)),
-                    mig_mode=mig_mode,
-                    mig_devices=migs,
-                )
-            )
-        switches = self._switch_groups(handles)
-        from dataclasses import replace
-
-        result = []
-        for index, gpu in enumerate(gpus):
-            peers = frozenset(uuid_by_bus[b] for b in self._nvlink_peer_buses(handles[index]) if b in uuid_by_bus)
-            result.append(replace(gpu, pcie_switch=switches.get(index), nvlink_peers=peers - {gpu.uuid}))
-        return Inventory(driver, f"{cuda // 1000}.{(cuda % 1000) // 10}", tuple(result))
-
-    def _numa(self, handle: Any, bus_id: str) -> Optional[int]:
-        getter = getattr(self.nvml, "nvmlDeviceGetNumaNodeId", None)
-        if getter is not None:
-            try:
-                node = int(getter(handle))
-                return node if node >= 0 else None
-            except self.nvml.NVMLError:
-                pass
         try:
-            with open(os.path.join(self.sysfs, "bus/pci/devices", bus_id.lower(), "numa_node")) as handle_file:
-                node = int(handle_file.read().strip())
-        except (OSError, ValueError):
-            return None
-        return node if node >= 0 else None
-
-    def _mig(self, handle: Any) -> tuple[str, tuple[MigDevice, ...]]:
-        nvml = self.nvml
-        try:
-            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
-        except nvml.NVMLError:
-            return "unsupported", ()
-        if current != nvml.NVML_DEVICE_MIG_ENABLE:
-            return "disabled", ()
-        migs: list[MigDevice] = []
-        for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
-            try:
-                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except nvml.NVMLError:
-                continue
-            name = _text(nvml.nvmlDeviceGetName(mig))
-            profile = name.rsplit("MIG ", 1)[-1].strip()
-            memory = int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // (1024 * 1024)
-            migs.append(MigDevice(_text(nvml.nvmlDeviceGetUUID(mig)), profile, memory, len(migs)))
-        return "enabled", tuple(migs)
-
-    def _nvlink_peer_buses(self, handle: Any) -> list[str]:
-        nvml = self.nvml
-        buses = []
-        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
-            try:
-                if nvml.nvmlDeviceGetNvLinkState(handle, link) != nvml.NVML_FEATURE_ENABLED:
-                    continue
-                buses.append(_bus_id(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
-            except nvml.NVMLError:
-                break
-        return buses
-
-    def _switch_groups(self, handles: list[Any]) -> dict[int, str]:
-        """GPUs whose closest common ancestor is a PCIe switch share a group, named sw0, sw1, ..."""
-        nvml = self.nvml
-        parent = list(range(len(handles)))
-
-        def root(i: int) -> int:
-            while parent[i] != i:
-                i = parent[i]
-            return i
-
-        for i in range(len(handles)):
-            for j in range(i + 1, len(handles)):
-                try:
-                    level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
-                except nvml.NVMLError:
-                    continue
-                if level <= nvml.NVML_TOPOLOGY_MULTIPLE:
-                    parent[root(j)] = root(i)
-        groups: dict[int, list[int]] = {}
-        for i in range(len(handles)):
-            groups.setdefault(root(i), []).append(i)
-        names: dict[int, str] = {}
-        for number, members in enumerate(m for m in groups.values() if len(m) > 1):
-            for i in members:
-                names[i] = f"sw{number}"
-        return names
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _bus_id(raw: Any) -> str:
-    """NVML writes an 8-digit PCI domain ("00000000:18:00.0"); sysfs and the spec use 4."""
-    text = _text(raw).lower()
-    domain, _sep, rest = text.partition(":")
-    return f"{domain[-4:]}:{rest}"
+            return from_facts(gpu_discovery.discover_initialised(self.nvml, self.sysfs))
+        except gpu_discovery.DiscoveryError as exc:
+            raise BackendError(str(exc)) from None
 
 
 def make_backend(kind: str, simulated_spec: Optional[str], nvml: Any = None) -> Any:

@@ -1,4 +1,5 @@
-"""Unit tests of the discovery helpers: PCI bus IDs, CUDA versions, and the sysfs scan on a real tree."""
+"""Unit tests of the discovery helpers: PCI bus IDs, CUDA versions, the GPU fact shape (architecture,
+spec to facts, PCIe switch groups), and the sysfs scan on a real tree."""
 
 from __future__ import annotations
 
@@ -6,13 +7,19 @@ import os
 
 import pytest
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
+    GPU_FACT_KEYS,
     DiscoveryError,
+    _pcie_switch_groups,
+    facts_from_spec,
     format_cuda_version,
+    gpu_architecture,
+    gpu_fact,
     normalize_bus_id,
     scan_pci,
     sysfs_numa_node,
     to_text,
 )
+from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import parse_spec
 from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.fake_sysfs import (
     NVIDIA_HOST_GPUS,
     NVIDIA_HOST_NVSWITCHES,
@@ -104,3 +111,111 @@ def test_scan_pci_reads_the_real_sysfs():
         if vendor == "0x10de" and pci_class[:6] in ("0x0300", "0x0302", "0x0680"):
             expected += 1
     assert len(gpus) + len(nvswitches) == expected
+
+
+@pytest.mark.parametrize(
+    ("capability", "architecture"),
+    [
+        ("7.0", "volta"),
+        ("7.5", "turing"),
+        ("8.0", "ampere"),
+        ("8.9", "ada-lovelace"),
+        ("9.0", "hopper"),
+        ("10.0", "blackwell"),
+        ("12.0", "blackwell"),
+        ("6.1", "pascal"),
+        ("4.0", "undefined"),
+        ("nine", "undefined"),
+        (None, "undefined"),
+    ],
+)
+def test_gpu_architecture(capability, architecture):
+    assert gpu_architecture(capability) == architecture
+
+
+def test_gpu_fact_has_every_key_and_derives_the_architecture():
+    fact = gpu_fact(
+        uuid="GPU-1", compute_capability="8.0", mig_devices=[{"uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864}]
+    )
+    assert tuple(fact) == GPU_FACT_KEYS
+    assert fact["architecture"] == "ampere"
+    assert fact["mig_devices"] == [{"index": 0, "uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864}]
+    assert (fact["nvlink_peers"], fact["lost"], fact["xid"], fact["pcie_switch"]) == ([], False, None, None)
+    with pytest.raises(ValueError, match="unknown GPU fact"):
+        gpu_fact(uuid="GPU-1", colour="green")
+
+
+def test_facts_from_spec_keeps_every_key_of_the_format():
+    spec = parse_spec(
+        {
+            "driver_version": "580.95.05",
+            "cuda_driver_version": "13.0",
+            "gpus": [
+                {
+                    "uuid": "GPU-1",
+                    "name": "NVIDIA A100-SXM4-40GB",
+                    "memory_mib": 40960,
+                    "pci_bus_id": "0000:07:00.0",
+                    "compute_capability": "8.0",
+                    "numa_node": 1,
+                    "pcie_switch": "plx0",
+                    "persistence_mode": False,
+                    "minor_number": 4,
+                    "xid": 79,
+                    "lost": True,
+                    "mig_mode": "enabled",
+                    "mig_devices": [{"uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864}],
+                }
+            ],
+        },
+        "lab.yaml",
+    )
+    facts = facts_from_spec(spec)
+    assert (facts["driver_version"], facts["cuda_driver_version"]) == ("580.95.05", "13.0")
+    assert facts["gpus"] == [
+        {
+            "index": 0,
+            "uuid": "GPU-1",
+            "name": "NVIDIA A100-SXM4-40GB",
+            "pci_bus_id": "0000:07:00.0",
+            "memory_total_mib": 40960,
+            "compute_capability": "8.0",
+            "architecture": "ampere",
+            "numa_node": 1,
+            "persistence_mode": False,
+            "mig_mode": "enabled",
+            "mig_devices": [{"index": 0, "uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864}],
+            "minor_number": 4,
+            "nvlink_peers": [],
+            "pcie_switch": "plx0",
+            "xid": 79,
+            "lost": True,
+        }
+    ]
+
+
+class TopologyDouble:
+    """A test double of the two pynvml names _pcie_switch_groups reads: GPUs on the same switch answer
+    NVML_TOPOLOGY_MULTIPLE (20) or closer, others NVML_TOPOLOGY_NODE (40)."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_TOPOLOGY_MULTIPLE = 20
+
+    def __init__(self, switch_of):
+        self.switch_of = switch_of
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first, second):
+        if self.switch_of[first] is None or self.switch_of[second] is None:
+            raise self.NVMLError("Not Supported")
+        return 10 if self.switch_of[first] == self.switch_of[second] else 40
+
+
+def test_pcie_switch_groups_are_named_in_index_order():
+    nvml = TopologyDouble(["b", "a", "b", "c", "a", None])
+    assert _pcie_switch_groups(nvml, list(range(6))) == ["sw0", "sw1", "sw0", None, "sw1", None]
+
+
+def test_pcie_switch_groups_without_the_topology_call():
+    assert _pcie_switch_groups(object(), [0, 1]) == [None, None]

@@ -32,7 +32,7 @@ def test_defaults():
         "uuid": "GPU-00000002",
         "name": "NVIDIA L4",
         "pci_bus_id": "0000:02:00.0",
-        "memory_total_mib": 23034,
+        "memory_mib": 23034,
         "compute_capability": "8.9",
         "numa_node": None,
         "persistence_mode": True,
@@ -41,6 +41,8 @@ def test_defaults():
         "minor_number": 1,
         "nvlink_peers": [],
         "pcie_switch": None,
+        "xid": None,
+        "lost": False,
     }
 
 
@@ -85,7 +87,8 @@ def test_bus_ids_compare_case_insensitively():
             spec(gpu(1, minor_number=-1)),
             "Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): minor_number must be a non-negative integer.",
         ),
-        (spec(gpu(1, xid="79")), "Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): xid must be an integer."),
+        (spec(gpu(1, xid="79")), "Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): xid must be a positive integer."),
+        (spec(gpu(1, xid=0)), "Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): xid must be a positive integer."),
         (spec(gpu(1, lost=1)), "Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): lost must be true or false."),
         (spec("GPU-1"), "Simulated-GPU spec lab.yaml, GPU 0: each entry of gpus must be a mapping."),
         (
@@ -101,8 +104,22 @@ def test_bus_ids_compare_case_insensitively():
                     mig_devices=[{"uuid": "GPU-00000001", "profile": "1g.5gb", "memory_mib": 4864}],
                 )
             ),
-            "Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): MIG device 0: uuid GPU-00000001 is already used by "
-            "GPU 0.",
+            "Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): MIG device 0: "
+            'uuid must be a string starting with "MIG-".',
+        ),
+        (
+            spec(
+                gpu(
+                    1,
+                    mig_mode="enabled",
+                    mig_devices=[
+                        {"uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864},
+                        {"uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864},
+                    ],
+                )
+            ),
+            "Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): MIG device 1: uuid MIG-1 is already used by "
+            "GPU 0 MIG device 0.",
         ),
     ],
 )

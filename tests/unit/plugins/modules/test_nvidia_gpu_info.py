@@ -91,12 +91,17 @@ EXPECTED_GPUS = [
         "pci_bus_id": "0000:18:00.0",
         "memory_total_mib": 81559,
         "compute_capability": "9.0",
+        "architecture": "hopper",
         "numa_node": 0,
         "persistence_mode": True,
         "mig_mode": "disabled",
         "mig_devices": [],
         "minor_number": 0,
         "nvlink_peers": [UUID1],
+        # The double does not answer nvmlDeviceGetTopologyCommonAncestor; XIDs come as events.
+        "pcie_switch": None,
+        "xid": None,
+        "lost": False,
     },
     {
         "index": 1,
@@ -105,15 +110,20 @@ EXPECTED_GPUS = [
         "pci_bus_id": "0000:2a:00.0",
         "memory_total_mib": 81559,
         "compute_capability": "9.0",
+        "architecture": "hopper",
         "numa_node": 1,
         "persistence_mode": False,
         "mig_mode": "enabled",
         "mig_devices": [
-            {"uuid": MIG0, "profile": "3g.40gb", "memory_mib": 40192},
-            {"uuid": MIG1, "profile": "1g.10gb", "memory_mib": 9856},
+            {"index": 0, "uuid": MIG0, "profile": "3g.40gb", "memory_mib": 40192},
+            {"index": 1, "uuid": MIG1, "profile": "1g.10gb", "memory_mib": 9856},
         ],
         "minor_number": 1,
         "nvlink_peers": [UUID0],
+        # The double does not answer nvmlDeviceGetTopologyCommonAncestor; XIDs come as events.
+        "pcie_switch": None,
+        "xid": None,
+        "lost": False,
     },
     {
         "index": 2,
@@ -122,12 +132,17 @@ EXPECTED_GPUS = [
         "pci_bus_id": "0000:3b:00.0",
         "memory_total_mib": 15360,
         "compute_capability": "7.5",
+        "architecture": "turing",
         "numa_node": None,
         "persistence_mode": None,
         "mig_mode": "unsupported",
         "mig_devices": [],
         "minor_number": None,
         "nvlink_peers": [],
+        # The double does not answer nvmlDeviceGetTopologyCommonAncestor; XIDs come as events.
+        "pcie_switch": None,
+        "xid": None,
+        "lost": False,
     },
 ]
 
@@ -402,8 +417,13 @@ def test_simulated_fixture(monkeypatch, capsys, spec_path, check_mode):
         assert gpu["persistence_mode"] == source.get("persistence_mode", True)
         assert gpu["minor_number"] == source.get("minor_number", index)
         assert gpu["mig_mode"] == source.get("mig_mode", "disabled")
-        assert gpu["mig_devices"] == source.get("mig_devices", [])
+        assert gpu["mig_devices"] == [
+            dict(mig, index=position) for position, mig in enumerate(source.get("mig_devices", []))
+        ]
         assert gpu["pcie_switch"] == source.get("pcie_switch")
+        assert gpu["xid"] == source.get("xid")
+        assert gpu["lost"] == source.get("lost", False)
+        assert gpu["architecture"] in ("turing", "ampere", "hopper")
         assert set(source.get("nvlink_peers", [])) <= set(gpu["nvlink_peers"])
         assert result["pci_devices"][index]["bus_id"] == source["pci_bus_id"]
         assert result["pci_devices"][index]["numa_node"] == source.get("numa_node")
