@@ -144,31 +144,16 @@ def gpu_fact(**fields):
 
 
 def facts_from_spec(spec):
-    """The facts a simulated-GPU spec (as _simulated_spec.parse_spec returns it) describes: the same shape as NVML's."""
-    return {
-        "driver_version": spec["driver_version"],
-        "cuda_driver_version": spec["cuda_driver_version"],
-        "gpus": [
-            gpu_fact(
-                index=gpu["index"],
-                uuid=gpu["uuid"],
-                name=gpu["name"],
-                pci_bus_id=gpu["pci_bus_id"],
-                memory_total_mib=gpu["memory_mib"],
-                compute_capability=gpu["compute_capability"],
-                numa_node=gpu["numa_node"],
-                persistence_mode=gpu["persistence_mode"],
-                mig_mode=gpu["mig_mode"],
-                mig_devices=gpu["mig_devices"],
-                minor_number=gpu["minor_number"],
-                nvlink_peers=gpu["nvlink_peers"],
-                pcie_switch=gpu["pcie_switch"],
-                xid=gpu["xid"],
-                lost=gpu["lost"],
-            )
-            for gpu in spec["gpus"]
-        ],
-    }
+    """The facts a simulated-GPU spec (as _simulated_spec.parse_spec returns it) describes: the same shape as NVML's.
+
+    A spec's GPU has every fact but the architecture (derived here) under the same name, except its memory.
+    """
+    gpus = []
+    for gpu in spec["gpus"]:
+        fields = dict((key, value) for key, value in gpu.items() if key != "memory_mib")
+        fields["memory_total_mib"] = gpu["memory_mib"]
+        gpus.append(gpu_fact(**fields))
+    return {"driver_version": spec["driver_version"], "cuda_driver_version": spec["cuda_driver_version"], "gpus": gpus}
 
 
 # ---------------------------------------------------------------------------------------------

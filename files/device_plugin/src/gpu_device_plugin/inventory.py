@@ -46,35 +46,36 @@ class Inventory:
 EMPTY = Inventory()
 
 
+# The facts `Gpu` keeps under the name and in the form `_shared/gpu_discovery.py` gives them.
+_SAME_FACTS = (
+    "index",
+    "uuid",
+    "name",
+    "pci_bus_id",
+    "compute_capability",
+    "architecture",
+    "numa_node",
+    "pcie_switch",
+    "xid",
+    "lost",
+    "mig_mode",
+)
+
+
+def _gpu(fact: dict[str, Any]) -> Gpu:
+    minor = fact["minor_number"]
+    return Gpu(
+        memory_mib=fact["memory_total_mib"],
+        nvlink_peers=frozenset(fact["nvlink_peers"]),
+        minor_number=fact["index"] if minor is None else minor,
+        mig_devices=tuple(MigDevice(m["uuid"], m["profile"], m["memory_mib"], m["index"]) for m in fact["mig_devices"]),
+        **{key: fact[key] for key in _SAME_FACTS},
+    )
+
+
 def from_facts(facts: dict[str, Any]) -> Inventory:
     """The snapshot of GPU facts as `_shared/gpu_discovery.py` gives them (from NVML or a simulated spec).
 
-    The only translation the daemon makes: field names, immutable collections, and the device node's
-    minor number, which falls back to the NVML index where NVML does not report one."""
-    return Inventory(
-        driver_version=facts["driver_version"],
-        cuda_driver_version=facts["cuda_driver_version"],
-        gpus=tuple(
-            Gpu(
-                index=gpu["index"],
-                uuid=gpu["uuid"],
-                name=gpu["name"],
-                memory_mib=gpu["memory_total_mib"],
-                pci_bus_id=gpu["pci_bus_id"],
-                compute_capability=gpu["compute_capability"],
-                architecture=gpu["architecture"],
-                numa_node=gpu["numa_node"],
-                pcie_switch=gpu["pcie_switch"],
-                nvlink_peers=frozenset(gpu["nvlink_peers"]),
-                minor_number=gpu["index"] if gpu["minor_number"] is None else gpu["minor_number"],
-                xid=gpu["xid"],
-                lost=gpu["lost"],
-                mig_mode=gpu["mig_mode"],
-                mig_devices=tuple(
-                    MigDevice(mig["uuid"], mig["profile"], mig["memory_mib"], mig["index"])
-                    for mig in gpu["mig_devices"]
-                ),
-            )
-            for gpu in facts["gpus"]
-        ),
-    )
+    The only translation the daemon makes: a few field names, immutable collections, and the device
+    node's minor number, which falls back to the NVML index where NVML does not report one."""
+    return Inventory(facts["driver_version"], facts["cuda_driver_version"], tuple(_gpu(g) for g in facts["gpus"]))
