@@ -62,7 +62,7 @@ daemon-py39: setup
 daemon-image: setup
 	python -m pytest -q -p no:cacheprovider $(PLUGIN_DIR)/image_tests
 
-# The end-to-end tier: a real control plane and GPU node containers (tests/e2e/lab.sh). The first
+# The end-to-end tier: a real control plane and GPU node containers (tests/e2e/lab.py). The first
 # run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
 LAB_NODES ?= 2
 e2e: setup
@@ -76,10 +76,10 @@ test-awx: setup collection ee
 	GPUOPS_LAB_INSTANCE=$(AWX_LAB_INSTANCE) GPUOPS_LAB_NODES=2 python -m pytest -q -p no:cacheprovider tests/awx
 
 lab-up: setup
-	tests/e2e/lab.sh up $(LAB_NODES)
+	tests/e2e/lab.py up $(LAB_NODES)
 
 lab-down:
-	tests/e2e/lab.sh down
+	tests/e2e/lab.py down
 
 # Every scenario under molecule/ (or MOLECULE_SCENARIOS="docker crio" for some of them).
 MOLECULE_SCENARIOS ?=
@@ -98,11 +98,11 @@ demo: setup collection
 	python demo/lab_demo.py
 
 demo-clean:
-	tests/e2e/lab.sh down
+	tests/e2e/lab.py down
 
 # make test's run of the demo: the lab is removed afterwards whether the demo passed or not.
 demo-test: setup collection
-	rc=0; python demo/lab_demo.py --removed-after || rc=$$?; tests/e2e/lab.sh down; exit $$rc
+	rc=0; python demo/lab_demo.py --removed-after || rc=$$?; tests/e2e/lab.py down; exit $$rc
 
 # The modules alone on sample configs, in check mode with diffs; changes nothing on this machine.
 demo-modules: setup collection

@@ -1,4 +1,4 @@
-"""Benchmarks of the end-to-end lab (tests/e2e/lab.sh): how long a bring-up takes with the
+"""Benchmarks of the end-to-end lab (tests/e2e/lab.py): how long a bring-up takes with the
 Kubernetes binaries and images already cached, how long a node takes to be Ready again after
 its kubelet restarts, how long site.yml takes from its start until the node advertises allocatable
 nvidia.com/gpu, and how long allocatable nvidia.com/gpu takes to come back after a kubelet restart
@@ -32,7 +32,7 @@ from kubernetes import config
 
 def lab_is_up() -> bool:
     done = subprocess.run(
-        [str(Path(__file__).resolve().parent.parent / "tests/e2e/lab.sh"), "kubeconfig"],
+        [str(Path(__file__).resolve().parent.parent / "tests/e2e/lab.py"), "kubeconfig"],
         capture_output=True,
         check=False,
     )

@@ -2,7 +2,7 @@
 
     python bench/bench_labels.py [--nodes 1000] [--forks 10]
 
-What it does, against the lab's real kube-apiserver (tests/e2e/lab.sh; GPUOPS_LAB_INSTANCE is honoured):
+What it does, against the lab's real kube-apiserver (tests/e2e/lab.py; GPUOPS_LAB_INSTANCE is honoured):
 - registers N Node objects (``gpuops-bench-node-NNNN``, no kubelet behind them) through the API;
 - writes an inventory of N hosts, half with the GPU information of a simulated 8 x H100 node and half of a
   1 x T4 node. That information is computed once, up front, by gpuops.k8s.nvidia_gpu_info on the
@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LAB_SH = REPO / "tests" / "e2e" / "lab.sh"
+LAB_PY = REPO / "tests" / "e2e" / "lab.py"
 SPECS = {
     "h100x8": REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml",
     "t4x1": REPO / "tests" / "fixtures" / "simulated" / "t4x1.yaml",
@@ -46,7 +46,7 @@ METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S
 
 
 def lab(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(LAB_SH), *args], check=check, stdout=subprocess.PIPE, text=True, timeout=1800)
+    return subprocess.run([str(LAB_PY), *args], check=check, stdout=subprocess.PIPE, text=True, timeout=1800)
 
 
 def request_counts(api) -> Counter[tuple[str, str]]:

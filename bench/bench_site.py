@@ -1,4 +1,4 @@
-"""Benchmark of playbooks/site.yml on the lab's nodes (tests/e2e/lab.sh) with simulated GPUs.
+"""Benchmark of playbooks/site.yml on the lab's nodes (tests/e2e/lab.py) with simulated GPUs.
 
 Prints, side by side with their ratios:
   - one host: the first run on a fresh node vs the second (no-op) run;
@@ -33,19 +33,19 @@ import yaml
 from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parent.parent
-LAB_SH = REPO / "tests" / "e2e" / "lab.sh"
+LAB_PY = REPO / "tests" / "e2e" / "lab.py"
 SITE = REPO / "playbooks" / "site.yml"
 RESOURCE = "nvidia.com/gpu"
 
 
 def lab(*args: str, timeout: float = 1800) -> str:
-    """Run ``lab.sh ARGS``; its progress goes to stderr, its answer comes back."""
-    done = subprocess.run([str(LAB_SH), *args], check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    """Run ``lab.py ARGS``; its progress goes to stderr, its answer comes back."""
+    done = subprocess.run([str(LAB_PY), *args], check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
     return done.stdout
 
 
 def lab_is_up() -> bool:
-    done = subprocess.run([str(LAB_SH), "nodes"], capture_output=True, text=True, check=False)
+    done = subprocess.run([str(LAB_PY), "nodes"], capture_output=True, text=True, check=False)
     return done.returncode == 0 and bool(done.stdout.split())
 
 
@@ -187,7 +187,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if lab_is_up():
-        print("bench_site: this lab instance is up; take it down first (tests/e2e/lab.sh down)", file=sys.stderr)
+        print("bench_site: this lab instance is up; take it down first (tests/e2e/lab.py down)", file=sys.stderr)
         return 1
     subprocess.run([str(REPO / "scripts" / "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
     count = gpu_count(args.spec)

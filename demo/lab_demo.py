@@ -2,15 +2,15 @@
 
     python demo/lab_demo.py [--specs h100x8 t4x1]
 
-1. brings the lab up (tests/e2e/lab.sh: etcd + kube-apiserver on 127.0.0.1, one podman container with
+1. brings the lab up (tests/e2e/lab.py: etcd + kube-apiserver on 127.0.0.1, one podman container with
    systemd, containerd and a kubelet per node), reusing the cached Kubernetes build and images;
-2. gives each node a simulated-GPU spec and writes an Ansible inventory for them (``lab.sh inventory``);
+2. gives each node a simulated-GPU spec and writes an Ansible inventory for them (``lab.py inventory``);
 3. runs ``playbooks/site.yml`` on both nodes, one progress line per stage;
 4. waits until every node advertises allocatable ``nvidia.com/gpu``;
 5. runs ``playbooks/validate.yml`` and prints its table (node, GPU model, count, allocatable, labels,
    taint, plugin status).
 
-The lab instance is GPUOPS_LAB_INSTANCE (0 unless set); ``make demo-clean`` (``lab.sh down``) removes
+The lab instance is GPUOPS_LAB_INSTANCE (0 unless set); ``make demo-clean`` (``lab.py down``) removes
 everything. Logs of every run are kept under the lab's state directory, in ``demo/``.
 """
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LAB_SH = REPO / "tests" / "e2e" / "lab.sh"
+LAB_PY = REPO / "tests" / "e2e" / "lab.py"
 NODES = 2
 ALLOCATABLE_TIMEOUT = float(os.environ.get("GPUOPS_DEMO_ALLOCATABLE_TIMEOUT", "180"))
 TASK_LINE = re.compile(r"^TASK \[(?:(?P<role>[\w.]+) : )?(?P<task>.*?)\] \*+$")
@@ -47,10 +47,10 @@ def say(message: str, end: str = "\n") -> None:
 
 
 def lab(*args: str, stdout=subprocess.PIPE) -> str:
-    """Run lab.sh; its own progress lines ([lab] ...) go to the terminal."""
-    done = subprocess.run([str(LAB_SH), *args], stdout=stdout, text=True, check=False, timeout=3600)
+    """Run lab.py; its own progress lines ([lab] ...) go to the terminal."""
+    done = subprocess.run([str(LAB_PY), *args], stdout=stdout, text=True, check=False, timeout=3600)
     if done.returncode != 0:
-        raise DemoError(f"tests/e2e/lab.sh {' '.join(args)} failed (exit {done.returncode}); see its messages above")
+        raise DemoError(f"tests/e2e/lab.py {' '.join(args)} failed (exit {done.returncode}); see its messages above")
     return done.stdout or ""
 
 
@@ -242,7 +242,7 @@ def main() -> int:
         say(f"done in {time.monotonic() - START:.0f} s")
     else:
         say(
-            f"done in {time.monotonic() - START:.0f} s. Try: GPUOPS_LAB_INSTANCE={instance} tests/e2e/lab.sh kubectl "
+            f"done in {time.monotonic() - START:.0f} s. Try: GPUOPS_LAB_INSTANCE={instance} tests/e2e/lab.py kubectl "
             "get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count; `make demo-clean` removes the lab"
         )
     return 0

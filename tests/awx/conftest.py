@@ -1,5 +1,5 @@
 """Fixtures of the AWX tier: the execution environment (scripts/build-ee.sh) and, for the jobs that
-converge nodes, a lab of its own (tests/e2e/lab.sh, instance GPUOPS_LAB_INSTANCE; `make test-awx` picks
+converge nodes, a lab of its own (tests/e2e/lab.py, instance GPUOPS_LAB_INSTANCE; `make test-awx` picks
 1 so that it never meets the end-to-end tier's lab 0).
 
 The lab fixture is the end-to-end tier's own (tests/e2e/conftest.py), loaded under another name."""

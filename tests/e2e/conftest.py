@@ -1,4 +1,4 @@
-"""Fixtures of the end-to-end tier: a real Kubernetes lab (tests/e2e/lab.sh).
+"""Fixtures of the end-to-end tier: a real Kubernetes lab (tests/e2e/lab.py).
 
 The session fixture ``lab`` brings the lab up once (etcd, kube-apiserver, and GPU node containers
 running containerd and the kubelet), hands tests a :class:`Lab` and takes it down at the end, unless
@@ -23,15 +23,15 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-LAB_SH = Path(__file__).resolve().parent / "lab.sh"
+LAB_PY = Path(__file__).resolve().parent / "lab.py"
 PAUSE_IMAGE = "localhost/gpuops-lab-pause:1.0"
 KUBELET_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 KUBERNETES_VERSION = os.environ.get("GPUOPS_K8S_VERSION", "v1.33.13")
 
 
 def run_lab(*args: str, timeout: float = 1800) -> str:
-    """Run ``lab.sh ARGS`` and return its stdout; its progress messages go to the terminal."""
-    done = subprocess.run([str(LAB_SH), *args], check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    """Run ``lab.py ARGS`` and return its stdout; its progress messages go to the terminal."""
+    done = subprocess.run([str(LAB_PY), *args], check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
     return done.stdout
 
 
@@ -130,8 +130,17 @@ def write_in_place(path: Path, text: str) -> None:
         handle.write(text)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "last_in_session: run after every other test of the session")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``last_in_session`` run at the end, on the lab the rest of the tier left behind."""
+    items.sort(key=lambda item: item.get_closest_marker("last_in_session") is not None)
+
+
 def lab_instance() -> int:
-    """Which lab (``GPUOPS_LAB_INSTANCE``, 0-4): several can run side by side (tests/e2e/lab.sh)."""
+    """Which lab (``GPUOPS_LAB_INSTANCE``, 0-4): several can run side by side (tests/e2e/lab.py)."""
     return int(os.environ.get("GPUOPS_LAB_INSTANCE", "0"))
 
 

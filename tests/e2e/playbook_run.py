@@ -1,6 +1,6 @@
 """Run the collection's playbooks against the lab, for the end-to-end tests and anything built on them.
 
-``lab_inventory`` asks ``lab.sh inventory`` for an inventory of the lab's nodes (it also prepares them:
+``lab_inventory`` asks ``lab.py inventory`` for an inventory of the lab's nodes (it also prepares them:
 simulated-GPU specs, the local toolkit repository and the plugin's wheels); ``run_playbook`` runs
 ``ansible-playbook`` on the collection as checked out here and returns a :class:`PlaybookRun` with the
 recap parsed, so a test can say "zero changed" from what Ansible itself reported.
@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-LAB_SH = REPO / "tests" / "e2e" / "lab.sh"
+LAB_PY = REPO / "tests" / "e2e" / "lab.py"
 COLLECTIONS = REPO / ".build"
 
 RECAP_LINE = re.compile(
@@ -82,9 +82,9 @@ def mirror_collection() -> None:
 
 
 def lab_inventory(path: Path, *specs: str) -> Path:
-    """Write ``lab.sh inventory SPEC...`` to ``path`` (node i gets spec i; the rest h100x8)."""
+    """Write ``lab.py inventory SPEC...`` to ``path`` (node i gets spec i; the rest h100x8)."""
     done = subprocess.run(
-        [str(LAB_SH), "inventory", *specs], check=True, stdout=subprocess.PIPE, text=True, timeout=1800
+        [str(LAB_PY), "inventory", *specs], check=True, stdout=subprocess.PIPE, text=True, timeout=1800
     )
     path.write_text(done.stdout)
     return path

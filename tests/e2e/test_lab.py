@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import os
+import subprocess
 import uuid
+from datetime import datetime, timezone
 
 import pytest
-from conftest import KUBERNETES_VERSION, PAUSE_IMAGE, Lab, lab_instance
+from conftest import KUBERNETES_VERSION, LAB_PY, PAUSE_IMAGE, Lab, lab_instance
 from kubernetes import client, config
+from playbook_run import lab_inventory, run_playbook
 
 
 def test_every_node_registers_and_is_ready(lab: Lab) -> None:
@@ -132,3 +136,67 @@ def test_kubelet_restart_comes_back_ready(lab: Lab) -> None:
     # Ready again, by a heartbeat of the new kubelet process (no controller marks it NotReady here).
     lab.wait_until(f"{node} Ready after kubelet restart", lambda: lab.node_ready(node, since=restarted))
     assert lab.node_exec(node, "systemctl", "is-active", "kubelet").stdout.strip() == "active"
+
+
+# A lab instance this session's lab never is (the end-to-end tier uses 0, make test-awx 1).
+SECOND_INSTANCE = 3
+
+
+def gpus_allocatable(lab: Lab, node: str) -> int:
+    return int(lab.allocatable(node).get("nvidia.com/gpu", "0"))
+
+
+def node_with_gpus(lab: Lab, tmp_path) -> str:
+    """A lab node with GPUs allocatable: one that site.yml already made a GPU node (the rest of the tier
+    leaves one so), else the first node, made one now (site.yml, 8 simulated GPUs)."""
+    for node in lab.nodes:
+        if gpus_allocatable(lab, node) > 0:
+            return node
+    node = lab.nodes[0]
+    done = run_playbook("site.yml", lab_inventory(tmp_path / "inventory.yml"), limit=f"localhost,{node}")
+    assert done.returncode == 0, done.summary()
+    lab.wait_until(f"{node}: nvidia.com/gpu allocatable", lambda: gpus_allocatable(lab, node) > 0, timeout=180)
+    return node
+
+
+@pytest.mark.last_in_session
+def test_taking_another_instance_down_leaves_this_lab_alone(lab: Lab, tmp_path) -> None:
+    """`lab.py down` of a second lab instance touches none of this lab's node containers, cgroups or
+    services: the node stays Ready with its GPUs, `podman exec` into it works and a new pod runs there."""
+    node = node_with_gpus(lab, tmp_path)
+    gpus = gpus_allocatable(lab, node)
+    second = {**os.environ, "GPUOPS_LAB_INSTANCE": str(SECOND_INSTANCE), "GPUOPS_LAB_NODES": "1"}
+    second.pop("GPUOPS_LAB_DIR", None)
+    try:
+        subprocess.run([str(LAB_PY), "up", "1"], env=second, check=True, stdout=subprocess.PIPE, timeout=900)
+        nodes = subprocess.run([str(LAB_PY), "nodes"], env=second, check=True, stdout=subprocess.PIPE, text=True)
+        assert nodes.stdout.split() == [f"gpuops-lab{SECOND_INSTANCE}-node-1"]
+    finally:
+        subprocess.run([str(LAB_PY), "down"], env=second, check=True, stdout=subprocess.PIPE, timeout=300)
+
+    since = datetime.now(timezone.utc)
+    for name in lab.nodes:
+        assert lab.node_exec(name, "true").returncode == 0
+        assert lab.node_exec(name, "systemctl", "is-active", "kubelet", "containerd").stdout.split() == [
+            "active",
+            "active",
+        ]
+        lab.wait_until(f"{name} Ready after the other lab went", lambda name=name: lab.node_ready(name, since=since))
+    assert gpus_allocatable(lab, node) == gpus
+    assert lab.node_exec(node, "systemctl", "is-active", "gpu-device-plugin", check=False).stdout.strip() in (
+        "active",
+        "inactive",  # daemonset mode: the plugin is a pod, not the service
+    )
+    name = f"lab-after-{uuid.uuid4().hex[:8]}"
+    manifest = pod_manifest(name, node)
+    # Schedulable on that node as any pod is: the GPU node's taint tolerated.
+    manifest["spec"]["tolerations"] = [{"operator": "Exists"}]
+    lab.core.create_namespaced_pod("default", manifest)
+    try:
+        lab.wait_until(
+            f"pod {name} Running on {node}",
+            lambda: lab.core.read_namespaced_pod(name, "default").status.phase == "Running",
+            timeout=120,
+        )
+    finally:
+        lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)

@@ -1,5 +1,5 @@
 """playbooks/site.yml turns a lab node into a GPU node, device plugin in systemd mode, proven against the
-real kube-apiserver, kubelet and containerd of the lab (tests/e2e/lab.sh).
+real kube-apiserver, kubelet and containerd of the lab (tests/e2e/lab.py).
 
 The node has 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml: two NVLink islands of four, NUMA
 nodes 0 and 1); the simulated spec is the only stand-in, everything else is the real product: the
