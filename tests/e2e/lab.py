@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """The end-to-end lab's command line: ``tests/e2e/lab.py COMMAND [ARGS...]`` (see gpuops_lab.cli)."""
 
 import sys

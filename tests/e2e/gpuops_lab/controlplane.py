@@ -105,7 +105,7 @@ def stop(cfg: LabConfig, name: str) -> None:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    for _ in range(50):
+    for _attempt in range(50):
         if running_pid(cfg, name) is None:
             break
         time.sleep(0.2)

@@ -439,7 +439,7 @@ def remove_node_containers(cfg: LabConfig, names: list[str]) -> None:
     run(["podman", "rm", "-f", "-t", "0", *names], what="podman rm", stdout=subprocess.DEVNULL)
     # The kubelet's pod cgroups nest inside the container's cgroup (podman only removes an empty one) or
     # sit at a hierarchy's root under the node's name. Every process in them died with the container.
-    for _ in range(3):
+    for _attempt in range(3):
         left = [path for name in names for path in own_cgroups(cgroups[name], name)]
         for path in left:
             remove_cgroup_tree(path)
