@@ -1,3 +1,4 @@
+# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpuops.k8s maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """GPU facts: what NVML (through pynvml) or a simulated-GPU spec says about a node's GPUs, and the PCI bus in sysfs.
@@ -11,8 +12,8 @@ NVML answers once a driver is loaded; sysfs answers before one exists, so a play
 to install a driver (and Fabric Manager, when NVSwitches are present).
 """
 
-import contextlib
 import os
+import contextlib
 
 try:
     import pynvml

@@ -1,3 +1,4 @@
+# -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpuops.k8s maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The simulated-GPU spec format (docs/simulated-gpus.md): its keys, defaults and validation messages.
