@@ -256,23 +256,19 @@ def run_job(
     playbook: str,
     *,
     playbooks: Mapping[str, str],
-    inventory: Inventory,
-    extravars: Mapping[str, Any] | None = None,
-    envvars: Mapping[str, str] | None = None,
-    ssh_key: str | None = None,
-    settings: Mapping[str, Any] | None = None,
-    cmdline: Sequence[str] = (),
-    files: Mapping[str, str | bytes] | None = None,
     collection: Path | None = None,
     include_collection: bool = True,
     work_dir: Path | None = None,
     timeout: float = 900,
     podman_args: Sequence[str] = ("--network", "host"),
+    **job: Any,
 ) -> JobResult:
     """Run ``playbook`` (a path under project/, one of ``playbooks``) as an AWX job in ``ee_image``.
 
     The project's collection is ``collection``, by default this checkout as scripts/collection-tree.sh
-    mirrors it; ``include_collection=False`` leaves it out. ``envvars`` go to env/envvars (the
+    mirrors it; ``include_collection=False`` leaves it out. The other keywords (``inventory``,
+    ``extravars``, ``envvars``, ``ssh_key``, ``settings``, ``cmdline``, ``files``) lay out the private
+    data directory as write_private_data_dir says. ``envvars`` go to env/envvars (the
     K8S_AUTH_* variables of a Kubernetes credential, say); ``ssh_key`` is the machine credential's
     private key (the EE knows no host keys: set ANSIBLE_HOST_KEY_CHECKING=False in ``envvars``, or
     give a known_hosts file in ``files`` and point ssh at it). The job runs under ``timeout``
@@ -285,18 +281,7 @@ def run_job(
     work = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="gpuops-awx-job-"))
     work.mkdir(parents=True, exist_ok=True)
     ident = uuid.uuid4().hex[:12]
-    pdd = write_private_data_dir(
-        work / "pdd",
-        playbooks=playbooks,
-        collection=source,
-        inventory=inventory,
-        extravars=extravars,
-        envvars=envvars,
-        ssh_key=ssh_key,
-        settings=settings,
-        cmdline=cmdline,
-        files=files,
-    )
+    pdd = write_private_data_dir(work / "pdd", playbooks=playbooks, collection=source, **job)
     out = work / "out"
     out.mkdir()
     container = f"gpuops-awx-job-{ident}"
