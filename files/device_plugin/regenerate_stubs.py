@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Regenerates the Python gRPC stubs in src/gpu_device_plugin/api from api.proto.
+"""Regenerates the Python gRPC stubs of every kubelet API the daemon speaks from its .proto file:
+the device-plugin API in src/gpu_device_plugin/api, the DRA plugin, DRA health and plugin-watcher
+registration APIs in src/gpu_device_plugin/dra/api.
 
 The pipeline: the pinned grpcio-tools' protoc, then the serialized descriptor's one very long bytes
 literal is cut into lines, then the pinned ruff drops an unused import and formats the modules, so
@@ -17,8 +19,15 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "src")
-PROTO = "gpu_device_plugin/api/api.proto"
-OUTPUTS = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+# Relative to src/. Each file gets its own path so that their descriptors load into one process.
+PROTOS = (
+    "gpu_device_plugin/api/api.proto",
+    "gpu_device_plugin/dra/api/dra_v1.proto",
+    "gpu_device_plugin/dra/api/dra_v1beta1.proto",
+    "gpu_device_plugin/dra/api/health_v1.proto",
+    "gpu_device_plugin/dra/api/health_v1alpha1.proto",
+    "gpu_device_plugin/dra/api/pluginregistration_v1.proto",
+)
 _LITERAL = re.compile(r"AddSerializedFile\(b'((?:[^'\\]|\\.)*)'\)")
 _UNIT = re.compile(r"\\x[0-9a-fA-F]{2}|\\[0-7]{1,3}|\\.|.", re.DOTALL)
 
@@ -34,8 +43,14 @@ def _split_literal(match: re.Match[str], width: int = 100) -> str:
     return "AddSerializedFile(\n" + "\n".join(f"    b'{c}'" for c in chunks) + "\n)"
 
 
+def outputs(proto: str) -> tuple[str, str, str]:
+    """The files protoc writes next to `proto` (paths relative to the same root)."""
+    stem = proto[: -len(".proto")]
+    return (f"{stem}_pb2.py", f"{stem}_pb2.pyi", f"{stem}_pb2_grpc.py")
+
+
 def generate(root: str) -> None:
-    """Generate the stubs for `root`/gpu_device_plugin/api/api.proto next to it."""
+    """Generate the stubs of every file of PROTOS under `root`, each next to its .proto."""
     subprocess.run(
         [
             sys.executable,
@@ -45,19 +60,18 @@ def generate(root: str) -> None:
             "--python_out=.",
             "--pyi_out=.",
             "--grpc_python_out=.",
-            PROTO,
+            *PROTOS,
         ],
         cwd=root,
         check=True,
     )
-    api = os.path.join(root, "gpu_device_plugin", "api")
-    pb2 = os.path.join(api, "api_pb2.py")
-    with open(pb2, encoding="utf-8") as handle:
-        text = handle.read()
-    with open(pb2, "w", encoding="utf-8") as handle:
-        handle.write(_LITERAL.sub(_split_literal, text))
+    modules = [os.path.join(root, name) for proto in PROTOS for name in outputs(proto) if name.endswith(".py")]
+    for pb2 in (m for m in modules if m.endswith("_pb2.py")):
+        with open(pb2, encoding="utf-8") as handle:
+            text = handle.read()
+        with open(pb2, "w", encoding="utf-8") as handle:
+            handle.write(_LITERAL.sub(_split_literal, text))
     ruff = shutil.which("ruff") or os.path.join(os.path.dirname(sys.executable), "ruff")
-    modules = [os.path.join(api, name) for name in OUTPUTS if name.endswith(".py")]
     # grpcio-tools imports `warnings` without using it; pylint in ansible-test sanity rejects that.
     subprocess.run([ruff, "check", "--isolated", "--quiet", "--select", "F401", "--fix", *modules], check=True)
     subprocess.run([ruff, "format", "--isolated", "--quiet", "--line-length", "120", *modules], check=True)

@@ -1,4 +1,5 @@
-"""The committed stubs are exactly what the pinned grpcio-tools makes of api.proto."""
+"""The committed stubs are exactly what the pinned grpcio-tools makes of each kubelet proto, and the
+protos carry the kubelet's wire names (package, services, fields, numbers)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ API = os.path.join(SRC, "gpu_device_plugin", "api")
 
 
 def test_regenerating_gives_the_committed_files(tmp_path):
-    from regenerate_stubs import OUTPUTS, generate
+    from regenerate_stubs import PROTOS, generate, outputs
 
-    target = tmp_path / "gpu_device_plugin" / "api"
-    target.mkdir(parents=True)
-    shutil.copy(os.path.join(API, "api.proto"), target / "api.proto")
+    assert len(PROTOS) == 6
+    for proto in PROTOS:
+        (tmp_path / proto).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.join(SRC, proto), tmp_path / proto)
     generate(str(tmp_path))
-    for name in OUTPUTS:
-        with open(os.path.join(API, name), "rb") as committed:
-            assert (target / name).read_bytes() == committed.read(), f"{name} is stale: run regenerate_stubs.py"
+    for proto in PROTOS:
+        for name in outputs(proto):
+            with open(os.path.join(SRC, name), "rb") as committed:
+                assert (tmp_path / name).read_bytes() == committed.read(), f"{name} is stale: run regenerate_stubs.py"
 
 
 def test_the_descriptor_survives_the_line_splitting():
@@ -130,3 +133,96 @@ def test_the_installed_runtimes_pass_the_stubs_checks():
     assert tuple(int(n) for n in grpc.__version__.split(".")[:3]) >= grpc_gencode
     assert tuple(int(n) for n in protobuf_version.split(".")[:3]) >= protobuf_gencode
     assert api_pb2_grpc.DevicePluginServicer and api_pb2.DESCRIPTOR.package == "v1beta1"
+
+
+def test_the_dra_services_carry_the_kubelet_method_paths():
+    from gpu_device_plugin.dra.api import (
+        dra_v1_pb2,
+        dra_v1beta1_pb2,
+        health_v1_pb2,
+        health_v1alpha1_pb2,
+        pluginregistration_v1_pb2,
+    )
+
+    def methods(module, service):
+        found = module.DESCRIPTOR.services_by_name[service]
+        return {f"/{found.full_name}/{m.name}": m.server_streaming for m in found.methods}
+
+    for module, version in ((dra_v1_pb2, "v1"), (dra_v1beta1_pb2, "v1beta1")):
+        assert methods(module, "DRAPlugin") == {
+            f"/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodePrepareResources": False,
+            f"/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodeUnprepareResources": False,
+        }
+    for module, version in ((health_v1_pb2, "v1"), (health_v1alpha1_pb2, "v1alpha1")):
+        assert methods(module, "DRAResourceHealth") == {f"/{version}.DRAResourceHealth/NodeWatchResources": True}
+        assert dict(module.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    assert methods(pluginregistration_v1_pb2, "Registration") == {
+        "/pluginregistration.Registration/GetInfo": False,
+        "/pluginregistration.Registration/NotifyRegistrationStatus": False,
+    }
+
+
+_DRA_FIELDS = [
+    ("NodePrepareResourcesRequest", "claims", 1),
+    ("NodePrepareResourcesResponse", "claims", 1),
+    ("NodePrepareResourceResponse", "devices", 1),
+    ("NodePrepareResourceResponse", "error", 2),
+    ("Device", "request_names", 1),
+    ("Device", "pool_name", 2),
+    ("Device", "device_name", 3),
+    ("Device", "cdi_device_ids", 4),
+    ("NodeUnprepareResourcesRequest", "claims", 1),
+    ("NodeUnprepareResourcesResponse", "claims", 1),
+    ("NodeUnprepareResourceResponse", "error", 1),
+    ("Claim", "namespace", 1),
+    ("Claim", "uid", 2),
+    ("Claim", "name", 3),
+]
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+@pytest.mark.parametrize(("message", "field", "number"), _DRA_FIELDS)
+def test_dra_plugin_wire_names_and_numbers(version, message, field, number):
+    import importlib
+
+    module = importlib.import_module(f"gpu_device_plugin.dra.api.dra_{version}_pb2")
+    assert module.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number
+
+
+def test_only_dra_v1_has_the_share_id():
+    from gpu_device_plugin.dra.api import dra_v1_pb2, dra_v1beta1_pb2
+
+    assert dra_v1_pb2.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"].number == 5
+    assert "share_id" not in dra_v1beta1_pb2.DESCRIPTOR.message_types_by_name["Device"].fields_by_name
+
+
+@pytest.mark.parametrize(
+    ("module_name", "message", "field", "number"),
+    [
+        ("pluginregistration_v1", "PluginInfo", "type", 1),
+        ("pluginregistration_v1", "PluginInfo", "name", 2),
+        ("pluginregistration_v1", "PluginInfo", "endpoint", 3),
+        ("pluginregistration_v1", "PluginInfo", "supported_versions", 4),
+        ("pluginregistration_v1", "RegistrationStatus", "plugin_registered", 1),
+        ("pluginregistration_v1", "RegistrationStatus", "error", 2),
+        *[
+            (f"health_{v}", message, field, number)
+            for v in ("v1", "v1alpha1")
+            for message, field, number in (
+                ("DeviceIdentifier", "pool_name", 1),
+                ("DeviceIdentifier", "device_name", 2),
+                ("DeviceHealth", "device", 1),
+                ("DeviceHealth", "health", 2),
+                ("DeviceHealth", "last_updated_time", 3),
+                ("DeviceHealth", "health_check_timeout_seconds", 4),
+                ("DeviceHealth", "message", 5),
+                ("NodeWatchResourcesResponse", "devices", 1),
+            )
+        ],
+    ],
+)
+def test_registration_and_health_wire_names_and_numbers(module_name, message, field, number):
+    import importlib
+
+    module = importlib.import_module(f"gpu_device_plugin.dra.api.{module_name}_pb2")
+    assert module.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number
