@@ -54,3 +54,13 @@ def node(tmp_path):
     yield n
     kubelet.stop()
     shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def dra(tmp_path):
+    """A DRA node: plugin-watcher double, API-side doubles, CDI and kubelet directories (dra_harness.py)."""
+    from dra_harness import DraNodeFixture
+
+    node = DraNodeFixture(tmp_path)
+    yield node
+    node.close()

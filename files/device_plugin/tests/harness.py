@@ -58,8 +58,11 @@ def make_config(
 
 
 class DaemonThread:
-    def __init__(self, settings: config.Config, nvml: Any = None, reload_config: Any = None) -> None:
-        self.daemon = Daemon(settings, reload_config=reload_config, nvml=nvml, install_signal_handlers=False)
+    def __init__(
+        self, settings: config.Config, nvml: Any = None, reload_config: Any = None, api_side: Any = None
+    ) -> None:
+        extra = {"api_side": api_side} if api_side is not None else {}
+        self.daemon = Daemon(settings, reload_config=reload_config, nvml=nvml, install_signal_handlers=False, **extra)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.exit_code: Optional[int] = None
         self._thread = threading.Thread(target=self._run, daemon=True)

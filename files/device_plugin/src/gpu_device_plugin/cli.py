@@ -41,7 +41,7 @@ def _seconds(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-device-plugin",
-        description="Advertise NVIDIA GPUs to the kubelet (device-plugin API v1beta1).",
+        description="Advertise NVIDIA GPUs to the kubelet: device-plugin API v1beta1, or DRA (--allocation-mode dra).",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--config-file", help="YAML config (NVIDIA's version: v1 fields we support, plus gpuops:)")
@@ -72,6 +72,17 @@ def parser() -> argparse.ArgumentParser:
         help="make an Unhealthy GPU Healthy after this many quiet seconds (default off)",
     )
     p.add_argument("--metrics-address", help="HOST:PORT for /metrics and /healthz; empty turns it off")
+    p.add_argument(
+        "--allocation-mode",
+        choices=config.ALLOCATION_MODES,
+        help="device-plugin (default): the device-plugin API; dra: a DRA kubelet plugin instead",
+    )
+    p.add_argument("--driver-name", help=f"dra: the DRA driver name (default {config.DEFAULT_DRIVER_NAME})")
+    p.add_argument("--plugin-registry-dir", help="dra: the kubelet's plugin-watcher directory")
+    p.add_argument("--kubelet-plugins-dir", help="dra: the DRA socket goes in <this>/<driver name>/dra.sock")
+    p.add_argument("--cdi-dir", help="dra: where per-claim CDI specs are written (default /var/run/cdi)")
+    p.add_argument("--node-name", help="dra: this node's name, the pool name (default: NODE_NAME)")
+    p.add_argument("--kubeconfig", help="dra: kubeconfig for the API server (default: in-cluster credentials)")
     p.add_argument("--log-format", choices=("json", "text"))
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     return p
@@ -119,6 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "mig_strategy": settings.mig_strategy,
             "device_list_strategy": list(settings.device_list_strategy),
             "device_id_strategy": settings.device_id_strategy,
+            "allocation_mode": settings.allocation_mode,
         },
     )
     try:

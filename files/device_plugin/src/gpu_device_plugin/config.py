@@ -7,15 +7,20 @@ Anything else is an error naming the field."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import yaml
 
+from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME as DEFAULT_DRIVER_NAME
+
 MIG_STRATEGIES = ("none", "single", "mixed")
 LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri", "mounts")
 ID_STRATEGIES = ("uuid", "index")
 DEFAULT_RESOURCE = "nvidia.com/gpu"
+ALLOCATION_MODES = ("device-plugin", "dra")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class ConfigError(ValueError):
@@ -74,10 +79,31 @@ class Config:
     log_level: str = "info"
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
     mounts: MountsSettings = field(default_factory=MountsSettings)
+    # DRA: "dra" serves the kubelet's DRA plugin API instead of the device-plugin API (never both).
+    allocation_mode: str = "device-plugin"
+    driver_name: str = DEFAULT_DRIVER_NAME
+    plugin_registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    kubelet_plugins_dir: str = "/var/lib/kubelet/plugins"
+    cdi_dir: str = "/var/run/cdi"
+    node_name: str = ""
+    kubeconfig: str = ""  # empty: the in-cluster service account
 
     @property
     def plugin_dir(self) -> str:
         return os.path.dirname(os.path.abspath(self.kubelet_socket))
+
+    @property
+    def dra_plugin_dir(self) -> str:
+        """The DRA socket and the checkpoint of prepared claims live here."""
+        return os.path.join(self.kubelet_plugins_dir, self.driver_name)
+
+    @property
+    def dra_socket(self) -> str:
+        return os.path.join(self.dra_plugin_dir, "dra.sock")
+
+    @property
+    def registration_socket(self) -> str:
+        return os.path.join(self.plugin_registry_dir, f"{self.driver_name}-reg.sock")
 
 
 # (attribute, environment variable, kind); kinds: str, bool, float, list
@@ -95,6 +121,13 @@ _ENV = (
     ("enable_healthchecks", "DP_ENABLE_HEALTHCHECKS", "str"),
     ("metrics_address", "GPU_DEVICE_PLUGIN_METRICS_ADDRESS", "str"),
     ("log_format", "GPU_DEVICE_PLUGIN_LOG_FORMAT", "str"),
+    ("allocation_mode", "GPU_DEVICE_PLUGIN_ALLOCATION_MODE", "str"),
+    ("driver_name", "GPU_DEVICE_PLUGIN_DRIVER_NAME", "str"),
+    ("plugin_registry_dir", "GPU_DEVICE_PLUGIN_PLUGIN_REGISTRY_DIR", "str"),
+    ("kubelet_plugins_dir", "GPU_DEVICE_PLUGIN_KUBELET_PLUGINS_DIR", "str"),
+    ("cdi_dir", "GPU_DEVICE_PLUGIN_CDI_DIR", "str"),
+    ("node_name", "NODE_NAME", "str"),
+    ("kubeconfig", "GPU_DEVICE_PLUGIN_KUBECONFIG", "str"),
 )
 
 
@@ -241,6 +274,13 @@ class _FileReader:
             "metricsAddress": ("metrics_address", "str"),
             "logFormat": ("log_format", "str"),
             "initRetrySeconds": ("init_retry_seconds", "float"),
+            "allocationMode": ("allocation_mode", "str"),
+            "driverName": ("driver_name", "str"),
+            "pluginRegistryDir": ("plugin_registry_dir", "str"),
+            "kubeletPluginsDir": ("kubelet_plugins_dir", "str"),
+            "cdiDir": ("cdi_dir", "str"),
+            "nodeName": ("node_name", "str"),
+            "kubeconfig": ("kubeconfig", "str"),
         }
         section = self.mapping(data, "gpuops", set(keys) | {"mounts"})
         out = {}
@@ -295,3 +335,13 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"log format must be json or text, not {config.log_format!r}.")
     if len(config.time_slicing.resources) > 1:
         raise ConfigError("sharing.timeSlicing.resources may name nvidia.com/gpu once.")
+    if config.allocation_mode not in ALLOCATION_MODES:
+        raise ConfigError(f"allocation mode must be device-plugin or dra, not {config.allocation_mode!r}.")
+    labels = config.driver_name.split(".")
+    if len(config.driver_name) > 63 or len(labels) < 2 or not all(_DNS_LABEL.match(part) for part in labels):
+        raise ConfigError(
+            f"driver name must be a lowercase DNS subdomain of at most 63 characters with a dot"
+            f" (gpu.example.com), not {config.driver_name!r}."
+        )
+    if config.allocation_mode == "dra" and not config.node_name:
+        raise ConfigError("dra allocation mode needs the node's name (--node-name or the NODE_NAME variable).")

@@ -1,5 +1,9 @@
 """Wires the pieces together on one asyncio loop: backend -> state -> one server per resource ->
-registration, the kubelet-directory watch, signals, the metrics endpoint."""
+registration, the kubelet-directory watch, signals, the metrics endpoint.
+
+In dra allocation mode the device-plugin servers are never started: `dra.node.DraNode` serves the
+kubelet's DRA plugin API instead, with the claim reader and slice publisher the `api_side` factory
+gives (by default the API server client of gpu_device_plugin.dra.kubeapi, loaded only then)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import grpc
 from gpu_device_plugin import allocation, hostdriver, registration, sharing
 from gpu_device_plugin.config import Config, ConfigError
 from gpu_device_plugin.discovery import BackendError, NvmlBackend, make_backend
+from gpu_device_plugin.dra.node import ApiSide, DraNode, default_api_side
 from gpu_device_plugin.health import HealthTracker, NvmlEventWatcher, policy_from
 from gpu_device_plugin.metrics import HttpEndpoint, Metrics
 from gpu_device_plugin.server import DevicePluginServicer
@@ -31,8 +36,11 @@ class Daemon:
         reload_config: Optional[Callable[[], Config]] = None,
         nvml: Any = None,
         install_signal_handlers: bool = True,
+        api_side: ApiSide = default_api_side,
     ) -> None:
         self.config = config
+        self.api_side = api_side
+        self.dra: Optional[DraNode] = None
         self.reload_config = reload_config
         self.nvml = nvml
         self.install_signal_handlers = install_signal_handlers
@@ -65,6 +73,8 @@ class Daemon:
         if self.config.metrics_address:
             self._http = HttpEndpoint(self.config.metrics_address, self.metrics, self.healthz)
             self._http.start()
+        if self.config.allocation_mode == "dra":
+            return await self._run_dra()
         self.watcher = registration.KubeletWatcher(self.config.plugin_dir, self._on_dir_event)
         try:
             self.watcher.start(self._loop)
@@ -84,6 +94,29 @@ class Daemon:
         await self._stop.wait()
         reconciler.cancel()
         await self._shutdown()
+        return self.exit_code
+
+    async def _run_dra(self) -> int:
+        self.dra = DraNode(self.config, self.state, self.api_side)
+        if not await self.dra.start():
+            self._stop_backend()
+            if self._http is not None:
+                self._http.stop()
+            return 1
+        if self.install_signal_handlers:
+            self._loop.add_signal_handler(signal.SIGTERM, self.stop)
+            self._loop.add_signal_handler(signal.SIGINT, self.stop)
+            self._loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        assert self._stop is not None and self.ready is not None
+        self.ready.set()
+        await self._stop.wait()
+        await self.dra.stop()
+        if self._retry_task is not None:
+            self._retry_task.cancel()
+        self._stop_backend()
+        if self._http is not None:
+            self._http.stop()
+        log.info("stopped")
         return self.exit_code
 
     def stop(self) -> None:
@@ -272,6 +305,19 @@ class Daemon:
             self.metrics.errors.labels("config").inc()
             log.error("SIGHUP: configuration rejected; keeping the running one", extra={"reason": str(exc)})
             return
+        if self.dra is not None:
+            # The sockets, CDI directory and checkpoint stay; the health policy follows the file.
+            if (config.allocation_mode, config.driver_name, config.node_name) != (
+                self.config.allocation_mode,
+                self.config.driver_name,
+                self.config.node_name,
+            ):
+                log.error("SIGHUP: the allocation mode, driver name and node name change only with a restart")
+                return
+            self.state.tracker.policy = policy
+            self.state.publish()
+            log.info("SIGHUP: configuration reloaded (health policy)")
+            return
         log.info("SIGHUP: configuration reloaded; serving and registering again")
         async with self._lock:
             await self._apply(config, policy, builder)
@@ -294,6 +340,15 @@ class Daemon:
         await self._reconcile_locked()
 
     def healthz(self) -> tuple[bool, dict[str, Any]]:
+        if self.dra is not None:
+            serving = self.dra.serving()
+            return serving, {
+                "serving": serving,
+                "backend_error": self.backend_error,
+                "allocation_mode": "dra",
+                "registered": self.dra.registrar.registered,
+                "prepared_claims": len(self.dra.preparer.claims),
+            }
         servers = dict(self.servers)  # called from the HTTP thread: work on a copy
         serving = bool(servers) and all(s.socket_is_ours() for s in servers.values())
         resources = {

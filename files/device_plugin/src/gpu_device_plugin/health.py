@@ -125,6 +125,12 @@ class HealthTracker:
             state = self._gpus.get(uuid)
             return state is None or not state.unhealthy
 
+    def reason(self, uuid: str) -> str:
+        """Why the GPU is Unhealthy ("XID 79", "fell off the bus"); empty when it is Healthy."""
+        with self._lock:
+            state = self._gpus.get(uuid)
+            return state.reason if state is not None and state.unhealthy else ""
+
     def recover_due(self) -> tuple[list[str], Optional[float]]:
         """Bring back the GPUs whose quiet period is over. Returns (recovered UUIDs, seconds to the next check)."""
         wait = self.policy.recovery_seconds

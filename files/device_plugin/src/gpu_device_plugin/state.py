@@ -35,6 +35,7 @@ class DeviceState:
         self._last_xid: dict[str, Optional[int]] = {}
         self._recovery_timer: Optional[asyncio.TimerHandle] = None
         self.on_resources_changed: list[Any] = []
+        self.on_published: list[Any] = []  # called on every publish, changed or not (the DRA side compares)
 
     # -- inputs --------------------------------------------------------------------------------
     def set_inventory(self, inventory: Inventory) -> None:
@@ -91,6 +92,8 @@ class DeviceState:
         if next_check is not None:
             loop = asyncio.get_running_loop()
             self._recovery_timer = loop.call_later(next_check + 0.01, self.publish)
+        for callback in self.on_published:
+            callback()
         plans = sharing.plan(self.inventory, self.config)
         listings = {
             name: tuple((d.id, HEALTHY if self.healthy(d) else UNHEALTHY, d.numa_node) for d in plan.devices)

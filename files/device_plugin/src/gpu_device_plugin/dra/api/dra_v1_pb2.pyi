@@ -1,8 +1,12 @@
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar
+from typing import Optional as _Optional
+from typing import Union as _Union
+
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from google.protobuf.internal import containers as _containers
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -20,7 +24,10 @@ class NodePrepareResourcesResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: NodePrepareResourceResponse
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NodePrepareResourceResponse, _Mapping]] = ...) -> None: ...
+        def __init__(
+            self, key: _Optional[str] = ..., value: _Optional[_Union[NodePrepareResourceResponse, _Mapping]] = ...
+        ) -> None: ...
+
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.MessageMap[str, NodePrepareResourceResponse]
     def __init__(self, claims: _Optional[_Mapping[str, NodePrepareResourceResponse]] = ...) -> None: ...
@@ -31,10 +38,12 @@ class NodePrepareResourceResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     error: str
-    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(
+        self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., error: _Optional[str] = ...
+    ) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("request_names", "pool_name", "device_name", "cdi_device_ids", "share_id")
+    __slots__ = ("cdi_device_ids", "device_name", "pool_name", "request_names", "share_id")
     REQUEST_NAMES_FIELD_NUMBER: _ClassVar[int]
     POOL_NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -45,7 +54,14 @@ class Device(_message.Message):
     device_name: str
     cdi_device_ids: _containers.RepeatedScalarFieldContainer[str]
     share_id: str
-    def __init__(self, request_names: _Optional[_Iterable[str]] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ..., cdi_device_ids: _Optional[_Iterable[str]] = ..., share_id: _Optional[str] = ...) -> None: ...
+    def __init__(
+        self,
+        request_names: _Optional[_Iterable[str]] = ...,
+        pool_name: _Optional[str] = ...,
+        device_name: _Optional[str] = ...,
+        cdi_device_ids: _Optional[_Iterable[str]] = ...,
+        share_id: _Optional[str] = ...,
+    ) -> None: ...
 
 class NodeUnprepareResourcesRequest(_message.Message):
     __slots__ = ("claims",)
@@ -61,7 +77,10 @@ class NodeUnprepareResourcesResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: NodeUnprepareResourceResponse
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NodeUnprepareResourceResponse, _Mapping]] = ...) -> None: ...
+        def __init__(
+            self, key: _Optional[str] = ..., value: _Optional[_Union[NodeUnprepareResourceResponse, _Mapping]] = ...
+        ) -> None: ...
+
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.MessageMap[str, NodeUnprepareResourceResponse]
     def __init__(self, claims: _Optional[_Mapping[str, NodeUnprepareResourceResponse]] = ...) -> None: ...
@@ -73,11 +92,13 @@ class NodeUnprepareResourceResponse(_message.Message):
     def __init__(self, error: _Optional[str] = ...) -> None: ...
 
 class Claim(_message.Message):
-    __slots__ = ("namespace", "uid", "name")
+    __slots__ = ("name", "namespace", "uid")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     uid: str
     name: str
-    def __init__(self, namespace: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    def __init__(
+        self, namespace: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ...
+    ) -> None: ...

@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class DRAPluginStub(object):
+class DRAPluginStub:
     """Served by the plugin on the endpoint it gives in PluginInfo; the kubelet calls it."""
 
     def __init__(self, channel):
@@ -49,7 +49,7 @@ class DRAPluginStub(object):
         )
 
 
-class DRAPluginServicer(object):
+class DRAPluginServicer:
     """Served by the plugin on the endpoint it gives in PluginInfo; the kubelet calls it."""
 
     def NodePrepareResources(self, request, context):
@@ -88,7 +88,7 @@ def add_DRAPluginServicer_to_server(servicer, server):
 
 
 # This class is part of an EXPERIMENTAL API.
-class DRAPlugin(object):
+class DRAPlugin:
     """Served by the plugin on the endpoint it gives in PluginInfo; the kubelet calls it."""
 
     @staticmethod

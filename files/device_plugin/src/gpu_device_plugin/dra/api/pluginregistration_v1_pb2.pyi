@@ -1,13 +1,15 @@
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar
+from typing import Optional as _Optional
+
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from google.protobuf.internal import containers as _containers
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PluginInfo(_message.Message):
-    __slots__ = ("type", "name", "endpoint", "supported_versions")
+    __slots__ = ("endpoint", "name", "supported_versions", "type")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -16,10 +18,16 @@ class PluginInfo(_message.Message):
     name: str
     endpoint: str
     supported_versions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, type: _Optional[str] = ..., name: _Optional[str] = ..., endpoint: _Optional[str] = ..., supported_versions: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(
+        self,
+        type: _Optional[str] = ...,
+        name: _Optional[str] = ...,
+        endpoint: _Optional[str] = ...,
+        supported_versions: _Optional[_Iterable[str]] = ...,
+    ) -> None: ...
 
 class RegistrationStatus(_message.Message):
-    __slots__ = ("plugin_registered", "error")
+    __slots__ = ("error", "plugin_registered")
     PLUGIN_REGISTERED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     plugin_registered: bool

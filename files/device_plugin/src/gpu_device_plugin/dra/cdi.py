@@ -1,0 +1,185 @@
+"""Per-claim CDI specs: what the container runtime adds to a container that uses a prepared claim.
+
+One spec file per claim, `<cdi dir>/gpuops.k8s-gpu_<claim UID>.json`, written atomically (a new
+file renamed over the old) and removed on unprepare. Each device of the claim is a CDI device named
+`<claim UID>-<device name>`, so a name is never reused by another claim and a runtime's cache can
+never answer with a stale one; its fully-qualified ID is `gpuops.k8s/gpu=<claim UID>-<device name>`.
+
+What goes in is what the device plugin gives a container (allocation.py): the GPU's device node,
+the control device nodes, NVIDIA_VISIBLE_DEVICES with the UUIDs, and with the `mounts` strategy the
+host driver's libraries and tools plus LD_LIBRARY_PATH and PATH. Device nodes are listed only where
+they exist when the claim is prepared (a simulated GPU has none). The spec's annotations name the
+claim and its devices, so that the checkpoint can be rebuilt from the specs if it is lost."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from gpu_device_plugin import allocation, hostdriver
+from gpu_device_plugin.config import MountsSettings
+from gpu_device_plugin.dra.devices import DraDevice
+
+VENDOR = "gpuops.k8s"
+CLASS = "gpu"
+KIND = f"{VENDOR}/{CLASS}"
+CDI_VERSION = "0.6.0"  # the first version with annotations
+ANNOTATION_CLAIM = "gpuops.k8s/claim"  # <namespace>/<name>/<uid>
+ANNOTATION_DEVICES = "gpuops.k8s/devices"  # JSON: [{"device", "pool", "requests"}]
+_SPEC_FILE = re.compile(r"^" + re.escape(f"{VENDOR}-{CLASS}_") + r"(?P<uid>[A-Za-z0-9-]+)\.json$")
+
+
+class CdiError(OSError):
+    """A spec cannot be written or removed; the message names the file."""
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as the kubelet is told and the checkpoint keeps it."""
+
+    device: str
+    pool: str
+    requests: tuple[str, ...]
+    cdi_id: str
+
+
+def device_id(claim_uid: str, device: str) -> str:
+    return f"{KIND}={claim_uid}-{device}"
+
+
+def spec_path(cdi_dir: str, claim_uid: str) -> str:
+    return os.path.join(cdi_dir, f"{VENDOR}-{CLASS}_{claim_uid}.json")
+
+
+def claim_uids_on_disk(cdi_dir: str) -> dict[str, str]:
+    """Claim UID -> spec path for every spec of ours in the directory."""
+    try:
+        names = os.listdir(cdi_dir)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        match = _SPEC_FILE.match(name)
+        if match:
+            found[match.group("uid")] = os.path.join(cdi_dir, name)
+    return found
+
+
+class SpecWriter:
+    """Builds and writes the specs; knows the host's driver files when the mounts strategy is on."""
+
+    def __init__(
+        self,
+        cdi_dir: str,
+        mounts: MountsSettings,
+        strategies: Sequence[str],
+        host_driver: Optional[hostdriver.HostDriver],
+    ) -> None:
+        self.cdi_dir = cdi_dir
+        self.mounts = mounts
+        self.with_mounts = "mounts" in strategies
+        self.host_driver = host_driver
+
+    def _node(self, host_path: str) -> Optional[dict[str, str]]:
+        if not os.path.exists(host_path):
+            return None
+        return {"path": "/dev/" + os.path.basename(host_path), "hostPath": host_path, "permissions": "rw"}
+
+    def build(
+        self, namespace: str, name: str, uid: str, devices: Sequence[tuple[DraDevice, PreparedDevice]]
+    ) -> dict[str, Any]:
+        dev_root = self.mounts.dev_root
+        entries = []
+        for dra, prepared in devices:
+            node = self._node(os.path.join(dev_root, f"nvidia{dra.gpu.minor_number}"))
+            entries.append(
+                {
+                    "name": prepared.cdi_id.split("=", 1)[1],
+                    "containerEdits": {"deviceNodes": [node] if node else []},
+                }
+            )
+        controls = [self._node(os.path.join(dev_root, n)) for n in hostdriver.CONTROL_DEVICES]
+        uuids = ",".join(dict.fromkeys(dra.uuid for dra, _prepared in devices))
+        common: dict[str, Any] = {
+            "env": [f"{allocation.VISIBLE_DEVICES}={uuids}"],
+            "deviceNodes": [n for n in controls if n is not None],
+        }
+        if self.with_mounts and self.host_driver is not None:
+            mounts = [
+                (path, f"{self.mounts.container_lib_dir}/{file}") for path, file in self.host_driver.libraries
+            ] + [(path, f"{self.mounts.container_bin_dir}/{file}") for path, file in self.host_driver.binaries]
+            common["mounts"] = [
+                {"hostPath": host, "containerPath": target, "options": ["ro", "nosuid", "nodev", "bind"]}
+                for host, target in mounts
+            ]
+            common["env"] += [
+                f"LD_LIBRARY_PATH={self.mounts.container_lib_dir}",
+                f"PATH={self.mounts.container_bin_dir}:{allocation.DEFAULT_PATH}",
+            ]
+        described = [{"device": p.device, "pool": p.pool, "requests": list(p.requests)} for _dra, p in devices]
+        return {
+            "cdiVersion": CDI_VERSION,
+            "kind": KIND,
+            "annotations": {
+                ANNOTATION_CLAIM: f"{namespace}/{name}/{uid}",
+                ANNOTATION_DEVICES: json.dumps(described, separators=(",", ":")),
+            },
+            "devices": entries,
+            "containerEdits": common,
+        }
+
+    def write(self, uid: str, spec: dict[str, Any]) -> str:
+        path = spec_path(self.cdi_dir, uid)
+        try:
+            write_atomically(path, json.dumps(spec, indent=2, sort_keys=True) + "\n", mode=0o644)
+        except OSError as exc:
+            raise CdiError(f"cannot write the CDI spec {path}: {exc.strerror or exc}") from None
+        return path
+
+    def remove(self, uid: str) -> None:
+        path = spec_path(self.cdi_dir, uid)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise CdiError(f"cannot remove the CDI spec {path}: {exc.strerror or exc}") from None
+
+
+def read_claim_from_spec(path: str) -> Optional[tuple[str, str, str, list[PreparedDevice]]]:
+    """(namespace, name, uid, devices) from a spec this daemon wrote; None when it says too little."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            spec = json.load(handle)
+        annotations = spec["annotations"]
+        namespace, name, uid = annotations[ANNOTATION_CLAIM].split("/")
+        devices = [
+            PreparedDevice(d["device"], d["pool"], tuple(d["requests"]), device_id(uid, d["device"]))
+            for d in json.loads(annotations[ANNOTATION_DEVICES])
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return namespace, name, uid, devices
+
+
+def write_atomically(path: str, text: str, mode: int = 0o600) -> None:
+    """Write a new file beside `path`, flush it to disk and rename it over `path`: readers see the old
+    content or the new, never a part."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,113 @@
+"""The checkpoint of prepared claims: `<kubelet plugins dir>/<driver>/checkpoint.json`.
+
+NodeUnprepareResources gets only a claim's namespace, name and UID, and the claim may be gone from
+the API server by then, so what each claim was given must be remembered across restarts. The file
+is JSON with a SHA-256 checksum of its claims, written atomically before the kubelet is answered.
+A file that cannot be read or whose checksum does not match is renamed aside (never deleted) and the
+caller rebuilds what it can from the CDI specs on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from gpu_device_plugin.dra.cdi import PreparedDevice, device_id, write_atomically
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "checkpoint.json"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    namespace: str
+    name: str
+    uid: str
+    devices: tuple[PreparedDevice, ...]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name} (UID {self.uid})"
+
+
+class CheckpointError(OSError):
+    """The checkpoint cannot be written; the message names the file."""
+
+
+def _claims_json(claims: dict[str, PreparedClaim]) -> dict[str, Any]:
+    return {
+        uid: {
+            "namespace": c.namespace,
+            "name": c.name,
+            "devices": [{"device": d.device, "pool": d.pool, "requests": list(d.requests)} for d in c.devices],
+        }
+        for uid, c in sorted(claims.items())
+    }
+
+
+def _checksum(claims: dict[str, Any]) -> str:
+    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Checkpoint:
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, FILE_NAME)
+
+    def write(self, claims: dict[str, PreparedClaim]) -> None:
+        body = _claims_json(claims)
+        text = json.dumps({"version": VERSION, "checksum": _checksum(body), "claims": body}, indent=2) + "\n"
+        try:
+            write_atomically(self.path, text)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write the checkpoint {self.path}: {exc.strerror or exc}") from None
+
+    def read(self) -> Optional[dict[str, PreparedClaim]]:
+        """The claims in the file ({} when there is none), or None when it was corrupt (and set aside)."""
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            return self._set_aside(f"it cannot be read ({exc.strerror or exc})")
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.get("version") != VERSION:
+                return self._set_aside(f"its version is not {VERSION}")
+            body = data["claims"]
+            if data.get("checksum") != _checksum(body):
+                return self._set_aside("its checksum does not match its content")
+            return {
+                uid: PreparedClaim(
+                    entry["namespace"],
+                    entry["name"],
+                    uid,
+                    tuple(
+                        PreparedDevice(d["device"], d["pool"], tuple(d["requests"]), device_id(uid, d["device"]))
+                        for d in entry["devices"]
+                    ),
+                )
+                for uid, entry in body.items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return self._set_aside("it is not valid checkpoint JSON")
+
+    def _set_aside(self, why: str) -> Optional[dict[str, PreparedClaim]]:
+        aside = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+        try:
+            os.replace(self.path, aside)
+        except OSError:
+            aside = "(could not be renamed)"
+        log.error(
+            f"the checkpoint of prepared claims {self.path} is corrupt because {why}; it was moved to {aside}"
+            " and the prepared claims are rebuilt from the CDI specs on disk",
+            extra={"checkpoint": self.path, "moved_to": aside},
+        )
+        return None

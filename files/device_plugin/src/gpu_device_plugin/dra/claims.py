@@ -1,0 +1,236 @@
+"""Preparing and unpreparing claims on this node: the checks, the CDI specs, the checkpoint.
+
+Synchronous and single-threaded by contract: the servicer runs one call at a time under its lock
+(in a worker thread, so the event loop keeps serving). Each call either completes (spec and
+checkpoint written) or leaves the files as they were, and says why in one sentence (ClaimError)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Mapping, Optional
+
+from gpu_device_plugin.dra import cdi
+from gpu_device_plugin.dra.checkpoint import Checkpoint, PreparedClaim
+from gpu_device_plugin.dra.devices import ClaimReader, DraDevice
+
+log = logging.getLogger(__name__)
+
+
+class ClaimError(ValueError):
+    """A claim this node refuses or cannot prepare; the message names the claim and what is wrong."""
+
+
+def _get(data: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(data, Mapping):
+            return None
+        data = data.get(key)
+    return data
+
+
+class ClaimPreparer:
+    def __init__(
+        self,
+        driver: str,
+        node: str,
+        checkpoint: Checkpoint,
+        writer: cdi.SpecWriter,
+        devices: Callable[[], dict[str, DraDevice]],
+    ) -> None:
+        self.driver = driver
+        self.pool = node  # one pool per node, named after it
+        self.checkpoint = checkpoint
+        self.writer = writer
+        self.devices = devices
+        self.claims: dict[str, PreparedClaim] = {}
+
+    # -- prepare -------------------------------------------------------------------------------
+    def prepared(self, uid: str) -> Optional[PreparedClaim]:
+        return self.claims.get(uid)
+
+    def prepare(self, namespace: str, name: str, uid: str, claim: Optional[Mapping[str, Any]]) -> PreparedClaim:
+        """Prepare a claim as read from the API server (None: it does not exist). Idempotent."""
+        ref = f"{namespace}/{name} (UID {uid})"
+        done = self.claims.get(uid)
+        if done is not None:
+            self._ensure_spec(done)
+            return done
+        wanted = self._check(ref, uid, claim)
+        known = self.devices()
+        unknown = sorted(d for d in wanted if d not in known)
+        if unknown:
+            raise ClaimError(
+                f"ResourceClaim {ref} was allocated device(s) {', '.join(unknown)}, which this node does not have"
+                f" (it has {', '.join(sorted(known)) or 'none'})."
+            )
+        for device in wanted:
+            for other in self.claims.values():
+                if any(d.device == device for d in other.devices):
+                    raise ClaimError(
+                        f"device {device} is already prepared for ResourceClaim {other.ref};"
+                        f" ResourceClaim {ref} cannot have it too."
+                    )
+        prepared = PreparedClaim(
+            namespace,
+            name,
+            uid,
+            tuple(
+                cdi.PreparedDevice(device, self.pool, tuple(requests), cdi.device_id(uid, device))
+                for device, requests in wanted.items()
+            ),
+        )
+        self._write_spec(prepared, known)
+        try:
+            self.checkpoint.write({**self.claims, uid: prepared})
+        except OSError as exc:
+            self._remove_spec_quietly(uid)
+            raise ClaimError(f"ResourceClaim {ref} was not prepared: {exc}") from None
+        self.claims[uid] = prepared
+        log.info(
+            "claim prepared",
+            extra={"claim": ref, "devices": [d.device for d in prepared.devices], "cdi": self.writer.cdi_dir},
+        )
+        return prepared
+
+    def _check(self, ref: str, uid: str, claim: Optional[Mapping[str, Any]]) -> dict[str, list[str]]:
+        """The claim's devices of this driver and pool -> the request names they serve."""
+        if claim is None:
+            raise ClaimError(f"ResourceClaim {ref} does not exist in the API server.")
+        actual = _get(claim, "metadata", "uid")
+        if actual != uid:
+            raise ClaimError(f"ResourceClaim {ref} has UID {actual} in the API server: it was replaced.")
+        allocation = _get(claim, "status", "allocation")
+        if not allocation:
+            raise ClaimError(f"ResourceClaim {ref} is not allocated.")
+        results = _get(allocation, "devices", "results") or []
+        ours = [r for r in results if isinstance(r, Mapping) and r.get("driver") == self.driver]
+        if not ours:
+            drivers = sorted({str(r.get("driver")) for r in results if isinstance(r, Mapping)})
+            raise ClaimError(
+                f"ResourceClaim {ref} has no device of driver {self.driver}"
+                f" (allocated: {', '.join(drivers) or 'no devices'})."
+            )
+        elsewhere = sorted({str(r.get("pool")) for r in ours if r.get("pool") != self.pool})
+        if elsewhere:
+            raise ClaimError(
+                f"ResourceClaim {ref} is allocated devices of pool(s) {', '.join(elsewhere)},"
+                f" not of this node's pool {self.pool}."
+            )
+        wanted: dict[str, list[str]] = {}
+        for result in ours:
+            device = str(result.get("device") or "")
+            request = str(result.get("request") or "").split("/", 1)[0]  # "<request>/<subrequest>"
+            requests = wanted.setdefault(device, [])
+            if request and request not in requests:
+                requests.append(request)
+        return wanted
+
+    # -- unprepare -----------------------------------------------------------------------------
+    def unprepare(self, namespace: str, name: str, uid: str) -> None:
+        """Undo prepare; a claim this node does not know is not an error (it is not prepared)."""
+        ref = f"{namespace}/{name} (UID {uid})"
+        done = self.claims.get(uid)
+        if done is not None:
+            rest = {k: v for k, v in self.claims.items() if k != uid}
+            try:
+                self.checkpoint.write(rest)
+            except OSError as exc:
+                raise ClaimError(f"ResourceClaim {ref} was not unprepared: {exc}") from None
+            self.claims = rest
+        try:
+            self.writer.remove(uid)
+        except OSError as exc:
+            raise ClaimError(f"ResourceClaim {ref} was unprepared but its CDI spec stays: {exc}") from None
+        if done is not None:
+            log.info("claim unprepared", extra={"claim": ref, "devices": [d.device for d in done.devices]})
+
+    # -- start ---------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Read the checkpoint; when it is corrupt, rebuild the claims from our CDI specs."""
+        claims = self.checkpoint.read()
+        if claims is None:
+            claims = {}
+            for uid, path in cdi.claim_uids_on_disk(self.writer.cdi_dir).items():
+                found = cdi.read_claim_from_spec(path)
+                if found is None or found[2] != uid:
+                    log.error(
+                        "a CDI spec of ours names no claim; it is left as it is",
+                        extra={"spec": path},
+                    )
+                    continue
+                namespace, name, _uid, devices = found
+                claims[uid] = PreparedClaim(namespace, name, uid, tuple(devices))
+            log.warning("claims rebuilt from the CDI specs", extra={"claims": sorted(c.ref for c in claims.values())})
+            self.claims = claims
+            self._save_quietly()
+            return
+        self.claims = claims
+
+    def reconcile(self, reader: ClaimReader) -> None:
+        """Drop the claims the API server no longer has (or has under another UID), rewrite the CDI specs a
+        reboot removed, and remove specs of ours that belong to no prepared claim."""
+        kept: dict[str, PreparedClaim] = {}
+        for uid, claim in self.claims.items():
+            try:
+                current = reader.get_resource_claim(claim.namespace, claim.name)
+            except OSError as exc:
+                log.warning(
+                    "cannot ask the API server about a prepared claim; keeping it",
+                    extra={"claim": claim.ref, "reason": str(exc)},
+                )
+                kept[uid] = claim
+                continue
+            if current is None or _get(current, "metadata", "uid") != uid:
+                log.info("prepared claim is gone from the API server; unpreparing it", extra={"claim": claim.ref})
+                self._remove_spec_quietly(uid)
+                continue
+            kept[uid] = claim
+        changed = kept.keys() != self.claims.keys()
+        self.claims = kept
+        for uid, path in cdi.claim_uids_on_disk(self.writer.cdi_dir).items():
+            if uid not in kept:
+                log.info("removing a CDI spec of no prepared claim", extra={"spec": path})
+                self._remove_spec_quietly(uid)
+        for claim in kept.values():
+            try:
+                self._ensure_spec(claim)
+            except ClaimError as exc:
+                log.error(str(exc), extra={"claim": claim.ref})
+        if changed:
+            self._save_quietly()
+
+    # -- files ---------------------------------------------------------------------------------
+    def _write_spec(self, claim: PreparedClaim, known: dict[str, DraDevice]) -> None:
+        pairs = [(known[d.device], d) for d in claim.devices]
+        spec = self.writer.build(claim.namespace, claim.name, claim.uid, pairs)
+        try:
+            self.writer.write(claim.uid, spec)
+        except OSError as exc:
+            raise ClaimError(f"ResourceClaim {claim.ref} was not prepared: {exc}") from None
+
+    def _ensure_spec(self, claim: PreparedClaim) -> None:
+        """Write the claim's spec again if it is missing (a reboot empties /var/run/cdi)."""
+        if os.path.exists(cdi.spec_path(self.writer.cdi_dir, claim.uid)):
+            return
+        known = self.devices()
+        missing = [d.device for d in claim.devices if d.device not in known]
+        if missing:
+            raise ClaimError(
+                f"ResourceClaim {claim.ref} is prepared but its CDI spec is gone and device(s)"
+                f" {', '.join(missing)} no longer exist on this node."
+            )
+        self._write_spec(claim, known)
+        log.info("CDI spec written again", extra={"claim": claim.ref})
+
+    def _remove_spec_quietly(self, uid: str) -> None:
+        try:
+            self.writer.remove(uid)
+        except OSError as exc:
+            log.error("cannot remove a CDI spec", extra={"claim_uid": uid, "reason": str(exc)})
+
+    def _save_quietly(self) -> None:
+        try:
+            self.checkpoint.write(self.claims)
+        except OSError as exc:
+            log.error("cannot write the checkpoint", extra={"reason": str(exc)})

@@ -1,0 +1,145 @@
+"""The daemon in dra mode: the prepared claims, the health hub, the two sockets and their watch.
+
+Start order: the checkpoint is read and reconciled with the API server, the ResourceSlice is
+published, then the DRA socket is served and last the registration socket, which the kubelet's
+plugin watcher finds. If either socket disappears (someone cleaned the kubelet's directories), it
+is served again; a new registration socket makes the kubelet register the plugin again. A kubelet
+restart leaves the sockets in place and asks GetInfo again by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+from typing import Any, Callable, Optional
+
+from gpu_device_plugin import hostdriver, registration
+from gpu_device_plugin.config import Config
+from gpu_device_plugin.dra import cdi, plugin
+from gpu_device_plugin.dra.checkpoint import Checkpoint
+from gpu_device_plugin.dra.claims import ClaimPreparer
+from gpu_device_plugin.dra.devicehealth import DeviceHealthHub
+from gpu_device_plugin.dra.devices import ClaimReader, DraDevice, SlicePublisher, by_name, dra_devices
+from gpu_device_plugin.state import DeviceState
+
+log = logging.getLogger(__name__)
+
+# What the daemon is given to reach the API server: (claim reader, slice publisher) for a configuration.
+ApiSide = Callable[[Config], "tuple[ClaimReader, SlicePublisher]"]
+
+
+def default_api_side(config: Config) -> tuple[ClaimReader, SlicePublisher]:
+    """The API server client and the ResourceSlice publisher of gpu_device_plugin.dra.kubeapi/.slices."""
+    kubeapi: Any = importlib.import_module("gpu_device_plugin.dra.kubeapi")
+    slices: Any = importlib.import_module("gpu_device_plugin.dra.slices")
+    client = kubeapi.client_from_config(config)
+    return client, slices.SlicePublisher(client, config)
+
+
+class DraNode:
+    def __init__(self, config: Config, state: DeviceState, api_side: ApiSide) -> None:
+        self.config = config
+        self.state = state
+        self.api_side = api_side
+        self.reader: Optional[ClaimReader] = None
+        self.publisher: Optional[SlicePublisher] = None
+        needs_host = "mounts" in config.device_list_strategy
+        self.writer = cdi.SpecWriter(
+            config.cdi_dir,
+            config.mounts,
+            config.device_list_strategy,
+            hostdriver.find(config.mounts) if needs_host else None,
+        )
+        self.preparer = ClaimPreparer(
+            config.driver_name, config.node_name, Checkpoint(config.dra_plugin_dir), self.writer, self._devices
+        )
+        self.hub: Optional[DeviceHealthHub] = None
+        self.registrar = plugin.RegistrationServicer(config.driver_name, config.dra_socket)
+        self.dra_server: Optional[plugin.SocketServer] = None
+        self.reg_server: Optional[plugin.SocketServer] = None
+        self._health: list[plugin.HealthServicer] = []
+        self._watchers: list[registration.KubeletWatcher] = []
+        self._kick = asyncio.Event()
+        self._task: Optional[asyncio.Task[None]] = None
+
+    def _devices(self) -> dict[str, DraDevice]:
+        return by_name(dra_devices(self.state.inventory))
+
+    async def start(self) -> bool:
+        """False when the node cannot serve (the reason is logged)."""
+        loop = asyncio.get_running_loop()
+        try:
+            os.makedirs(self.config.dra_plugin_dir, exist_ok=True)
+        except OSError as exc:
+            log.error(f"cannot create the DRA plugin directory {self.config.dra_plugin_dir}: {exc.strerror or exc}")
+            return False
+        try:
+            self.reader, self.publisher = self.api_side(self.config)
+        except ImportError as exc:
+            log.error(f"dra mode needs the API server client, which cannot be loaded: {exc}")
+            return False
+        except (OSError, ValueError) as exc:
+            log.error(f"dra mode cannot reach the API server: {exc}")
+            return False
+        self.preparer.load()
+        await loop.run_in_executor(None, self.preparer.reconcile, self.reader)
+        self.hub = DeviceHealthHub(self.state, self.config.node_name, self.publisher)
+        self.hub.update()
+        await loop.run_in_executor(None, self.hub.publish_now)
+        self.hub.start()
+        self._health = plugin.health_servicers(self.hub)
+        service = plugin.ClaimService(self.preparer, lambda: self.reader)
+        self.dra_server = plugin.dra_server(self.config.dra_socket, service, self._health)
+        self.reg_server = plugin.registration_server(self.config.registration_socket, self.registrar)
+        try:
+            await self.dra_server.start()
+            await self.reg_server.start()
+            for directory in (self.config.dra_plugin_dir, self.config.plugin_registry_dir):
+                watcher = registration.KubeletWatcher(directory, self._on_dir_event)
+                watcher.start(loop)
+                self._watchers.append(watcher)
+        except (plugin.ServeError, OSError) as exc:
+            log.error(str(exc))
+            await self.stop()
+            return False
+        self._task = asyncio.ensure_future(self._keep_serving())
+        return True
+
+    def _on_dir_event(self, name: str, created: bool) -> None:
+        ours = {os.path.basename(self.config.dra_socket), os.path.basename(self.config.registration_socket)}
+        if name == "" or (not created and name in ours):
+            self._kick.set()
+
+    async def _keep_serving(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            # The DRA socket first: a new registration socket makes the kubelet dial it at once.
+            for server in (self.dra_server, self.reg_server):
+                if server is None or server.socket_is_ours():
+                    continue
+                log.info("our socket was removed; serving it again", extra={"socket": server.socket_path})
+                try:
+                    await server.restart()
+                except plugin.ServeError as exc:
+                    log.error(f"{exc}; retrying in 1 s")
+                    asyncio.get_running_loop().call_later(1.0, self._kick.set)
+
+    def serving(self) -> bool:
+        return all(s is not None and s.socket_is_ours() for s in (self.dra_server, self.reg_server))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for watcher in self._watchers:
+            watcher.stop()
+        self._watchers.clear()
+        for servicer in self._health:
+            servicer.stop()
+        # The registration socket first: the kubelet deregisters the plugin before the endpoint goes.
+        for server in (self.reg_server, self.dra_server):
+            if server is not None:
+                await server.stop(remove_socket=True)
+        if self.hub is not None:
+            self.hub.stop()

@@ -1,0 +1,205 @@
+"""The daemon as a DRA kubelet plugin, over real unix-socket gRPC: registration through the plugin
+watcher (a double of the kubelet's), NodePrepareResources / NodeUnprepareResources with the v1 and
+v1beta1 stubs, the CDI specs written, the health stream. The API server is a double (api_server_double)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from api_server_double import DRIVER
+from dra_harness import NODE
+from harness import H100, fixture, wait_until, write_spec
+
+ALL = [f"gpu-{i}" for i in range(8)]
+
+
+def test_registers_through_the_plugin_watcher_with_both_versions(dra):
+    dra.start()
+    info = dra.kubelet.registrations[0]
+    assert info.type == "DRAPlugin"
+    assert info.name == DRIVER
+    assert info.endpoint == os.path.join(dra.plugins, DRIVER, "dra.sock")
+    assert list(info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert "v1.DRAResourceHealth" in info.supported_versions
+    assert dra.kubelet.plugins[DRIVER].service == "v1.DRAPlugin"
+    for path in (os.path.join(dra.registry, f"{DRIVER}-reg.sock"), info.endpoint):
+        mode = os.stat(path).st_mode
+        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    assert wait_until(lambda: dra.daemons[0].daemon.dra.registrar.registered is True)
+    # The slice was published before the plugin registered.
+    assert dra.publisher.calls[0] == (ALL, frozenset())
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_prepare_one_device_writes_its_cdi_spec_and_returns_its_id(dra, version):
+    dra.start()
+    claim = dra.allocate("one", "uid-1", ["gpu-3"])
+    answer = dra.kubelet.prepare(DRIVER, [claim], version)["uid-1"]
+    assert answer.error == ""
+    [device] = answer.devices
+    assert (device.pool_name, device.device_name, list(device.request_names)) == (NODE, "gpu-3", ["gpu"])
+    assert list(device.cdi_device_ids) == ["gpuops.k8s/gpu=uid-1-gpu-3"]
+    spec = dra.spec_of("uid-1")
+    assert spec["kind"] == "gpuops.k8s/gpu"
+    assert [d["name"] for d in spec["devices"]] == ["uid-1-gpu-3"]
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia3", "hostPath": os.path.join(dra.dev, "nvidia3"), "permissions": "rw"}
+    ]
+    common = spec["containerEdits"]
+    assert common["env"] == [f"NVIDIA_VISIBLE_DEVICES={H100[3]}"]
+    assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert "mounts" not in common
+    assert sorted(os.listdir(dra.cdi)) == ["gpuops.k8s-gpu_uid-1.json"]
+
+
+def test_prepare_eight_devices_and_the_mounts_strategy(dra, tmp_path):
+    driver_root = tmp_path / "root"
+    (driver_root / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    (driver_root / "usr/bin").mkdir(parents=True)
+    for name in ("libnvidia-ml.so.1", "libcuda.so.1", "libunrelated.so.1"):
+        (driver_root / "usr/lib/x86_64-linux-gnu" / name).write_text("")
+    (driver_root / "usr/bin/nvidia-smi").write_text("")
+    from gpu_device_plugin.config import MountsSettings
+
+    dra.start(
+        device_list_strategy=("envvar", "mounts"), mounts=MountsSettings(driver_root=str(driver_root), dev_root=dra.dev)
+    )
+    claim = dra.allocate("eight", "uid-8", ALL)
+    answer = dra.kubelet.prepare(DRIVER, [claim])["uid-8"]
+    assert answer.error == ""
+    assert [d.device_name for d in answer.devices] == ALL
+    assert [list(d.cdi_device_ids) for d in answer.devices] == [[f"gpuops.k8s/gpu=uid-8-{n}"] for n in ALL]
+    spec = dra.spec_of("uid-8")
+    assert [d["containerEdits"]["deviceNodes"][0]["path"] for d in spec["devices"]] == [
+        f"/dev/nvidia{i}" for i in range(8)
+    ]
+    common = spec["containerEdits"]
+    assert common["env"] == [
+        "NVIDIA_VISIBLE_DEVICES=" + ",".join(H100),
+        "LD_LIBRARY_PATH=/usr/local/nvidia/lib64",
+        "PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    ]
+    assert sorted((m["containerPath"], m["options"][0]) for m in common["mounts"]) == [
+        ("/usr/local/nvidia/bin/nvidia-smi", "ro"),
+        ("/usr/local/nvidia/lib64/libcuda.so.1", "ro"),
+        ("/usr/local/nvidia/lib64/libnvidia-ml.so.1", "ro"),
+    ]
+
+
+def test_prepare_and_unprepare_are_idempotent_across_versions(dra):
+    dra.start()
+    claim = dra.allocate("twice", "uid-2", ["gpu-0", "gpu-1"])
+    first = dra.kubelet.prepare(DRIVER, [claim], "v1")["uid-2"]
+    second = dra.kubelet.prepare(DRIVER, [claim], "v1beta1")["uid-2"]
+    assert [list(d.cdi_device_ids) for d in first.devices] == [list(d.cdi_device_ids) for d in second.devices]
+    assert second.error == ""
+    # Already prepared: answered from the checkpoint, even with the API server away.
+    dra.claims.unreachable = True
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-2"].error == ""
+    assert dra.kubelet.unprepare(DRIVER, [claim]) == {"uid-2": ""}
+    assert dra.spec_of("uid-2") is None
+    assert dra.kubelet.unprepare(DRIVER, [claim], "v1beta1") == {"uid-2": ""}
+    assert dra.kubelet.unprepare(DRIVER, [("default", "never", "uid-never")]) == {"uid-never": ""}
+    assert os.listdir(dra.cdi) == []
+    with open(dra.checkpoint, encoding="utf-8") as handle:
+        assert '"claims": {}' in handle.read()
+
+
+def _setup_bad(dra):
+    dra.allocate("holder", "uid-h", ["gpu-5"])
+    dra.allocate("not-allocated", "uid-n", [])
+    dra.allocate("other-node", "uid-o", ["gpu-1"], pool="node-b")
+    dra.allocate("other-driver", "uid-d", ["gpu-1"], driver="gpu.example.com")
+    dra.allocate("replaced", "uid-new", ["gpu-1"])
+    dra.allocate("unknown", "uid-u", ["gpu-9"])
+    dra.allocate("taken", "uid-t", ["gpu-5"])
+
+
+@pytest.mark.parametrize(
+    ("claim", "words"),
+    [
+        (("default", "not-allocated", "uid-n"), ["default/not-allocated", "not allocated"]),
+        (("default", "other-node", "uid-o"), ["pool(s) node-b", f"this node's pool {NODE}"]),
+        (("default", "other-driver", "uid-d"), ["no device of driver gpu.gpuops.k8s", "gpu.example.com"]),
+        (("default", "replaced", "uid-old"), ["has UID uid-new", "replaced"]),
+        (("default", "unknown", "uid-u"), ["gpu-9", "does not have"]),
+        (("default", "taken", "uid-t"), ["gpu-5", "default/holder (UID uid-h)", "default/taken (UID uid-t)"]),
+        (("default", "missing", "uid-m"), ["default/missing", "does not exist"]),
+    ],
+)
+def test_bad_claims_get_a_per_claim_error_and_nothing_is_written(dra, claim, words):
+    dra.start()
+    _setup_bad(dra)
+    assert dra.kubelet.prepare(DRIVER, [("default", "holder", "uid-h")])["uid-h"].error == ""
+    good = dra.allocate("good", "uid-g", ["gpu-6"])
+    answers = dra.kubelet.prepare(DRIVER, [claim, good])
+    error = answers[claim[2]].error
+    assert all(w in error for w in words), error
+    assert not answers[claim[2]].devices
+    assert answers["uid-g"].error == ""  # the other claim of the same call is prepared
+    assert sorted(os.listdir(dra.cdi)) == ["gpuops.k8s-gpu_uid-g.json", "gpuops.k8s-gpu_uid-h.json"]
+    with open(dra.checkpoint, encoding="utf-8") as handle:
+        assert claim[2] not in handle.read()
+
+
+def test_an_unreachable_api_server_is_a_per_claim_error(dra):
+    dra.start()
+    claim = dra.allocate("later", "uid-l", ["gpu-0"])
+    dra.claims.unreachable = True
+    error = dra.kubelet.prepare(DRIVER, [claim])["uid-l"].error
+    assert "cannot read ResourceClaim default/later from the API server" in error
+    dra.claims.unreachable = False
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-l"].error == ""
+
+
+def test_an_unwritable_cdi_dir_fails_the_claim_and_the_daemon_keeps_serving(dra):
+    os.rmdir(dra.cdi)
+    with open(dra.cdi, "w") as handle:  # a file where the directory should be: root cannot write there either
+        handle.write("not a directory")
+    dra.start()
+    claim = dra.allocate("blocked", "uid-b", ["gpu-2"])
+    error = dra.kubelet.prepare(DRIVER, [claim])["uid-b"].error
+    assert "cannot write the CDI spec" in error and dra.cdi in error
+    assert not os.path.exists(dra.checkpoint)  # nothing was prepared, so nothing was checkpointed
+    assert [n for n in os.listdir(dra.base) if n.startswith(".tmp")] == []
+    os.unlink(dra.cdi)
+    os.mkdir(dra.cdi)
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-b"].error == ""
+    assert os.listdir(dra.cdi) == ["gpuops.k8s-gpu_uid-b.json"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_an_xid_reaches_the_health_stream_and_the_slice_publisher(dra, version):
+    dra.start()
+    watch = dra.kubelet.watch_health(DRIVER, version)
+    assert watch.wait(lambda u: sorted(u) == ALL and {h for h, _m in u.values()} == {"HEALTHY"})
+    assert watch.pools == {NODE}
+    spec = fixture("h100x8.yaml")
+    spec["gpus"][2]["xid"] = 79
+    write_spec(dra.spec, spec)
+    assert watch.wait(lambda u: u["gpu-2"][0] == "UNHEALTHY")
+    last = watch.updates[-1]
+    assert "XID 79" in last["gpu-2"][1] and H100[2] in last["gpu-2"][1]
+    assert [n for n, (h, _m) in last.items() if h != "HEALTHY"] == ["gpu-2"]
+    assert wait_until(lambda: dra.publisher.last() == (ALL, frozenset({"gpu-2"})))
+
+
+def test_a_removed_registration_socket_is_served_again_and_registers_again(dra):
+    dra.start()
+    os.unlink(os.path.join(dra.registry, f"{DRIVER}-reg.sock"))
+    assert dra.kubelet.wait(lambda: dra.kubelet.registered(DRIVER) == 2)
+    os.unlink(os.path.join(dra.plugins, DRIVER, "dra.sock"))
+    assert wait_until(lambda: os.path.exists(os.path.join(dra.plugins, DRIVER, "dra.sock")))
+    claim = dra.allocate("after", "uid-a", ["gpu-0"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-a"].error == ""
+
+
+def test_a_kubelet_restart_registers_the_plugin_again(dra):
+    dra.start()
+    claim = dra.allocate("kept", "uid-k", ["gpu-4"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-k"].error == ""
+    dra.kubelet.restart()
+    assert dra.kubelet.wait(lambda: dra.kubelet.registered(DRIVER) == 2)
+    assert dra.kubelet.unprepare(DRIVER, [claim]) == {"uid-k": ""}
