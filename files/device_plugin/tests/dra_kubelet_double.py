@@ -1,20 +1,23 @@
 """A test double of the kubelet's DRA side (there is no kubelet on the test hosts).
 
 Over real unix-socket gRPC it does what the kubelet's plugin watcher and DRA manager do with a DRA
-plugin: notices a socket appearing in plugins_registry, calls Registration.GetInfo, checks the type
-and picks the first DRAPlugin version it knows from the plugin's list (as a 1.34+ kubelet does), dials
-the advertised endpoint, answers NotifyRegistrationStatus, and then calls NodePrepareResources and
-NodeUnprepareResources with the v1 or v1beta1 stubs and keeps NodeWatchResources streams open.
+plugin: notices a socket appearing in plugins_registry (with inotify, as the kubelet does), calls
+Registration.GetInfo, checks the type, picks the first DRAPlugin version it knows from the plugin's
+list (as a 1.34+ kubelet does), dials the advertised endpoint, answers NotifyRegistrationStatus, and
+then calls NodePrepareResources and NodeUnprepareResources with the v1 or v1beta1 stubs and keeps
+NodeWatchResources streams open.
 `restart()` forgets every plugin and looks at the directory again, as a restarted kubelet does."""
 
 from __future__ import annotations
 
 import os
+import select
 import stat
 import threading
 from typing import Any, Callable, Optional
 
 import grpc
+from gpu_device_plugin import watch
 from gpu_device_plugin.dra.api import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -90,8 +93,8 @@ class PluginWatcherDouble:
         self.plugins: dict[str, Registered] = {}  # driver name -> plugin
         self.registrations: list[Any] = []  # every PluginInfo registered
         self.errors: list[str] = []
-        self._seen: dict[str, tuple[int, int]] = {}  # socket name -> (inode, ctime) registered
         self._stop = threading.Event()
+        self._retired: list[Registered] = []
         self._thread: Optional[threading.Thread] = None
         self._watches: list[HealthWatch] = []
 
@@ -99,35 +102,35 @@ class PluginWatcherDouble:
     def start(self) -> PluginWatcherDouble:
         os.makedirs(self.registry_dir, exist_ok=True)
         self._stop.clear()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._inotify = watch.Inotify()
+        self._inotify.add_watch(self.registry_dir, watch.IN_CREATE | watch.IN_MOVED_TO)
+        self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
         return self
 
-    def _poll(self) -> None:
-        while not self._stop.wait(0.01):
-            try:
-                names = os.listdir(self.registry_dir)
-            except OSError:
-                continue
-            for name in names:
+    def _watch(self) -> None:
+        # What is there already, then each socket created (the kubelet's plugin watcher does the same).
+        pending = sorted(os.listdir(self.registry_dir))
+        while not self._stop.is_set():
+            for name in pending:
                 path = os.path.join(self.registry_dir, name)
                 try:
-                    st = os.stat(path)
+                    is_socket = stat.S_ISSOCK(os.stat(path).st_mode)
                 except OSError:
                     continue
-                identity = (st.st_ino, st.st_ctime_ns)  # a new socket may get the old one's inode
-                if name.startswith(".") or not stat.S_ISSOCK(st.st_mode) or self._seen.get(name) == identity:
-                    continue
-                self._seen[name] = identity
-                self._register(path)
-            for gone in [n for n in self._seen if n not in names]:
-                del self._seen[gone]
+                if is_socket and not name.startswith("."):
+                    self._register(path)
+            ready, _w, _x = select.select([self._inotify.fd], [], [], 0.05)
+            pending = [e.name for e in self._inotify.read()] if ready else []
+        self._inotify.close()
 
     def _register(self, path: str) -> None:
         with grpc.insecure_channel("unix:" + path) as channel:
             stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
             try:
-                info = stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=5)
+                # The socket file exists from bind() on, before the plugin listens: wait for it, as the
+                # kubelet's reconciler retries.
+                info = stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=5, wait_for_ready=True)
             except grpc.RpcError as exc:
                 with self.cond:
                     self.errors.append(f"GetInfo on {path}: {exc.code().name}")
@@ -149,24 +152,24 @@ class PluginWatcherDouble:
                 self.plugins[info.name] = Registered(path, info, str(chosen))
                 self.registrations.append(info)
                 if old is not None:
-                    old.close()
+                    self._retired.append(old)  # closed at stop: a test may still be calling through it
             self.cond.notify_all()
 
     def restart(self) -> None:
         """Forget every plugin and look at the directory again, as a restarted kubelet does."""
         self.stop()
-        self._seen.clear()
         self.start()
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        for watch in self._watches:
-            watch.cancel()
+        for stream in self._watches:
+            stream.cancel()
         self._watches.clear()
         with self.cond:
-            plugins, self.plugins = list(self.plugins.values()), {}
+            plugins, self.plugins = list(self.plugins.values()) + self._retired, {}
+            self._retired = []
         for plugin in plugins:
             plugin.close()
 
@@ -198,6 +201,6 @@ class PluginWatcherDouble:
         return {uid: entry.error for uid, entry in stub.NodeUnprepareResources(request, timeout=10).claims.items()}
 
     def watch_health(self, driver: str, version: str = "v1") -> HealthWatch:
-        watch = HealthWatch(self.plugins[driver].channel, version)
-        self._watches.append(watch)
-        return watch
+        stream = HealthWatch(self.plugins[driver].channel, version)
+        self._watches.append(stream)
+        return stream

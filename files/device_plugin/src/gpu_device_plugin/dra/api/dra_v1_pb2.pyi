@@ -1,12 +1,8 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-from typing import Optional as _Optional
-from typing import Union as _Union
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -24,10 +20,7 @@ class NodePrepareResourcesResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: NodePrepareResourceResponse
-        def __init__(
-            self, key: _Optional[str] = ..., value: _Optional[_Union[NodePrepareResourceResponse, _Mapping]] = ...
-        ) -> None: ...
-
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NodePrepareResourceResponse, _Mapping]] = ...) -> None: ...
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.MessageMap[str, NodePrepareResourceResponse]
     def __init__(self, claims: _Optional[_Mapping[str, NodePrepareResourceResponse]] = ...) -> None: ...
@@ -38,12 +31,10 @@ class NodePrepareResourceResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     error: str
-    def __init__(
-        self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., error: _Optional[str] = ...
-    ) -> None: ...
+    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("cdi_device_ids", "device_name", "pool_name", "request_names", "share_id")
+    __slots__ = ("request_names", "pool_name", "device_name", "cdi_device_ids", "share_id")
     REQUEST_NAMES_FIELD_NUMBER: _ClassVar[int]
     POOL_NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -54,14 +45,7 @@ class Device(_message.Message):
     device_name: str
     cdi_device_ids: _containers.RepeatedScalarFieldContainer[str]
     share_id: str
-    def __init__(
-        self,
-        request_names: _Optional[_Iterable[str]] = ...,
-        pool_name: _Optional[str] = ...,
-        device_name: _Optional[str] = ...,
-        cdi_device_ids: _Optional[_Iterable[str]] = ...,
-        share_id: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, request_names: _Optional[_Iterable[str]] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ..., cdi_device_ids: _Optional[_Iterable[str]] = ..., share_id: _Optional[str] = ...) -> None: ...
 
 class NodeUnprepareResourcesRequest(_message.Message):
     __slots__ = ("claims",)
@@ -77,10 +61,7 @@ class NodeUnprepareResourcesResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: NodeUnprepareResourceResponse
-        def __init__(
-            self, key: _Optional[str] = ..., value: _Optional[_Union[NodeUnprepareResourceResponse, _Mapping]] = ...
-        ) -> None: ...
-
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[NodeUnprepareResourceResponse, _Mapping]] = ...) -> None: ...
     CLAIMS_FIELD_NUMBER: _ClassVar[int]
     claims: _containers.MessageMap[str, NodeUnprepareResourceResponse]
     def __init__(self, claims: _Optional[_Mapping[str, NodeUnprepareResourceResponse]] = ...) -> None: ...
@@ -92,13 +73,11 @@ class NodeUnprepareResourceResponse(_message.Message):
     def __init__(self, error: _Optional[str] = ...) -> None: ...
 
 class Claim(_message.Message):
-    __slots__ = ("name", "namespace", "uid")
+    __slots__ = ("namespace", "uid", "name")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     uid: str
     name: str
-    def __init__(
-        self, namespace: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ...
-    ) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., uid: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...

@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class DRAPluginStub:
+class DRAPluginStub(object):
     """Served by the plugin on the endpoint it gives in PluginInfo; the kubelet calls it."""
 
     def __init__(self, channel):
@@ -49,7 +49,7 @@ class DRAPluginStub:
         )
 
 
-class DRAPluginServicer:
+class DRAPluginServicer(object):
     """Served by the plugin on the endpoint it gives in PluginInfo; the kubelet calls it."""
 
     def NodePrepareResources(self, request, context):
@@ -88,7 +88,7 @@ def add_DRAPluginServicer_to_server(servicer, server):
 
 
 # This class is part of an EXPERIMENTAL API.
-class DRAPlugin:
+class DRAPlugin(object):
     """Served by the plugin on the endpoint it gives in PluginInfo; the kubelet calls it."""
 
     @staticmethod

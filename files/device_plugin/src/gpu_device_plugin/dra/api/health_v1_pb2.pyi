@@ -1,13 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-from typing import Optional as _Optional
-from typing import Union as _Union
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -16,7 +12,6 @@ class HealthStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN: _ClassVar[HealthStatus]
     HEALTHY: _ClassVar[HealthStatus]
     UNHEALTHY: _ClassVar[HealthStatus]
-
 UNKNOWN: HealthStatus
 HEALTHY: HealthStatus
 UNHEALTHY: HealthStatus
@@ -26,7 +21,7 @@ class NodeWatchResourcesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DeviceIdentifier(_message.Message):
-    __slots__ = ("device_name", "pool_name")
+    __slots__ = ("pool_name", "device_name")
     POOL_NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
     pool_name: str
@@ -34,7 +29,7 @@ class DeviceIdentifier(_message.Message):
     def __init__(self, pool_name: _Optional[str] = ..., device_name: _Optional[str] = ...) -> None: ...
 
 class DeviceHealth(_message.Message):
-    __slots__ = ("device", "health", "health_check_timeout_seconds", "last_updated_time", "message")
+    __slots__ = ("device", "health", "last_updated_time", "health_check_timeout_seconds", "message")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     LAST_UPDATED_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -45,14 +40,7 @@ class DeviceHealth(_message.Message):
     last_updated_time: int
     health_check_timeout_seconds: int
     message: str
-    def __init__(
-        self,
-        device: _Optional[_Union[DeviceIdentifier, _Mapping]] = ...,
-        health: _Optional[_Union[HealthStatus, str]] = ...,
-        last_updated_time: _Optional[int] = ...,
-        health_check_timeout_seconds: _Optional[int] = ...,
-        message: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, device: _Optional[_Union[DeviceIdentifier, _Mapping]] = ..., health: _Optional[_Union[HealthStatus, str]] = ..., last_updated_time: _Optional[int] = ..., health_check_timeout_seconds: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class NodeWatchResourcesResponse(_message.Message):
     __slots__ = ("devices",)

@@ -26,7 +26,7 @@ if _version_not_supported:
     )
 
 
-class DRAResourceHealthStub:
+class DRAResourceHealthStub(object):
     """Served by the plugin on its DRA endpoint; the kubelet keeps one stream open."""
 
     def __init__(self, channel):
@@ -43,7 +43,7 @@ class DRAResourceHealthStub:
         )
 
 
-class DRAResourceHealthServicer:
+class DRAResourceHealthServicer(object):
     """Served by the plugin on its DRA endpoint; the kubelet keeps one stream open."""
 
     def NodeWatchResources(self, request, context):
@@ -67,7 +67,7 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
 
 
 # This class is part of an EXPERIMENTAL API.
-class DRAResourceHealth:
+class DRAResourceHealth(object):
     """Served by the plugin on its DRA endpoint; the kubelet keeps one stream open."""
 
     @staticmethod

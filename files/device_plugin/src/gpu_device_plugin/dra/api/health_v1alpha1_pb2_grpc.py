@@ -28,7 +28,7 @@ if _version_not_supported:
     )
 
 
-class DRAResourceHealthStub:
+class DRAResourceHealthStub(object):
     """Served by the plugin on its DRA endpoint; the kubelet keeps one stream open."""
 
     def __init__(self, channel):
@@ -45,7 +45,7 @@ class DRAResourceHealthStub:
         )
 
 
-class DRAResourceHealthServicer:
+class DRAResourceHealthServicer(object):
     """Served by the plugin on its DRA endpoint; the kubelet keeps one stream open."""
 
     def NodeWatchResources(self, request, context):
@@ -69,7 +69,7 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
 
 
 # This class is part of an EXPERIMENTAL API.
-class DRAResourceHealth:
+class DRAResourceHealth(object):
     """Served by the plugin on its DRA endpoint; the kubelet keeps one stream open."""
 
     @staticmethod

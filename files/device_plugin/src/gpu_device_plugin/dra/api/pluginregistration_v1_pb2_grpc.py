@@ -28,7 +28,7 @@ if _version_not_supported:
     )
 
 
-class RegistrationStub:
+class RegistrationStub(object):
     """Served by the plugin on a socket in the kubelet's plugins_registry directory. The kubelet finds the
     socket with inotify, asks GetInfo, registers the plugin, then reports the outcome.
     """
@@ -53,7 +53,7 @@ class RegistrationStub:
         )
 
 
-class RegistrationServicer:
+class RegistrationServicer(object):
     """Served by the plugin on a socket in the kubelet's plugins_registry directory. The kubelet finds the
     socket with inotify, asks GetInfo, registers the plugin, then reports the outcome.
     """
@@ -90,7 +90,7 @@ def add_RegistrationServicer_to_server(servicer, server):
 
 
 # This class is part of an EXPERIMENTAL API.
-class Registration:
+class Registration(object):
     """Served by the plugin on a socket in the kubelet's plugins_registry directory. The kubelet finds the
     socket with inotify, asks GetInfo, registers the plugin, then reports the outcome.
     """

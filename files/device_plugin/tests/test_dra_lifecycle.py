@@ -1,0 +1,182 @@
+"""The DRA mode across restarts (checkpoint, reconcile, a corrupt checkpoint), its settings, and its
+exclusivity with the device-plugin mode; over real unix-socket gRPC with the plugin-watcher double."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+from api_server_double import DRIVER
+from gpu_device_plugin import config
+from harness import DaemonThread, KubeletDouble, make_config
+
+
+def test_restart_rewrites_the_cdi_specs_a_reboot_removed_and_drops_claims_that_are_gone(dra):
+    dra.start()
+    kept = dra.allocate("kept", "uid-k", ["gpu-0", "gpu-1"])
+    gone = dra.allocate("gone", "uid-g", ["gpu-2"])
+    replaced = dra.allocate("replaced", "uid-r1", ["gpu-3"])
+    answers = dra.kubelet.prepare(DRIVER, [kept, gone, replaced])
+    assert {uid: a.error for uid, a in answers.items()} == {"uid-k": "", "uid-g": "", "uid-r1": ""}
+    spec_before = dra.spec_of("uid-k")
+    dra.stop_daemons()
+    # A reboot: /var/run/cdi is empty again. Meanwhile one claim was deleted, one replaced.
+    shutil.rmtree(dra.cdi)
+    os.mkdir(dra.cdi)
+    dra.claims.delete("default", "gone")
+    dra.allocate("replaced", "uid-r2", ["gpu-3"])
+    dra.start()
+    assert sorted(os.listdir(dra.cdi)) == ["gpuops.k8s-gpu_uid-k.json"]
+    assert dra.spec_of("uid-k") == spec_before
+    with open(dra.checkpoint, encoding="utf-8") as handle:
+        assert sorted(json.load(handle)["claims"]) == ["uid-k"]
+    # The kept claim is still prepared (same IDs); its devices are still refused to others.
+    again = dra.kubelet.prepare(DRIVER, [kept])["uid-k"]
+    assert [list(d.cdi_device_ids) for d in again.devices] == [
+        ["gpuops.k8s/gpu=uid-k-gpu-0"],
+        ["gpuops.k8s/gpu=uid-k-gpu-1"],
+    ]
+    thief = dra.allocate("thief", "uid-t", ["gpu-1"])
+    assert "already prepared for ResourceClaim default/kept" in dra.kubelet.prepare(DRIVER, [thief])["uid-t"].error
+    # The device of the dropped claim is free again.
+    new = dra.allocate("new", "uid-n", ["gpu-2"])
+    assert dra.kubelet.prepare(DRIVER, [new])["uid-n"].error == ""
+
+
+def test_restart_keeps_claims_when_the_api_server_cannot_be_asked(dra):
+    dra.start()
+    claim = dra.allocate("kept", "uid-k", ["gpu-0"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-k"].error == ""
+    dra.stop_daemons()
+    dra.claims.delete("default", "kept")
+    dra.claims.unreachable = True
+    dra.start()
+    assert os.listdir(dra.cdi) == ["gpuops.k8s-gpu_uid-k.json"]
+    assert dra.kubelet.unprepare(DRIVER, [claim]) == {"uid-k": ""}
+    assert os.listdir(dra.cdi) == []
+
+
+def test_specs_of_no_prepared_claim_are_removed_at_start(dra):
+    with open(os.path.join(dra.cdi, "gpuops.k8s-gpu_uid-orphan.json"), "w") as handle:
+        handle.write("{}")
+    with open(os.path.join(dra.cdi, "other-vendor.json"), "w") as handle:
+        handle.write("{}")
+    dra.start()
+    assert os.listdir(dra.cdi) == ["other-vendor.json"]
+
+
+def test_a_corrupt_checkpoint_is_set_aside_and_the_claims_are_rebuilt_from_the_cdi_specs(dra, caplog):
+    dra.start()
+    claim = dra.allocate("held", "uid-h", ["gpu-4"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-h"].error == ""
+    dra.stop_daemons()
+    with open(dra.checkpoint, "r+", encoding="utf-8") as handle:
+        text = handle.read().replace("gpu-4", "gpu-5")  # edited by hand: the checksum no longer matches
+        handle.seek(0)
+        handle.write(text)
+    with caplog.at_level(logging.ERROR, logger="gpu_device_plugin"):
+        dra.start()
+    sentences = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+    assert len(sentences) == 1 and "checksum does not match" in sentences[0] and "moved to" in sentences[0]
+    aside = [n for n in os.listdir(dra.plugin_dir) if n.startswith("checkpoint.json.corrupt-")]
+    assert len(aside) == 1
+    # Rebuilt from the spec: gpu-4 (not the edited gpu-5) is held by the claim.
+    thief = dra.allocate("thief", "uid-t", ["gpu-4"])
+    assert "default/held (UID uid-h)" in dra.kubelet.prepare(DRIVER, [thief])["uid-t"].error
+    assert dra.kubelet.unprepare(DRIVER, [claim]) == {"uid-h": ""}
+    assert os.listdir(dra.cdi) == []
+
+
+def test_garbage_in_the_checkpoint_still_lets_the_daemon_serve(dra):
+    os.makedirs(dra.plugin_dir)
+    with open(dra.checkpoint, "w") as handle:
+        handle.write("{not json")
+    dra.start()
+    claim = dra.allocate("fresh", "uid-f", ["gpu-0"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-f"].error == ""
+    with open(dra.checkpoint, encoding="utf-8") as handle:
+        assert sorted(json.load(handle)["claims"]) == ["uid-f"]
+
+
+def test_dra_mode_does_not_register_the_device_plugin(dra):
+    kubelet = KubeletDouble(os.path.join(dra.dp_dir, "kubelet.sock"))
+    kubelet.start()
+    try:
+        dra.start()
+        assert not kubelet.wait(lambda: bool(kubelet.registrations), timeout=0.5)
+        assert os.listdir(dra.dp_dir) == ["kubelet.sock"]
+    finally:
+        kubelet.stop()
+
+
+def test_device_plugin_mode_does_not_register_the_dra_plugin(node, dra):
+    settings = make_config(
+        node.kubelet_socket, node.spec, plugin_registry_dir=dra.registry, kubelet_plugins_dir=dra.plugins
+    )
+    daemon = DaemonThread(settings, api_side=lambda _c: pytest.fail("device-plugin mode asked for the API side"))
+    daemon.start()
+    try:
+        assert node.kubelet.wait(lambda: node.kubelet.registered("nvidia.com/gpu") == 1)
+        assert os.listdir(dra.registry) == [] and os.listdir(dra.plugins) == []
+    finally:
+        daemon.stop()
+
+
+def test_dra_mode_needs_the_node_name():
+    with pytest.raises(config.ConfigError, match="needs the node's name"):
+        config.resolve({"allocation_mode": "dra", "backend": "simulated", "simulated_spec": "x"}, {})
+    settings = config.resolve(
+        {"backend": "simulated", "simulated_spec": "x"},
+        {"GPU_DEVICE_PLUGIN_ALLOCATION_MODE": "dra", "NODE_NAME": "n1", "GPU_DEVICE_PLUGIN_CDI_DIR": "/x/cdi"},
+    )
+    assert (settings.allocation_mode, settings.node_name, settings.cdi_dir) == ("dra", "n1", "/x/cdi")
+    assert settings.registration_socket == "/var/lib/kubelet/plugins_registry/gpu.gpuops.k8s-reg.sock"
+    assert settings.dra_socket == "/var/lib/kubelet/plugins/gpu.gpuops.k8s/dra.sock"
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"allocation_mode": "both"}, "allocation mode must be device-plugin or dra"),
+        ({"driver_name": "nvidia.com/gpu"}, "driver name must be a lowercase DNS subdomain"),
+        ({"driver_name": "gpu"}, "driver name must be a lowercase DNS subdomain"),
+    ],
+)
+def test_bad_dra_settings_are_one_sentence(values, words):
+    with pytest.raises(config.ConfigError, match=words):
+        config.resolve({"backend": "simulated", "simulated_spec": "x", "node_name": "n", **values}, {})
+
+
+def test_the_config_file_and_flags_set_the_dra_settings(tmp_path):
+    from gpu_device_plugin import cli
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "version: v1\ngpuops:\n  allocationMode: dra\n  driverName: gpu.example.org\n  nodeName: n2\n"
+        "  cdiDir: /etc/cdi\n  pluginRegistryDir: /r\n  kubeletPluginsDir: /p\n  kubeconfig: /k\n"
+    )
+    args = cli.parser().parse_args(["--config-file", str(path), "--node-name", "n3", "--backend", "nvml"])
+    settings = cli.load_config(args, {})
+    assert (settings.allocation_mode, settings.driver_name, settings.node_name) == ("dra", "gpu.example.org", "n3")
+    assert (settings.cdi_dir, settings.kubeconfig, settings.dra_socket) == (
+        "/etc/cdi",
+        "/k",
+        "/p/gpu.example.org/dra.sock",
+    )
+    args = cli.parser().parse_args(["--allocation-mode", "device-plugin"])
+    assert cli.load_config(args, {}).allocation_mode == "device-plugin"
+
+
+def test_without_the_api_side_dra_mode_stops_with_one_sentence(dra, caplog):
+    def missing(_config):
+        raise ImportError("No module named 'gpu_device_plugin.dra.kubeapi'")
+
+    daemon = DaemonThread(dra.settings(), api_side=missing)
+    with caplog.at_level(logging.ERROR, logger="gpu_device_plugin"):
+        daemon.start()
+        assert daemon.wait_exit() == 1
+    assert any("dra mode needs the API server client" in r.getMessage() for r in caplog.records)
+    assert os.listdir(dra.registry) == []
