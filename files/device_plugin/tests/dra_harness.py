@@ -67,7 +67,8 @@ class DraNodeFixture:
         daemon.start()
         self.daemons.append(daemon)
         if wait_registered:
-            assert self.kubelet.wait(lambda: self.kubelet.registered(DRIVER) > before), "the plugin did not register"
+            registered = self.kubelet.wait(lambda: self.kubelet.registered(DRIVER) > before, timeout=15)
+            assert registered, f"the plugin did not register (plugin-watcher double: {self.kubelet.errors})"
         return daemon
 
     def stop_daemons(self) -> None:

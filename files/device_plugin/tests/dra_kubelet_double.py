@@ -78,7 +78,7 @@ class HealthWatch:
         except grpc.RpcError:
             pass
 
-    def wait(self, predicate: Callable[[dict[str, tuple[str, str]]], bool], timeout: float = 5.0) -> bool:
+    def wait(self, predicate: Callable[[dict[str, tuple[str, str]]], bool], timeout: float = 10.0) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: bool(self.updates) and predicate(self.updates[-1]), timeout)
 
@@ -127,23 +127,30 @@ class PluginWatcherDouble:
     def _register(self, path: str) -> None:
         with grpc.insecure_channel("unix:" + path) as channel:
             stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
-            try:
-                # The socket file exists from bind() on, before the plugin listens: wait for it, as the
-                # kubelet's reconciler retries.
-                info = stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=5, wait_for_ready=True)
-            except grpc.RpcError as exc:
-                with self.cond:
-                    self.errors.append(f"GetInfo on {path}: {exc.code().name}")
-                return
+            # The socket file exists from bind() on, before the plugin listens: try again a few times, as
+            # the kubelet's reconciler does.
+            for attempt in range(5):
+                try:
+                    info = stub.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=2, wait_for_ready=True)
+                    break
+                except grpc.RpcError as exc:
+                    if attempt == 4 or self._stop.wait(0.2):
+                        with self.cond:
+                            self.errors.append(f"GetInfo on {path}: {exc.code().name}")
+                            self.cond.notify_all()
+                        return
             chosen = next((s for s in info.supported_versions if s in KNOWN_SERVICES), None)
             error = ""
             if info.type != "DRAPlugin":
                 error = f"unexpected plugin type {info.type!r}"
             elif chosen is None:
                 error = f"none of {list(info.supported_versions)} is supported"
-            stub.NotifyRegistrationStatus(
-                pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=not error, error=error), timeout=5
-            )
+            try:
+                stub.NotifyRegistrationStatus(
+                    pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=not error, error=error), timeout=5
+                )
+            except grpc.RpcError as exc:
+                error = error or f"NotifyRegistrationStatus on {path}: {exc.code().name}"
         with self.cond:
             if error:
                 self.errors.append(error)
@@ -163,7 +170,8 @@ class PluginWatcherDouble:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(5)
+            self._thread.join(15)
+            assert not self._thread.is_alive(), "the plugin-watcher double did not stop"
         for stream in self._watches:
             stream.cancel()
         self._watches.clear()

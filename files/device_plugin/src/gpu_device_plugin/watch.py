@@ -31,11 +31,20 @@ class Event(NamedTuple):
     name: str
 
 
+def _libc() -> ctypes.CDLL:
+    # The interpreter's own symbols include libc's where it is linked dynamically: no lookup. The lookup
+    # (find_library) runs ldconfig in a child process, and forking while gRPC threads work can crash.
+    own = ctypes.CDLL(None, use_errno=True)
+    if hasattr(own, "inotify_init1"):
+        return own
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 class Inotify:
     """An inotify instance; `fd` is non-blocking, for `loop.add_reader`."""
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = _libc()
         self._add_watch = libc.inotify_add_watch
         self._add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         self._rm_watch = libc.inotify_rm_watch

@@ -93,12 +93,12 @@ class DraNode:
         self.dra_server = plugin.dra_server(self.config.dra_socket, service, self._health)
         self.reg_server = plugin.registration_server(self.config.registration_socket, self.registrar)
         try:
-            await self.dra_server.start()
-            await self.reg_server.start()
             for directory in (self.config.dra_plugin_dir, self.config.plugin_registry_dir):
                 watcher = registration.KubeletWatcher(directory, self._on_dir_event)
                 watcher.start(loop)
                 self._watchers.append(watcher)
+            await self.dra_server.start()
+            await self.reg_server.start()
         except (plugin.ServeError, OSError) as exc:
             log.error(str(exc))
             await self.stop()
