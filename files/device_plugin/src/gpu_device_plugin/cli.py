@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from gpu_device_plugin import __version__, config
 from gpu_device_plugin import log as logsetup
 from gpu_device_plugin.daemon import Daemon
+from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME
 
 log = logging.getLogger("gpu_device_plugin")
 
@@ -77,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
         choices=config.ALLOCATION_MODES,
         help="device-plugin (default): the device-plugin API; dra: a DRA kubelet plugin instead",
     )
-    p.add_argument("--driver-name", help=f"dra: the DRA driver name (default {config.DEFAULT_DRIVER_NAME})")
+    p.add_argument("--driver-name", help=f"dra: the DRA driver name (default {DEFAULT_DRIVER_NAME})")
     p.add_argument("--plugin-registry-dir", help="dra: the kubelet's plugin-watcher directory")
     p.add_argument("--kubelet-plugins-dir", help="dra: the DRA socket goes in <this>/<driver name>/dra.sock")
     p.add_argument("--cdi-dir", help="dra: where per-claim CDI specs are written (default /var/run/cdi)")

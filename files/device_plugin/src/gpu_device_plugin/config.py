@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
-from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME as DEFAULT_DRIVER_NAME
+from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME
 
 MIG_STRATEGIES = ("none", "single", "mixed")
 LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri", "mounts")

@@ -106,8 +106,11 @@ class Checkpoint:
         except OSError:
             aside = "(could not be renamed)"
         log.error(
-            f"the checkpoint of prepared claims {self.path} is corrupt because {why}; it was moved to {aside}"
+            "the checkpoint of prepared claims %s is corrupt because %s; it was moved to %s"
             " and the prepared claims are rebuilt from the CDI specs on disk",
+            self.path,
+            why,
+            aside,
             extra={"checkpoint": self.path, "moved_to": aside},
         )
         return None

@@ -72,15 +72,15 @@ class DraNode:
         try:
             os.makedirs(self.config.dra_plugin_dir, exist_ok=True)
         except OSError as exc:
-            log.error(f"cannot create the DRA plugin directory {self.config.dra_plugin_dir}: {exc.strerror or exc}")
+            log.error("cannot create the DRA plugin directory %s: %s", self.config.dra_plugin_dir, exc.strerror or exc)
             return False
         try:
             self.reader, self.publisher = self.api_side(self.config)
         except ImportError as exc:
-            log.error(f"dra mode needs the API server client, which cannot be loaded: {exc}")
+            log.error("dra mode needs the API server client, which cannot be loaded: %s", exc)
             return False
         except (OSError, ValueError) as exc:
-            log.error(f"dra mode cannot reach the API server: {exc}")
+            log.error("dra mode cannot reach the API server: %s", exc)
             return False
         self.preparer.load()
         await loop.run_in_executor(None, self.preparer.reconcile, self.reader)
@@ -123,7 +123,7 @@ class DraNode:
                 try:
                     await server.restart()
                 except plugin.ServeError as exc:
-                    log.error(f"{exc}; retrying in 1 s")
+                    log.error("%s; retrying in 1 s", exc)
                     asyncio.get_running_loop().call_later(1.0, self._kick.set)
 
     def serving(self) -> bool:

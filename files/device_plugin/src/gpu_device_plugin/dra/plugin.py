@@ -224,7 +224,7 @@ class SocketServer:
             os.umask(old_umask)
         os.chmod(self.socket_path, stat.S_IRUSR | stat.S_IWUSR)
         self._server = server
-        log.info(f"serving {self.what}", extra={"socket": self.socket_path})
+        log.info("serving %s", self.what, extra={"socket": self.socket_path})
 
     def socket_is_ours(self) -> bool:
         return self._server is not None and os.path.exists(self.socket_path)
