@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
+# Tests start daemon subprocesses (fork, then exec) while gRPC servers and channels of the test process
+# are busy in other threads; gRPC's fork handlers then give up and the child can abort before it execs.
+# The child never uses the parent's gRPC state, so the handlers are switched off (set before grpc loads).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLUGIN = os.path.dirname(HERE)  # regenerate_stubs.py, lower_bounds.py, pyproject.toml
 SRC = os.path.join(PLUGIN, "src")
