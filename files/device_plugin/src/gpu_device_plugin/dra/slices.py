@@ -190,6 +190,7 @@ class ResourceSlices:
         self._lock = threading.Lock()
         self._wanted: Optional[tuple[Sequence[DraDevice], frozenset[str], Inventory]] = None
         self._node_uid: Optional[str] = None
+        self._generation = 0  # the last pool generation written
 
     def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str], inventory: Inventory) -> bool:
         """Make the pool hold these devices; True when anything was written (the generation is then
@@ -266,7 +267,8 @@ class ResourceSlices:
         pieces = chunks(_keep_taint_times(self._wanted_devices(), current_devices))
         if self._up_to_date(current, pieces, owner):
             return False
-        generation = 1 + max((int(s["spec"]["pool"].get("generation", 0)) for s in current), default=0)
+        # Never back: a pool wiped and published again continues from the last generation written.
+        generation = 1 + max([self._generation, *(int(s["spec"]["pool"].get("generation", 0)) for s in current)])
         pool = {"name": self.node_name, "generation": generation, "resourceSliceCount": len(pieces)}
         for index, devices in enumerate(pieces):
             spec = {"driver": self.driver, "nodeName": self.node_name, "pool": pool, "devices": devices}
@@ -284,6 +286,7 @@ class ResourceSlices:
                 "ResourceSlice written",
                 extra={"slice": name, "node": self.node_name, "generation": generation, "devices": len(devices)},
             )
+        self._generation = generation
         for extra in current[len(pieces) :]:
             self.api.delete_resource_slice(extra["metadata"]["name"])
             self.writes += 1
