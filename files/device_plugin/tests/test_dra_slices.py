@@ -10,8 +10,6 @@ import os
 import re
 
 import pytest
-from harness import FIXTURES
-
 from gpu_device_plugin import simspec
 from gpu_device_plugin.dra.devices import dra_devices
 from gpu_device_plugin.dra.kubeapi import KubeApi, KubeApiError, claim_to_v1, slice_from_v1, slice_to_v1
@@ -24,9 +22,11 @@ from gpu_device_plugin.dra.slices import (
     semver,
     wanted_devices,
 )
+from harness import FIXTURES
 
 DRIVER = "gpu.gpuops.k8s"
-QUALIFIED = re.compile(r"^(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z_][A-Za-z0-9_]*$")
+LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+QUALIFIED = re.compile(rf"^(?:{LABEL}(?:\.{LABEL})*/)?[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _inventory(name):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from typing import Any, Mapping, Optional, Sequence
 
 from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME, DraDevice
@@ -227,13 +228,18 @@ class ResourceSlices:
         return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self._node_uid, "controller": True}
 
     def _sync(self) -> bool:
-        for attempt in range(3):
+        attempt, attempts = 0, 3
+        while True:
+            attempt += 1
             try:
                 written = self._sync_once()
             except KubeApiError as exc:
-                if exc.status != 409:  # someone else wrote in between: read again and retry
+                # 409: someone else wrote in between. 403 on a slice just created: the Node authorizer
+                # learns of new slices from a watch, a moment after they exist. Read again and retry.
+                if exc.status not in (403, 409) or attempt == attempts:
                     raise
-                log.info("ResourceSlice changed while being written; reading it again", extra={"attempt": attempt + 1})
+                log.info("ResourceSlice write refused; reading again", extra={"reason": str(exc), "attempt": attempt})
+                time.sleep(0.5 * attempt)
                 continue
             if written and self.taints and not self._server_kept_taints():
                 log.warning(
@@ -244,7 +250,6 @@ class ResourceSlices:
                 self.taints = False
                 self._sync_once()
             return written
-        raise KubeApiError(f"cannot publish the ResourceSlices of node {self.node_name}: they kept changing under us.")
 
     def _server_kept_taints(self) -> bool:
         wanted = self._wanted_devices()
