@@ -452,6 +452,9 @@ def test_the_node_reads_only_the_claims_of_its_own_pods(cluster, namespace):
         f"cannot get ResourceClaim {NAMESPACE}/node-claim: the API server answered 403 Forbidden: "
         f'resourceclaims.resource.k8s.io "node-claim" is forbidden: User "system:node:{NODE}" cannot get resource'
     )
+    with pytest.raises(KubeApiError) as absent:
+        node_api.get_resource_claim(NAMESPACE, "no-such-claim")
+    assert absent.value.status == 403, "to a node, a claim that does not exist is one it may not read"
     # A pod bound to the node that uses the claim: the Node authorizer now lets the node read it.
     cluster["core"].create_namespaced_pod(
         NAMESPACE,
