@@ -23,9 +23,9 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME, DraDevice
+from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME, ClaimReader, DraDevice, SlicePublisher
 from gpu_device_plugin.dra.kubeapi import KubeApi, KubeApiError
 from gpu_device_plugin.inventory import Inventory
 
@@ -315,3 +315,10 @@ class ResourceSlices:
             ):
                 return False
         return True
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_contract(slices: ResourceSlices, api: KubeApi) -> tuple[SlicePublisher, ClaimReader]:
+        """mypy checks here that the two classes are what the kubelet side expects."""
+        return slices, api
