@@ -13,9 +13,11 @@ Ports (etcd 37379/37380, kube-apiserver 37443 and 37444) and directories are thi
 from __future__ import annotations
 
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -58,15 +60,16 @@ def _port_open(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _kubeconfig(path, port, token):
+def _kubeconfig(path, port, token, ca=None):
+    """A kubeconfig for one identity; `ca`: the apiserver's self-signed certificate, which the client
+    then verifies; without one (a server that is down has none to give) TLS is not verified."""
+    trust = {"certificate-authority": str(ca)} if ca else {"insecure-skip-tls-verify": True}
     path.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [
-                    {"name": "t", "cluster": {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}}
-                ],
+                "clusters": [{"name": "t", "cluster": {"server": f"https://127.0.0.1:{port}", **trust}}],
                 "users": [{"name": "t", "user": {"token": token}}],
                 "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
                 "current-context": "t",
@@ -130,7 +133,7 @@ class ControlPlane:
         )
         _wait("etcd", lambda: _port_open(ETCD_PORT), 60)
 
-    def apiserver(self, name, port, *extra):
+    def apiserver(self, name, port, *extra, node_authorizer=True):
         proc = self.start(
             name,
             [
@@ -139,11 +142,17 @@ class ControlPlane:
                 f"--etcd-prefix=/{name}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # Since 1.37 the kubernetes Service's endpoint may not be a loopback address; no pod
+                # needs that Service here.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={port}",
                 f"--cert-dir={self.work / name}",
                 f"--token-auth-file={self.work / 'tokens.csv'}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
+                *(
+                    ["--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction"]
+                    if node_authorizer
+                    else ["--authorization-mode=RBAC"]
+                ),
                 f"--service-account-key-file={self.work / 'sa.pub'}",
                 f"--service-account-signing-key-file={self.work / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc",
@@ -151,22 +160,28 @@ class ControlPlane:
                 *extra,
             ],
         )
-        admin = config.new_client_from_config(_kubeconfig(self.work / f"{name}-admin.conf", port, ADMIN_TOKEN))
-        core = client.CoreV1Api(admin)
 
         def ready():
+            # /readyz: serving, and the bootstrap RBAC (discovery for every user) in place.
             assert proc.poll() is None, (self.work / f"{name}.log").read_text()[-3000:]
+            request = urllib.request.Request(
+                f"https://127.0.0.1:{port}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            )
             try:
-                core.list_namespace(limit=1)
-                client.CustomObjectsApi(admin).get_api_resources(GROUP, "v1beta1" if "beta" in name else "v1")
-                return True
-            except Exception:
+                with urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=5) as answer:
+                    return answer.status == 200
+            except OSError:
                 return False
 
         _wait(f"{name} on port {port}", ready, 180)
+        admin = config.new_client_from_config(self.kubeconfig(name, port, ADMIN_TOKEN, f"{name}-admin.conf"))
+        core = client.CoreV1Api(admin)
         for node in (NODE, OTHER):
             core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
         return admin
+
+    def kubeconfig(self, name, port, token, filename):
+        return _kubeconfig(self.work / filename, port, token, self.work / name / "apiserver.crt")
 
     def stop(self):
         for proc in reversed(self.procs):
@@ -200,7 +215,7 @@ def cluster(plane):
         "custom": client.CustomObjectsApi(admin),
         "core": client.CoreV1Api(admin),
         "admin_kubeconfig": str(plane.work / "apiserver-admin.conf"),
-        "node_kubeconfig": _kubeconfig(plane.work / "node-a.conf", API_PORT, NODE_TOKEN),
+        "node_kubeconfig": plane.kubeconfig("apiserver", API_PORT, NODE_TOKEN, "node-a.conf"),
     }
 
 
@@ -319,9 +334,8 @@ def test_a_deleted_slice_is_recreated_by_reconcile(cluster, publisher):
     publisher.publish(dra_devices(inventory), frozenset(), inventory)
     (published,) = _slices(cluster)
     # What the kubelet does when it starts: delete every slice of its node.
-    cluster["custom"].delete_collection_cluster_custom_object(
-        GROUP, "v1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
-    )
+    for item in _slices(cluster):
+        cluster["custom"].delete_cluster_custom_object(GROUP, "v1", "resourceslices", item["metadata"]["name"])
     assert _slices(cluster) == []
     assert publisher.reconcile() is True
     (recreated,) = _slices(cluster)
@@ -525,8 +539,8 @@ def test_a_node_manages_its_own_slices_and_no_other_nodes(cluster, publisher):
         node_api.create_resource_slice(body)
     assert str(create.value) == (
         f"cannot create a ResourceSlice for node {OTHER}: the API server answered 403 Forbidden: "
-        f"resourceslices.resource.k8s.io is forbidden: can only create ResourceSlice with the same NodeName as the "
-        f"requesting node, expected {NODE}, got {OTHER}."
+        f'resourceslices.resource.k8s.io "{OTHER}-" is forbidden: can only create ResourceSlice with the same '
+        "NodeName as the requesting node."
     )
 
     admin_slices = ResourceSlices(KubeApi(cluster["admin_kubeconfig"]), OTHER, DRIVER)
@@ -545,28 +559,43 @@ def test_a_node_manages_its_own_slices_and_no_other_nodes(cluster, publisher):
     admin_slices.delete_all()
 
 
-def test_a_server_serving_only_v1beta1_gets_the_same_pool(plane, cluster):
+def test_a_server_serving_only_v1beta1_without_device_taints_gets_the_same_pool(plane, cluster):
     """The same publisher and claim reader against a server where resource.k8s.io/v1 is switched off
-    and v1beta1 (the shape with `basic` and requests without `exactly`) is on."""
+    and v1beta1 (the shape with `basic` and requests without `exactly`) is on, and device taints are
+    off, as on Kubernetes 1.34 and 1.35: the unhealthy GPU is left out of the pool instead. (The
+    1.37 Node authorizer watches v1 ResourceSlices, so this server runs RBAC alone and the client is
+    an administrator.)"""
     admin = plane.apiserver(
-        "beta-apiserver", BETA_API_PORT, "--runtime-config=resource.k8s.io/v1=false,resource.k8s.io/v1beta1=true"
+        "beta-apiserver",
+        BETA_API_PORT,
+        "--runtime-config=resource.k8s.io/v1=false,resource.k8s.io/v1beta1=true",
+        "--feature-gates=DRADeviceTaints=false,DRADeviceTaintRules=false",
+        node_authorizer=False,
     )
     custom = client.CustomObjectsApi(admin)
-    node_api = KubeApi(_kubeconfig(plane.work / "node-a-beta.conf", BETA_API_PORT, NODE_TOKEN))
+    node_api = KubeApi(str(plane.work / "beta-apiserver-admin.conf"))
     assert node_api.probe() == "v1beta1"
     inventory = _inventory("h100x8.yaml")
     slices = ResourceSlices(node_api, NODE, DRIVER)
     assert slices.publish(dra_devices(inventory), frozenset({"gpu-5"}), inventory) is True
+    assert slices.taints is False
     (stored,) = custom.list_cluster_custom_object(
         GROUP, "v1beta1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
     )["items"]
-    assert stored["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    assert stored["spec"]["pool"]["name"] == NODE and stored["spec"]["pool"]["resourceSliceCount"] == 1
+    assert [d["name"] for d in stored["spec"]["devices"]] == [f"gpu-{i}" for i in range(8) if i != 5]
     first = stored["spec"]["devices"][0]
     assert set(first) == {"name", "basic"}
     assert first["basic"]["capacity"] == {"memory": {"value": "81559Mi"}}
     assert first["basic"]["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
-    assert stored["spec"]["devices"][5]["basic"]["taints"][0]["effect"] == "NoSchedule"
     assert slices.publish(dra_devices(inventory), frozenset({"gpu-5"}), inventory) is False
+    assert slices.publish(dra_devices(inventory), frozenset(), inventory) is True
+    (recovered,) = custom.list_cluster_custom_object(
+        GROUP, "v1beta1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
+    )["items"]
+    assert len(recovered["spec"]["devices"]) == 8
+    assert recovered["spec"]["pool"]["generation"] > stored["spec"]["pool"]["generation"]
+
     custom.create_namespaced_custom_object(
         GROUP,
         "v1beta1",
@@ -575,5 +604,7 @@ def test_a_server_serving_only_v1beta1_gets_the_same_pool(plane, cluster):
         {"metadata": {"name": "beta"}, "spec": {"devices": {"requests": [{"name": "r", "deviceClassName": "c"}]}}},
     )
     claim = KubeApi(str(plane.work / "beta-apiserver-admin.conf")).get_resource_claim("default", "beta")
-    assert claim["spec"]["devices"]["requests"][0]["name"] == "r"
-    assert claim["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == "c"
+    assert claim["apiVersion"] == f"{GROUP}/v1"
+    assert claim["spec"]["devices"]["requests"] == [
+        {"name": "r", "exactly": {"deviceClassName": "c", "allocationMode": "ExactCount", "count": 1}}
+    ]

@@ -226,6 +226,12 @@ class InMemoryApiDouble:
         self.slices.pop(name, None)
 
 
+def _only(values):
+    values = list(values)
+    assert len(values) == 1, values
+    return values[0]
+
+
 def _generations(api):
     return sorted(s["spec"]["pool"]["generation"] for s in api.slices.values())
 
@@ -237,7 +243,7 @@ def test_the_generation_moves_on_every_change_and_only_then():
     slices = ResourceSlices(api, "node-a", DRIVER)
     assert slices.publish(devices, frozenset(), inventory) is True
     assert _generations(api) == [1] and slices.writes == 1
-    (stored,) = api.slices.values()
+    stored = _only(api.slices.values())
     assert stored["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
     assert stored["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-uid-1", "controller": True}
@@ -254,7 +260,7 @@ def test_the_generation_moves_on_every_change_and_only_then():
     assert _generations(api) == [3], "a pool published again continues from the last generation"
     assert slices.publish(devices[:4], frozenset(), inventory) is True
     assert _generations(api) == [4]
-    (stored,) = api.slices.values()
+    stored = _only(api.slices.values())
     assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 
 
@@ -278,7 +284,7 @@ def test_a_server_that_drops_taints_gets_the_unhealthy_devices_left_out():
     api = InMemoryApiDouble(drop_taints=True)
     slices = ResourceSlices(api, "node-a", DRIVER)
     slices.publish(dra_devices(inventory), frozenset({"gpu-1"}), inventory)
-    (stored,) = api.slices.values()
+    stored = _only(api.slices.values())
     assert [d["name"] for d in stored["spec"]["devices"]] == [f"gpu-{i}" for i in range(8) if i != 1]
     assert slices.taints is False
     assert slices.publish(dra_devices(inventory), frozenset({"gpu-1"}), inventory) is False

@@ -52,7 +52,7 @@ def _server_message(body: Any) -> str:
         except ValueError:
             return body.strip()[:300]
         if isinstance(status, dict) and status.get("message"):
-            return str(status["message"])
+            return str(status["message"]).strip().rstrip(".")
     return ""
 
 
