@@ -179,13 +179,14 @@ class InMemoryApiDouble:
     device taints as a server with DRADeviceTaints off does, or failing the next update with 409."""
 
     def __init__(self, drop_taints=False):
+        self.node_uid = "node-uid-1"
         self.slices = {}
         self.drop_taints = drop_taints
         self.conflicts = 0
         self._serial = 0
 
     def get_node(self, name):
-        return {"metadata": {"name": name, "uid": "node-uid-1"}}
+        return {"metadata": {"name": name, "uid": self.node_uid}}
 
     def list_resource_slices(self, node_name, driver):
         return [
@@ -262,6 +263,16 @@ def test_the_generation_moves_on_every_change_and_only_then():
     assert _generations(api) == [4]
     stored = _only(api.slices.values())
     assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_a_node_registered_again_gets_its_slices_owned_by_the_new_node_object():
+    inventory = _inventory("h100x8.yaml")
+    api = InMemoryApiDouble()
+    slices = ResourceSlices(api, "node-a", DRIVER)
+    slices.publish(dra_devices(inventory), frozenset(), inventory)
+    api.node_uid = "node-uid-2"
+    assert slices.reconcile() is True
+    assert _only(api.slices.values())["metadata"]["ownerReferences"][0]["uid"] == "node-uid-2"
 
 
 def test_a_pool_over_many_slices_is_counted_and_shrinks():

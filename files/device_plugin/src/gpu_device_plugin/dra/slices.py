@@ -190,7 +190,6 @@ class ResourceSlices:
         self.writes = 0  # slices created, updated or deleted so far
         self._lock = threading.Lock()
         self._wanted: Optional[tuple[Sequence[DraDevice], frozenset[str], Inventory]] = None
-        self._node_uid: Optional[str] = None
         self._generation = 0  # the last pool generation written
 
     def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str], inventory: Inventory) -> bool:
@@ -218,14 +217,15 @@ class ResourceSlices:
 
     # -- internals -------------------------------------------------------------------------------
     def _owner(self) -> dict[str, Any]:
-        if self._node_uid is None:
-            node = self.api.get_node(self.node_name)
-            if node is None:
-                raise KubeApiError(
-                    f"cannot publish ResourceSlices for node {self.node_name}: the Node object does not exist.", 404
-                )
-            self._node_uid = str(node["metadata"]["uid"])
-        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self._node_uid, "controller": True}
+        # Read every time: a Node deleted and registered again has a new UID, and slices owned by the
+        # old one would be garbage-collected.
+        node = self.api.get_node(self.node_name)
+        if node is None:
+            raise KubeApiError(
+                f"cannot publish ResourceSlices for node {self.node_name}: the Node object does not exist.", 404
+            )
+        uid = str(node["metadata"]["uid"])
+        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid, "controller": True}
 
     def _sync(self) -> bool:
         attempt, attempts = 0, 3
