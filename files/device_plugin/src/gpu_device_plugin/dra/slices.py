@@ -194,7 +194,7 @@ class ResourceSlices:
 
     def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str], inventory: Inventory) -> bool:
         """Make the pool hold these devices; True when anything was written (the generation is then
-        bumped)."""
+        bumped). When it raises, the devices are still remembered and the next `reconcile` tries again."""
         with self._lock:
             self._wanted = (tuple(devices), frozenset(unhealthy), inventory)
             return self._sync()
