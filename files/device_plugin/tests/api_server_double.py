@@ -65,12 +65,21 @@ class SlicePublisherDouble:
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], frozenset[str]]] = []
         self.deleted = 0
+        self.reconciles = 0
+        self.reconcile_error: Optional[OSError] = None
         self._lock = threading.Lock()
 
     def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str], inventory: Inventory) -> bool:
         with self._lock:
             self.calls.append(([d.name for d in devices], frozenset(unhealthy)))
         return True
+
+    def reconcile(self) -> bool:
+        with self._lock:
+            self.reconciles += 1
+        if self.reconcile_error is not None:
+            raise self.reconcile_error
+        return False
 
     def delete_all(self) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ import shutil
 import pytest
 from api_server_double import DRIVER
 from gpu_device_plugin import config
-from harness import DaemonThread, KubeletDouble, make_config
+from harness import DaemonThread, KubeletDouble, make_config, wait_until
 
 
 def test_restart_rewrites_the_cdi_specs_a_reboot_removed_and_drops_claims_that_are_gone(dra):
@@ -180,3 +180,21 @@ def test_without_the_api_side_dra_mode_stops_with_one_sentence(dra, caplog):
         assert daemon.wait_exit() == 1
     assert any("dra mode needs the API server client" in r.getMessage() for r in caplog.records)
     assert os.listdir(dra.registry) == []
+
+
+def test_the_slices_are_reconciled_periodically_and_a_failing_reconcile_keeps_the_daemon_serving(
+    dra, monkeypatch, caplog
+):
+    from gpu_device_plugin.dra import node
+
+    monkeypatch.setattr(node, "SLICE_RECONCILE_SECONDS", 0.05)
+    dra.publisher.reconcile_error = ConnectionRefusedError(111, "API server away")
+    dra.start()
+    assert wait_until(lambda: dra.publisher.reconciles >= 2, timeout=10)
+    assert "cannot reconcile the node's ResourceSlices" in caplog.text
+    # Still serving: a claim is prepared while reconciles keep failing.
+    claim = dra.allocate("during", "uid-d", ["gpu-0"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-d"].error == ""
+    dra.publisher.reconcile_error = None
+    seen = dra.publisher.reconciles
+    assert wait_until(lambda: dra.publisher.reconciles >= seen + 2, timeout=10)

@@ -59,7 +59,9 @@ class ClaimReader(Protocol):
     def get_resource_claim(self, namespace: str, name: str) -> Optional[Mapping[str, Any]]:
         """The claim as JSON in the `resource.k8s.io/v1` shape (``status.allocation.devices.results[]``
         with ``driver``, ``pool``, ``device``, ``request``), or None when it does not exist. Raises
-        `OSError` (or a subclass) when the API server cannot be asked."""
+        `OSError` (or a subclass) when the API server cannot be asked or refuses. With the node's own
+        credentials the Node authorizer refuses (403) a claim no pod bound to this node uses, and so
+        also one that no longer exists: `kubeapi.KubeApiError` carries the status."""
 
 
 class SlicePublisher(Protocol):
@@ -68,6 +70,10 @@ class SlicePublisher(Protocol):
     def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str], inventory: Inventory) -> bool:
         """Create or update the slice(s); `unhealthy` holds the device names to mark or leave out. Returns
         whether anything was written (the pool generation is bumped then). Idempotent."""
+
+    def reconcile(self) -> bool:
+        """Publish the last devices given again where the server's slices differ (someone deleted them:
+        the kubelet does when it starts); call it periodically. Returns whether anything was written."""
 
     def delete_all(self) -> None:
         """Delete this driver's slices for this node (switching the node back to device-plugin mode)."""

@@ -25,16 +25,23 @@ from gpu_device_plugin.state import DeviceState
 
 log = logging.getLogger(__name__)
 
+# How often the node's ResourceSlices are compared with the server's and written again where they
+# differ: the kubelet deletes a driver's slices when it starts or the plugin goes, and a publish that
+# failed (API server away) is retried by the same call.
+SLICE_RECONCILE_SECONDS = 10.0
+
 # What the daemon is given to reach the API server: (claim reader, slice publisher) for a configuration.
 ApiSide = Callable[[Config], "tuple[ClaimReader, SlicePublisher]"]
 
 
 def default_api_side(config: Config) -> tuple[ClaimReader, SlicePublisher]:
-    """The API server client and the ResourceSlice publisher of gpu_device_plugin.dra.kubeapi/.slices."""
+    """The API server client (a kubeconfig, or in-cluster credentials when none is set) and the
+    ResourceSlice publisher of this node. The client library is imported here, so device-plugin mode
+    never loads it."""
     kubeapi: Any = importlib.import_module("gpu_device_plugin.dra.kubeapi")
     slices: Any = importlib.import_module("gpu_device_plugin.dra.slices")
-    client = kubeapi.client_from_config(config)
-    return client, slices.SlicePublisher(client, config)
+    client = kubeapi.KubeApi(config.kubeconfig or None)
+    return client, slices.ResourceSlices(client, config.node_name, config.driver_name)
 
 
 class DraNode:
@@ -62,6 +69,7 @@ class DraNode:
         self._watchers: list[registration.KubeletWatcher] = []
         self._kick = asyncio.Event()
         self._task: Optional[asyncio.Task[None]] = None
+        self._reconcile_task: Optional[asyncio.Task[None]] = None
 
     def _devices(self) -> dict[str, DraDevice]:
         return by_name(dra_devices(self.state.inventory))
@@ -104,7 +112,21 @@ class DraNode:
             await self.stop()
             return False
         self._task = asyncio.ensure_future(self._keep_serving())
+        self._reconcile_task = asyncio.ensure_future(self._reconcile_slices())
         return True
+
+    async def _reconcile_slices(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SLICE_RECONCILE_SECONDS)
+            publisher = self.publisher
+            if publisher is None:
+                continue
+            try:
+                if await loop.run_in_executor(None, publisher.reconcile):
+                    log.info("wrote the node's ResourceSlices again (they differed from what the server had)")
+            except OSError as exc:
+                log.warning("cannot reconcile the node's ResourceSlices: %s", exc)
 
     def _on_dir_event(self, name: str, created: bool) -> None:
         ours = {os.path.basename(self.config.dra_socket), os.path.basename(self.config.registration_socket)}
@@ -132,6 +154,8 @@ class DraNode:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self._reconcile_task is not None:
+            self._reconcile_task.cancel()
         for watcher in self._watchers:
             watcher.stop()
         self._watchers.clear()

@@ -1,0 +1,610 @@
+"""The daemon's DRA API side (gpu_device_plugin.dra.kubeapi and .slices) against a real kube-apiserver.
+
+The peer is real: etcd from Debian and kube-apiserver built from the Kubernetes Go modules by
+tests/e2e/build-kubernetes.sh (its default version, cached under $GPUOPS_CACHE), with the Node
+authorizer and the NodeRestriction admission plugin, as a cluster runs them. The daemon's client
+talks to it with a node's identity (system:node:<name> in system:nodes, from a token file this test
+writes), as it does under systemd with the kubelet's credentials. No scheduler, controller-manager or
+kubelet runs: the test writes a claim's allocation through the status subresource as the scheduler
+would, and there is no garbage collector, so the Node owner reference is checked, not acted on.
+Ports (etcd 37379/37380, kube-apiserver 37443 and 37444) and directories are this test's own.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "files/device_plugin/src"))
+
+from gpu_device_plugin import simspec  # noqa: E402
+from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME, dra_devices  # noqa: E402
+from gpu_device_plugin.dra.kubeapi import KubeApi, KubeApiError  # noqa: E402
+from gpu_device_plugin.dra.slices import ResourceSlices  # noqa: E402
+
+ETCD_PORT = 37379
+API_PORT = 37443
+BETA_API_PORT = 37444
+NODE = "dra-api-node-a"
+OTHER = "dra-api-node-b"
+ADMIN_TOKEN = "gpuops-dra-api-test-admin"
+NODE_TOKEN = "gpuops-dra-api-test-node-a"
+DRIVER = DEFAULT_DRIVER_NAME
+GROUP = "resource.k8s.io"
+FIXTURES = ROOT / "tests/fixtures/simulated"
+NAMESPACE = "dra-api-test"
+
+
+def _wait(what, predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _port_open(port):
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _kubeconfig(path, port, token, ca=None):
+    """A kubeconfig for one identity; `ca`: the apiserver's self-signed certificate, which the client
+    then verifies; without one (a server that is down has none to give) TLS is not verified."""
+    trust = {"certificate-authority": str(ca)} if ca else {"insecure-skip-tls-verify": True}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "t", "cluster": {"server": f"https://127.0.0.1:{port}", **trust}}],
+                "users": [{"name": "t", "user": {"token": token}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+                "current-context": "t",
+            }
+        )
+    )
+    return str(path)
+
+
+class ControlPlane:
+    """etcd and kube-apiservers this test starts and stops."""
+
+    def __init__(self, work):
+        self.work = work
+        self.procs = []
+        self.logs = []
+        self.bindir = subprocess.run(
+            [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
+        ).stdout.strip()
+        subprocess.run(
+            [
+                "openssl",
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                str(work / "sa.key"),
+            ],
+            check=True,
+        )
+        subprocess.run(
+            ["openssl", "pkey", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub")], check=True
+        )
+        (work / "tokens.csv").write_text(
+            f'{ADMIN_TOKEN},gpuops-admin,1000,"system:masters"\n{NODE_TOKEN},system:node:{NODE},1001,"system:nodes"\n'
+        )
+
+    def start(self, name, argv):
+        log = open(self.work / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's lifetime
+        self.logs.append(log)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def etcd(self):
+        self.start(
+            "etcd",
+            [
+                "etcd",
+                "--data-dir",
+                str(self.work / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{ETCD_PORT}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{ETCD_PORT}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{ETCD_PORT + 1}",
+            ],
+        )
+        _wait("etcd", lambda: _port_open(ETCD_PORT), 60)
+
+    def apiserver(self, name, port, *extra, node_authorizer=True):
+        proc = self.start(
+            name,
+            [
+                f"{self.bindir}/kube-apiserver",
+                f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
+                f"--etcd-prefix=/{name}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                # Since 1.37 the kubernetes Service's endpoint may not be a loopback address; no pod
+                # needs that Service here.
+                "--endpoint-reconciler-type=none",
+                f"--secure-port={port}",
+                f"--cert-dir={self.work / name}",
+                f"--token-auth-file={self.work / 'tokens.csv'}",
+                *(
+                    ["--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction"]
+                    if node_authorizer
+                    else ["--authorization-mode=RBAC"]
+                ),
+                f"--service-account-key-file={self.work / 'sa.pub'}",
+                f"--service-account-signing-key-file={self.work / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.238.0.0/24",
+                *extra,
+            ],
+        )
+
+        def ready():
+            # /readyz: serving, and the bootstrap RBAC (discovery for every user) in place.
+            assert proc.poll() is None, (self.work / f"{name}.log").read_text()[-3000:]
+            request = urllib.request.Request(
+                f"https://127.0.0.1:{port}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            )
+            try:
+                with urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=5) as answer:
+                    return answer.status == 200
+            except OSError:
+                return False
+
+        _wait(f"{name} on port {port}", ready, 180)
+        admin = config.new_client_from_config(self.kubeconfig(name, port, ADMIN_TOKEN, f"{name}-admin.conf"))
+        core = client.CoreV1Api(admin)
+        for node in (NODE, OTHER):
+            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+        return admin
+
+    def kubeconfig(self, name, port, token, filename):
+        return _kubeconfig(self.work / filename, port, token, self.work / name / "apiserver.crt")
+
+    def stop(self):
+        for proc in reversed(self.procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in self.logs:
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    work = tmp_path_factory.mktemp("dra-api")
+    for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT, BETA_API_PORT):
+        assert not _port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
+    plane = ControlPlane(work)
+    try:
+        plane.etcd()
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(plane):
+    admin = plane.apiserver("apiserver", API_PORT)
+    return {
+        "admin": admin,
+        "custom": client.CustomObjectsApi(admin),
+        "core": client.CoreV1Api(admin),
+        "admin_kubeconfig": str(plane.work / "apiserver-admin.conf"),
+        "node_kubeconfig": plane.kubeconfig("apiserver", API_PORT, NODE_TOKEN, "node-a.conf"),
+    }
+
+
+def _inventory(name):
+    return simspec.load(str(FIXTURES / name))
+
+
+def _slices(cluster, node=NODE):
+    found = cluster["custom"].list_cluster_custom_object(
+        GROUP, "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+    )
+    return found["items"]
+
+
+@pytest.fixture
+def publisher(cluster):
+    """The daemon's publisher for NODE, with NODE's own credentials, on an empty pool."""
+    api = KubeApi(cluster["node_kubeconfig"])
+    slices = ResourceSlices(api, NODE, DRIVER)
+    slices.delete_all()
+    yield slices
+    slices.delete_all()
+    api.close()
+
+
+def _expected_attributes(spec, gpu_index, driver_version, cuda_version):
+    """What the slice must say, derived from the simulated spec's YAML itself."""
+    gpu = spec["gpus"][gpu_index]
+    attributes = {
+        "type": {"string": "gpu"},
+        "index": {"int": gpu_index},
+        "uuid": {"string": gpu["uuid"]},
+        "productName": {"string": gpu["name"]},
+        "architecture": {"string": "hopper"},
+        "pciBusID": {"string": gpu["pci_bus_id"]},
+        "resource.kubernetes.io/pciBusID": {"string": gpu["pci_bus_id"]},
+        "health": {"string": "Healthy"},
+        "cudaComputeCapability": {"version": gpu["compute_capability"] + ".0"},
+        "driverVersion": {"version": driver_version},
+        "cudaDriverVersion": {"version": cuda_version},
+        "numaNode": {"int": gpu["numa_node"]},
+        "resource.kubernetes.io/numaNode": {"int": gpu["numa_node"]},
+    }
+    return attributes
+
+
+def test_the_probe_finds_v1(cluster):
+    api = KubeApi(cluster["node_kubeconfig"])
+    assert api.probe() == "v1"
+    assert api.version == "v1"
+
+
+def test_eight_h100s_are_published_field_by_field_and_a_second_publish_writes_nothing(cluster, publisher):
+    inventory = _inventory("h100x8.yaml")
+    spec = yaml.safe_load((FIXTURES / "h100x8.yaml").read_text())
+    node_uid = cluster["core"].read_node(NODE).metadata.uid
+
+    assert publisher.publish(dra_devices(inventory), frozenset(), inventory) is True
+    (published,) = _slices(cluster)
+    assert published["metadata"]["name"].startswith(f"{NODE}-{DRIVER}-")
+    assert published["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
+    ]
+    assert published["spec"]["driver"] == DRIVER
+    assert published["spec"]["nodeName"] == NODE
+    assert published["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    devices = published["spec"]["devices"]
+    assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(8)]
+    for index, device in enumerate(devices):
+        assert device["attributes"] == _expected_attributes(spec, index, "580.95.5", "13.0.0"), device["name"]
+        assert device["capacity"] == {"memory": {"value": "81559Mi"}}
+        assert "taints" not in device
+
+    version = published["metadata"]["resourceVersion"]
+    writes = publisher.writes
+    assert publisher.publish(dra_devices(inventory), frozenset(), inventory) is False
+    assert publisher.reconcile() is False
+    assert publisher.writes == writes
+    (again,) = _slices(cluster)
+    assert again["metadata"]["resourceVersion"] == version, "an unchanged pool is not written"
+
+
+def test_an_unhealthy_gpu_bumps_the_generation_and_is_tainted_until_it_recovers(cluster, publisher):
+    inventory = _inventory("h100x8.yaml")
+    devices = dra_devices(inventory)
+    publisher.publish(devices, frozenset(), inventory)
+
+    assert publisher.publish(devices, frozenset({"gpu-3"}), inventory) is True
+    (published,) = _slices(cluster)
+    assert published["spec"]["pool"]["generation"] == 2
+    by_name = {d["name"]: d for d in published["spec"]["devices"]}
+    assert by_name["gpu-3"]["attributes"]["health"] == {"string": "Unhealthy"}
+    (taint,) = by_name["gpu-3"]["taints"]
+    assert {k: taint[k] for k in ("key", "value", "effect")} == {
+        "key": f"{DRIVER}/unhealthy",
+        "value": "Unhealthy",
+        "effect": "NoSchedule",
+    }
+    assert taint["timeAdded"], "the server stamps the taint"
+    assert all("taints" not in d for n, d in by_name.items() if n != "gpu-3")
+    assert publisher.taints is True, "this server keeps device taints"
+
+    version = published["metadata"]["resourceVersion"]
+    assert publisher.publish(devices, frozenset({"gpu-3"}), inventory) is False
+    assert _slices(cluster)[0]["metadata"]["resourceVersion"] == version
+
+    assert publisher.publish(devices, frozenset(), inventory) is True
+    (recovered,) = _slices(cluster)
+    assert recovered["spec"]["pool"]["generation"] == 3
+    assert all("taints" not in d for d in recovered["spec"]["devices"])
+    assert all(d["attributes"]["health"] == {"string": "Healthy"} for d in recovered["spec"]["devices"])
+
+
+def test_a_deleted_slice_is_recreated_by_reconcile(cluster, publisher):
+    inventory = _inventory("h100x8.yaml")
+    publisher.publish(dra_devices(inventory), frozenset(), inventory)
+    (published,) = _slices(cluster)
+    # What the kubelet does when it starts: delete every slice of its node.
+    for item in _slices(cluster):
+        cluster["custom"].delete_cluster_custom_object(GROUP, "v1", "resourceslices", item["metadata"]["name"])
+    assert _slices(cluster) == []
+    assert publisher.reconcile() is True
+    (recreated,) = _slices(cluster)
+    assert recreated["metadata"]["name"] != published["metadata"]["name"]
+    assert recreated["spec"]["devices"] == published["spec"]["devices"]
+    assert recreated["spec"]["pool"]["generation"] > published["spec"]["pool"]["generation"]
+    assert recreated["metadata"]["ownerReferences"] == published["metadata"]["ownerReferences"]
+    assert publisher.reconcile() is False
+
+
+def test_mig_devices_are_published_with_their_profile_and_parent(cluster, publisher):
+    inventory = _inventory("a100-mig.yaml")
+    assert publisher.publish(dra_devices(inventory), frozenset(), inventory) is True
+    (published,) = _slices(cluster)
+    by_name = {d["name"]: d for d in published["spec"]["devices"]}
+    assert sorted(by_name) == ["gpu-0-mig-0", "gpu-0-mig-1", "gpu-0-mig-2", "gpu-1"]
+    parent = "GPU-0a5e1c00-0000-4000-8000-00000000a100"
+    expected = {
+        "gpu-0-mig-0": ("3g.20gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a1", "19968Mi"),
+        "gpu-0-mig-1": ("1g.5gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a2", "4864Mi"),
+        "gpu-0-mig-2": ("1g.5gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a3", "4864Mi"),
+    }
+    for name, (profile, uuid, memory) in expected.items():
+        attributes = by_name[name]["attributes"]
+        assert attributes["type"] == {"string": "mig"}
+        assert attributes["migProfile"] == {"string": profile}
+        assert attributes["parentUUID"] == {"string": parent}
+        assert attributes["uuid"] == {"string": uuid}
+        assert attributes["productName"] == {"string": "NVIDIA A100-SXM4-40GB"}
+        assert attributes["cudaComputeCapability"] == {"version": "8.0.0"}
+        assert attributes["driverVersion"] == {"version": "535.247.1"}
+        assert by_name[name]["capacity"] == {"memory": {"value": memory}}
+    whole = by_name["gpu-1"]
+    assert whole["attributes"]["type"] == {"string": "gpu"}
+    assert "migProfile" not in whole["attributes"] and "numaNode" not in whole["attributes"]
+    assert whole["capacity"] == {"memory": {"value": "40Gi"}}
+
+
+def _allocated_claim(cluster, name, devices):
+    custom = cluster["custom"]
+    custom.create_cluster_custom_object(
+        GROUP,
+        "v1",
+        "deviceclasses",
+        {
+            "apiVersion": f"{GROUP}/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": f"{name}-class"},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+        },
+    )
+    claim = custom.create_namespaced_custom_object(
+        GROUP,
+        "v1",
+        NAMESPACE,
+        "resourceclaims",
+        {
+            "apiVersion": f"{GROUP}/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {
+                                "deviceClassName": f"{name}-class",
+                                "count": len(devices),
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": f'device.capacity["{DRIVER}"].memory'
+                                            '.compareTo(quantity("40Gi")) >= 0'
+                                        }
+                                    }
+                                ],
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    # What the scheduler writes when it allocates.
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": device} for device in devices]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
+            },
+        }
+    }
+    return custom.replace_namespaced_custom_object_status(GROUP, "v1", NAMESPACE, "resourceclaims", name, claim)
+
+
+@pytest.fixture(scope="module")
+def namespace(cluster):
+    core = cluster["core"]
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    # No controller-manager runs to create it; pods need it.
+    core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
+    return NAMESPACE
+
+
+def test_an_allocated_claim_is_read_back_and_an_absent_one_is_none(cluster, namespace):
+    allocated = _allocated_claim(cluster, "two-gpus", ["gpu-0", "gpu-1"])
+    api = KubeApi(cluster["admin_kubeconfig"])
+    claim = api.get_resource_claim(NAMESPACE, "two-gpus")
+    assert claim["apiVersion"] == f"{GROUP}/v1"
+    assert claim["metadata"]["uid"] == allocated["metadata"]["uid"]
+    assert claim["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+    assert claim["status"]["allocation"]["devices"]["results"] == [
+        {"request": "gpus", "driver": DRIVER, "pool": NODE, "device": "gpu-0"},
+        {"request": "gpus", "driver": DRIVER, "pool": NODE, "device": "gpu-1"},
+    ]
+    assert api.get_resource_claim(NAMESPACE, "no-such-claim") is None
+
+
+def test_the_node_reads_only_the_claims_of_its_own_pods(cluster, namespace):
+    _allocated_claim(cluster, "node-claim", ["gpu-2"])
+    node_api = KubeApi(cluster["node_kubeconfig"])
+    with pytest.raises(KubeApiError) as refused:
+        node_api.get_resource_claim(NAMESPACE, "node-claim")
+    assert refused.value.status == 403
+    assert str(refused.value).startswith(
+        f"cannot get ResourceClaim {NAMESPACE}/node-claim: the API server answered 403 Forbidden: "
+        f'resourceclaims.resource.k8s.io "node-claim" is forbidden: User "system:node:{NODE}" cannot get resource'
+    )
+    with pytest.raises(KubeApiError) as absent:
+        node_api.get_resource_claim(NAMESPACE, "no-such-claim")
+    assert absent.value.status == 403, "to a node, a claim that does not exist is one it may not read"
+    # A pod bound to the node that uses the claim: the Node authorizer now lets the node read it.
+    cluster["core"].create_namespaced_pod(
+        NAMESPACE,
+        {
+            "metadata": {"name": "user"},
+            "spec": {
+                "nodeName": NODE,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "node-claim"}],
+                "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        },
+    )
+
+    def readable():
+        try:
+            return node_api.get_resource_claim(NAMESPACE, "node-claim") is not None
+        except KubeApiError:
+            return False
+
+    _wait("the Node authorizer to learn of the pod", readable, 30)
+    assert node_api.get_resource_claim(NAMESPACE, "node-claim")["status"]["allocation"]["devices"]["results"][0][
+        "device"
+    ] == ("gpu-2")
+
+
+def test_a_server_that_is_down_is_an_oserror_naming_the_object_and_the_server(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api = KubeApi(_kubeconfig(tmp_path / "down.conf", port, NODE_TOKEN), timeout=5)
+    with pytest.raises(OSError) as error:
+        api.get_resource_claim(NAMESPACE, "c")
+    assert str(error.value).startswith(
+        f"cannot discover {GROUP}/v1: the API server at https://127.0.0.1:{port} cannot be reached ("
+    )
+    assert "\n" not in str(error.value)
+
+
+def test_a_node_manages_its_own_slices_and_no_other_nodes(cluster, publisher):
+    inventory = _inventory("h100x8.yaml")
+    node_api = publisher.api
+    # Create, update, delete: its own.
+    assert publisher.publish(dra_devices(inventory), frozenset(), inventory) is True
+    assert publisher.publish(dra_devices(inventory), frozenset({"gpu-0"}), inventory) is True
+    publisher.delete_all()
+    assert _slices(cluster) == []
+
+    # Another node's pool: not created, and one that exists is neither listed, changed nor deleted.
+    trespasser = ResourceSlices(node_api, OTHER, DRIVER)
+    with pytest.raises(KubeApiError) as create:
+        trespasser.publish(dra_devices(inventory), frozenset(), inventory)
+    assert create.value.status == 403
+    assert str(create.value).startswith(f"cannot get Node {OTHER}: the API server answered 403 Forbidden: ")
+    with pytest.raises(KubeApiError) as listing:
+        node_api.list_resource_slices(OTHER, DRIVER)
+    assert str(listing.value).startswith(
+        f"cannot list the ResourceSlices of node {OTHER}: the API server answered 403 Forbidden: "
+    )
+    body = {
+        "metadata": {"generateName": f"{OTHER}-"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": OTHER,
+            "pool": {"name": OTHER, "generation": 1, "resourceSliceCount": 1},
+        },
+    }
+    with pytest.raises(KubeApiError) as create:
+        node_api.create_resource_slice(body)
+    assert str(create.value) == (
+        f"cannot create a ResourceSlice for node {OTHER}: the API server answered 403 Forbidden: "
+        f'resourceslices.resource.k8s.io "{OTHER}-" is forbidden: can only create ResourceSlice with the same '
+        "NodeName as the requesting node."
+    )
+
+    admin_slices = ResourceSlices(KubeApi(cluster["admin_kubeconfig"]), OTHER, DRIVER)
+    admin_slices.publish(dra_devices(inventory), frozenset(), inventory)
+    (theirs,) = _slices(cluster, OTHER)
+    with pytest.raises(KubeApiError) as update:
+        node_api.update_resource_slice(theirs)
+    assert update.value.status == 403
+    assert str(update.value).startswith(
+        f"cannot update ResourceSlice {theirs['metadata']['name']}: the API server answered 403 Forbidden: "
+    )
+    with pytest.raises(KubeApiError) as delete:
+        node_api.delete_resource_slice(theirs["metadata"]["name"])
+    assert delete.value.status == 403
+    assert len(_slices(cluster, OTHER)) == 1
+    admin_slices.delete_all()
+
+
+def test_a_server_serving_only_v1beta1_without_device_taints_gets_the_same_pool(plane, cluster):
+    """The same publisher and claim reader against a server where resource.k8s.io/v1 is switched off
+    and v1beta1 (the shape with `basic` and requests without `exactly`) is on, and device taints are
+    off, as on Kubernetes 1.34 and 1.35: the unhealthy GPU is left out of the pool instead. (The
+    1.37 Node authorizer watches v1 ResourceSlices, so this server runs RBAC alone and the client is
+    an administrator.)"""
+    admin = plane.apiserver(
+        "beta-apiserver",
+        BETA_API_PORT,
+        "--runtime-config=resource.k8s.io/v1=false,resource.k8s.io/v1beta1=true",
+        "--feature-gates=DRADeviceTaints=false,DRADeviceTaintRules=false",
+        node_authorizer=False,
+    )
+    custom = client.CustomObjectsApi(admin)
+    node_api = KubeApi(str(plane.work / "beta-apiserver-admin.conf"))
+    assert node_api.probe() == "v1beta1"
+    inventory = _inventory("h100x8.yaml")
+    slices = ResourceSlices(node_api, NODE, DRIVER)
+    assert slices.publish(dra_devices(inventory), frozenset({"gpu-5"}), inventory) is True
+    assert slices.taints is False
+    (stored,) = custom.list_cluster_custom_object(
+        GROUP, "v1beta1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
+    )["items"]
+    assert stored["spec"]["pool"]["name"] == NODE and stored["spec"]["pool"]["resourceSliceCount"] == 1
+    assert [d["name"] for d in stored["spec"]["devices"]] == [f"gpu-{i}" for i in range(8) if i != 5]
+    first = stored["spec"]["devices"][0]
+    assert set(first) == {"name", "basic"}
+    assert first["basic"]["capacity"] == {"memory": {"value": "81559Mi"}}
+    assert first["basic"]["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert slices.publish(dra_devices(inventory), frozenset({"gpu-5"}), inventory) is False
+    assert slices.publish(dra_devices(inventory), frozenset(), inventory) is True
+    (recovered,) = custom.list_cluster_custom_object(
+        GROUP, "v1beta1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
+    )["items"]
+    assert len(recovered["spec"]["devices"]) == 8
+    assert recovered["spec"]["pool"]["generation"] > stored["spec"]["pool"]["generation"]
+
+    custom.create_namespaced_custom_object(
+        GROUP,
+        "v1beta1",
+        "default",
+        "resourceclaims",
+        {"metadata": {"name": "beta"}, "spec": {"devices": {"requests": [{"name": "r", "deviceClassName": "c"}]}}},
+    )
+    claim = KubeApi(str(plane.work / "beta-apiserver-admin.conf")).get_resource_claim("default", "beta")
+    assert claim["apiVersion"] == f"{GROUP}/v1"
+    assert claim["spec"]["devices"]["requests"] == [
+        {"name": "r", "exactly": {"deviceClassName": "c", "allocationMode": "ExactCount", "count": 1}}
+    ]
