@@ -608,3 +608,76 @@ def test_a_server_serving_only_v1beta1_without_device_taints_gets_the_same_pool(
     assert claim["spec"]["devices"]["requests"] == [
         {"name": "r", "exactly": {"deviceClassName": "c", "allocationMode": "ExactCount", "count": 1}}
     ]
+
+
+def _device_health(cluster, node=NODE):
+    """{device name: health attribute} over NODE's slices, or None while there are none."""
+    found = _slices(cluster, node)
+    if not found:
+        return None
+    devices = [d for s in found for d in s["spec"].get("devices", [])]
+    return {d["name"]: d["attributes"]["health"]["string"] for d in devices}
+
+
+def test_the_daemon_in_dra_mode_publishes_keeps_and_marks_its_node_slice(cluster, tmp_path):
+    """The daemon as the systemd service runs it (dra mode, the node's own credentials, a simulated
+    8 x H100): its slice appears, comes back after someone deletes it, and follows an XID."""
+    spec = tmp_path / "gpus.yaml"
+    text = (FIXTURES / "h100x8.yaml").read_text()
+    spec.write_text(text)
+    for directory in ("registry", "plugins", "cdi", "device-plugins"):
+        (tmp_path / directory).mkdir()
+    api = KubeApi(cluster["node_kubeconfig"])
+    ResourceSlices(api, NODE, DRIVER).delete_all()
+    api.close()
+    log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - kept open for the process's lifetime
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpu_device_plugin",
+            "--allocation-mode",
+            "dra",
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            cluster["node_kubeconfig"],
+            "--backend",
+            "simulated",
+            "--simulated-spec",
+            str(spec),
+            "--plugin-registry-dir",
+            str(tmp_path / "registry"),
+            "--kubelet-plugins-dir",
+            str(tmp_path / "plugins"),
+            "--cdi-dir",
+            str(tmp_path / "cdi"),
+            "--kubelet-socket",
+            str(tmp_path / "device-plugins" / "kubelet.sock"),
+            "--metrics-address",
+            "",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={"PYTHONPATH": str(ROOT / "files/device_plugin/src"), "PATH": "/usr/bin:/bin"},
+    )
+    all_healthy = {f"gpu-{i}": "Healthy" for i in range(8)}
+    try:
+        _wait("the daemon's slice", lambda: _device_health(cluster) == all_healthy, timeout=60)
+        assert (tmp_path / "registry" / f"{DRIVER}-reg.sock").is_socket()
+        assert (tmp_path / "plugins" / DRIVER / "dra.sock").is_socket()
+        assert not list((tmp_path / "device-plugins").iterdir()), "dra mode registered a device-plugin socket"
+        # Someone deletes the slice (the kubelet does when it starts): the daemon writes it again.
+        for found in _slices(cluster):
+            cluster["custom"].delete_cluster_custom_object(GROUP, "v1", "resourceslices", found["metadata"]["name"])
+        _wait("the slice to be written again", lambda: _device_health(cluster) == all_healthy, timeout=60)
+        # An XID on the second GPU: its device is marked in the slice.
+        spec.write_text(text.replace("pci_bus_id: '0000:2a:00.0'", "pci_bus_id: '0000:2a:00.0'\n  xid: 79", 1))
+        marked = dict(all_healthy, **{"gpu-1": "Unhealthy"})
+        _wait("the XID in the slice", lambda: _device_health(cluster) == marked, timeout=60)
+        assert daemon.poll() is None, "the daemon exited"
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+        log.close()
+    assert daemon.returncode == 0, (tmp_path / "daemon.log").read_text()
