@@ -60,7 +60,6 @@ class ClaimReader(Protocol):
         """The claim as JSON in the `resource.k8s.io/v1` shape (``status.allocation.devices.results[]``
         with ``driver``, ``pool``, ``device``, ``request``), or None when it does not exist. Raises
         `OSError` (or a subclass) when the API server cannot be asked."""
-        ...
 
 
 class SlicePublisher(Protocol):
@@ -69,8 +68,6 @@ class SlicePublisher(Protocol):
     def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str], inventory: Inventory) -> bool:
         """Create or update the slice(s); `unhealthy` holds the device names to mark or leave out. Returns
         whether anything was written (the pool generation is bumped then). Idempotent."""
-        ...
 
     def delete_all(self) -> None:
         """Delete this driver's slices for this node (switching the node back to device-plugin mode)."""
-        ...
