@@ -26,7 +26,7 @@ from kubernetes import client, config
 LAB_PY = Path(__file__).resolve().parent / "lab.py"
 PAUSE_IMAGE = "localhost/gpuops-lab-pause:1.0"
 KUBELET_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-KUBERNETES_VERSION = os.environ.get("GPUOPS_K8S_VERSION", "v1.33.13")
+KUBERNETES_VERSION = os.environ.get("GPUOPS_K8S_VERSION", "v1.37.2")
 
 
 def run_lab(*args: str, timeout: float = 1800) -> str:

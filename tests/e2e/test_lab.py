@@ -29,6 +29,27 @@ def test_every_node_registers_and_is_ready(lab: Lab) -> None:
         assert node.status.daemon_endpoints.kubelet_endpoint.port > 26250
 
 
+def cgroup_v1_events(lab: Lab, node: str) -> list:
+    return lab.core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.kind=Node,involvedObject.name={node},reason=CgroupV1"
+    ).items
+
+
+def test_kubelets_run_on_cgroup_v1_because_their_config_allows_it(lab: Lab) -> None:
+    """From 1.35 on the kubelet refuses cgroup v1 unless its configuration sets failCgroupV1: false. The
+    lab's does, so on a cgroup v1 machine every kubelet runs, and records its CgroupV1 warning on its Node."""
+    for name in lab.nodes:
+        config_lines = lab.node_exec(name, "cat", "/etc/gpuops-lab/kubelet-config.yaml").stdout.splitlines()
+        assert "failCgroupV1: false" in config_lines
+        fs_type = lab.node_exec(name, "stat", "-fc", "%T", "/sys/fs/cgroup").stdout.strip()
+        if fs_type == "cgroup2fs":
+            assert cgroup_v1_events(lab, name) == []
+            continue
+        events = lab.wait_until(f"the CgroupV1 warning of {name}", lambda name=name: cgroup_v1_events(lab, name))
+        assert events[0].type == "Warning"
+        assert "cgroup v1 support is deprecated" in events[0].message
+
+
 def test_allocatable_reports_the_node_resources(lab: Lab) -> None:
     for name in lab.nodes:
         allocatable = lab.allocatable(name)

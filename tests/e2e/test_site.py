@@ -297,7 +297,7 @@ def test_second_run_changes_nothing(flow: SiteFlow) -> None:
     print(f"site.yml second run: {second.seconds:.0f}s")
 
 
-def test_validate_is_green_and_prints_the_table(flow: SiteFlow) -> None:
+def test_validate_is_green_and_prints_the_table(lab: Lab, flow: SiteFlow) -> None:
     validate = run_playbook("validate.yml", flow.inventory, extra_vars=flow.extra_vars, limit=flow.node)
     assert validate.returncode == 0, validate.summary()
     assert "NODE" in validate.output and "ALLOCATABLE" in validate.output
@@ -305,6 +305,13 @@ def test_validate_is_green_and_prints_the_table(flow: SiteFlow) -> None:
         rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok\s+on\s+healthy\s+-"', validate.output
     )
     assert row, validate.summary()
+    # The note on cgroup v1 follows what the node itself reports, and names its running kubelet.
+    fs_type = lab.node_exec(flow.node, "stat", "-fc", "%T", "/sys/fs/cgroup").stdout.strip()
+    kubelet = lab.core.read_node(flow.node).status.node_info.kubelet_version
+    note = f"{flow.node}: cgroup v1 (/sys/fs/cgroup is {fs_type}, not cgroup2fs). Its kubelet {kubelet} "
+    assert (note in validate.output) == (fs_type != "cgroup2fs"), validate.summary()
+    if fs_type != "cgroup2fs":
+        assert "failCgroupV1: false" in validate.output
     print("\n".join(line for line in validate.output.splitlines() if "NODE" in line or flow.node + " " in line))
 
 

@@ -151,7 +151,8 @@ def start_control_plane(cfg: LabConfig, bin_dir: Path) -> None:
     wait_for("etcd healthy", 60, lambda: succeeds(curl(f"{etcd_client}/health")), logs)
 
     # --endpoint-reconciler-type=none: the API server would otherwise try to publish 127.0.0.1 as the
-    # kubernetes Service endpoint, which validation refuses (loopback), and log that every 10 s.
+    # kubernetes Service endpoint, which validation refuses (loopback); the 1.37 API server does not start
+    # at all with a loopback address and a reconciler.
     start_bg(
         cfg,
         "kube-apiserver",

@@ -185,7 +185,6 @@ def kubelet_env(cfg: LabConfig, index: int, node_ip: str) -> str:
             f"--hostname-override={name}",
             f"--node-ip={node_ip}",
             "--cert-dir=/var/lib/kubelet/pki",
-            f"--pod-infra-container-image={PAUSE_IMAGE}",
             "--v=1",
         ]
     )
