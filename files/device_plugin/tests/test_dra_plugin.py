@@ -44,14 +44,31 @@ def test_prepare_one_device_writes_its_cdi_spec_and_returns_its_id(dra, version)
     spec = dra.spec_of("uid-1")
     assert spec["kind"] == "gpuops.k8s/gpu"
     assert [d["name"] for d in spec["devices"]] == ["uid-1-gpu-3"]
-    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/nvidia3", "hostPath": os.path.join(dra.dev, "nvidia3"), "permissions": "rw"}
-    ]
+    assert spec["devices"][0]["containerEdits"] == {
+        "deviceNodes": [{"path": "/dev/nvidia3", "hostPath": os.path.join(dra.dev, "nvidia3"), "permissions": "rw"}],
+        "env": [f"GPUOPS_DEVICE_GPU_3={H100[3]}"],
+    }
     common = spec["containerEdits"]
     assert common["env"] == [f"NVIDIA_VISIBLE_DEVICES={H100[3]}"]
     assert [n["path"] for n in common["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     assert "mounts" not in common
     assert sorted(os.listdir(dra.cdi)) == ["gpuops.k8s-gpu_uid-1.json"]
+
+
+def test_a_gpu_without_a_device_node_still_has_edits_cdi_accepts(dra):
+    # Simulated GPUs have no /dev/nvidia<minor>; CDI refuses a device whose edits are empty
+    # ("invalid device, empty device edits"), so the device's own variable must be there.
+    for name in os.listdir(dra.dev):
+        os.unlink(os.path.join(dra.dev, name))
+    dra.start()
+    claim = dra.allocate("bare", "uid-b", ["gpu-5", "gpu-6"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["uid-b"].error == ""
+    spec = dra.spec_of("uid-b")
+    assert [d["containerEdits"] for d in spec["devices"]] == [
+        {"env": [f"GPUOPS_DEVICE_GPU_5={H100[5]}"]},
+        {"env": [f"GPUOPS_DEVICE_GPU_6={H100[6]}"]},
+    ]
+    assert spec["containerEdits"] == {"env": [f"NVIDIA_VISIBLE_DEVICES={H100[5]},{H100[6]}"], "deviceNodes": []}
 
 
 def test_prepare_eight_devices_and_the_mounts_strategy(dra, tmp_path):

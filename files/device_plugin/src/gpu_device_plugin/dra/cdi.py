@@ -8,7 +8,8 @@ never answer with a stale one; its fully-qualified ID is `gpuops.k8s/gpu=<claim 
 What goes in is what the device plugin gives a container (allocation.py): the GPU's device node,
 the control device nodes, NVIDIA_VISIBLE_DEVICES with the UUIDs, and with the `mounts` strategy the
 host driver's libraries and tools plus LD_LIBRARY_PATH and PATH. Device nodes are listed only where
-they exist when the claim is prepared (a simulated GPU has none). The spec's annotations name the
+they exist when the claim is prepared (a simulated GPU has none); each device also sets
+GPUOPS_DEVICE_<NAME> to its UUID, so that no device is without edits, which CDI refuses. The spec's annotations name the
 claim and its devices, so that the checkpoint can be rebuilt from the specs if it is lost."""
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class PreparedDevice:
 
 def device_id(claim_uid: str, device: str) -> str:
     return f"{KIND}={claim_uid}-{device}"
+
+
+def device_variable(device: str) -> str:
+    """The environment variable that names one prepared device's UUID in its container:
+    `GPUOPS_DEVICE_GPU_3` for `gpu-3`, `GPUOPS_DEVICE_GPU_0_MIG_1` for `gpu-0-mig-1`."""
+    return "GPUOPS_DEVICE_" + re.sub(r"[^A-Za-z0-9]", "_", device).upper()
 
 
 def spec_path(cdi_dir: str, claim_uid: str) -> str:
@@ -97,12 +104,12 @@ class SpecWriter:
         entries = []
         for dra, prepared in devices:
             node = self._node(os.path.join(dev_root, f"nvidia{dra.gpu.minor_number}"))
-            entries.append(
-                {
-                    "name": prepared.cdi_id.split("=", 1)[1],
-                    "containerEdits": {"deviceNodes": [node] if node else []},
-                }
-            )
+            # CDI refuses a device without edits, and a GPU whose device node is missing (a simulated
+            # one) would have none: the variable naming the device's UUID is always there.
+            edits: dict[str, Any] = {"env": [f"{device_variable(prepared.device)}={dra.uuid}"]}
+            if node:
+                edits["deviceNodes"] = [node]
+            entries.append({"name": prepared.cdi_id.split("=", 1)[1], "containerEdits": edits})
         controls = [self._node(os.path.join(dev_root, n)) for n in hostdriver.CONTROL_DEVICES]
         uuids = ",".join(dict.fromkeys(dra.uuid for dra, _prepared in devices))
         common: dict[str, Any] = {
