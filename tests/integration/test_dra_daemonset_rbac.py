@@ -1,0 +1,751 @@
+"""The DRA driver's DaemonSet of the device_plugin role (daemonset mode, device_plugin_allocation_mode: dra)
+against a real kube-apiserver.
+
+The peer is real, as in test_dra_api.py: etcd from Debian and kube-apiserver built by
+tests/e2e/build-kubernetes.sh, with the Node and RBAC authorizers, NodeRestriction, and a
+ServiceAccount issuer and keys, so the API server issues ServiceAccount tokens (TokenRequest) and
+authenticates them. No kubelet, scheduler or controller-manager runs.
+
+- The role's dra-daemonset.yml.j2 is rendered by Ansible itself, with the role's defaults and vars.
+- Its ServiceAccount, ClusterRole and ClusterRoleBinding are applied; SubjectAccessReviews show that
+  the ServiceAccount may do what the daemon does and nothing next to it.
+- The daemon's own API client (gpu_device_plugin.dra.kubeapi and .slices), loading in-cluster
+  credentials as in the pod, with a token of that ServiceAccount, publishes a node's ResourceSlice
+  and reads a ResourceClaim.
+- The rendered DaemonSet passes the API server's validation (server-side dry run).
+- The role's tasks (daemonset.yml, daemonset_leave.yml), on a batch of two nodes, one per allocation
+  mode: check mode, both DaemonSets, the labels, the markers, idempotence, the wait for the node's DRA
+  pod, and the nodes leaving each DaemonSet.
+Ports (etcd 37579/37580, kube-apiserver 37643) and directories are this test's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.config import incluster_config
+from kubernetes.dynamic import DynamicClient
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "files/device_plugin/src"))
+
+from gpu_device_plugin import simspec  # noqa: E402
+from gpu_device_plugin.dra.devices import dra_devices  # noqa: E402
+from gpu_device_plugin.dra.kubeapi import KubeApi  # noqa: E402
+from gpu_device_plugin.dra.slices import ResourceSlices  # noqa: E402
+
+ETCD_PORT = 37579
+API_PORT = 37643
+ADMIN_TOKEN = "gpuops-dra-daemonset-test-admin"
+NAMESPACE = "gpuops-system"
+ACCOUNT = "gpuops-dra-plugin"
+USER = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"]
+NODE = "dra-ds-node-a"  # the node in dra mode
+DP_NODE = "dra-ds-node-dp"  # the node in device_plugin mode
+DRIVER = "gpu.gpuops.k8s"
+GROUP = "resource.k8s.io"
+CLAIMS = "dra-ds-claims"
+ROLE = ROOT / "roles/device_plugin"
+SPEC_DIR = "/etc/gpuops/simulated"
+FIXTURES = ROOT / "tests/fixtures/simulated"
+
+
+def _wait(what, predicate, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _port_open(port):
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory):
+    work = tmp_path_factory.mktemp("dra-daemonset")
+    for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
+        assert not _port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
+    bindir = subprocess.run(
+        [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
+    ).stdout.strip()
+    subprocess.run(
+        ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(work / "sa.key")],
+        check=True,
+    )
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub")], check=True
+    )
+    (work / "tokens.csv").write_text(f'{ADMIN_TOKEN},gpuops-admin,1000,"system:masters"\n')
+    procs, logs = [], []
+
+    def start(name, argv):
+        log = open(work / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's lifetime
+        logs.append(log)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        return proc
+
+    try:
+        start(
+            "etcd",
+            [
+                "etcd",
+                "--data-dir",
+                str(work / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{ETCD_PORT}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{ETCD_PORT}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{ETCD_PORT + 1}",
+            ],
+        )
+        _wait("etcd", lambda: _port_open(ETCD_PORT), 60)
+        proc = start(
+            "kube-apiserver",
+            [
+                f"{bindir}/kube-apiserver",
+                f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                # Since 1.37 the kubernetes Service's endpoint may not be a loopback address; the
+                # in-cluster client here is pointed at the server directly.
+                "--endpoint-reconciler-type=none",
+                f"--secure-port={API_PORT}",
+                f"--cert-dir={work / 'certs'}",
+                f"--token-auth-file={work / 'tokens.csv'}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--service-account-key-file={work / 'sa.pub'}",
+                f"--service-account-signing-key-file={work / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.237.0.0/24",
+            ],
+        )
+
+        def ready():
+            # /readyz: serving, and the bootstrap RBAC and priority classes in place.
+            assert proc.poll() is None, (work / "kube-apiserver.log").read_text()[-3000:]
+            request = urllib.request.Request(
+                f"https://127.0.0.1:{API_PORT}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            )
+            try:
+                with urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=5) as answer:
+                    return answer.status == 200
+            except OSError:
+                return False
+
+        _wait("kube-apiserver", ready, 180)
+        ca = work / "certs" / "apiserver.crt"
+        kubeconfig = work / "admin.conf"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "t",
+                            "cluster": {"server": f"https://127.0.0.1:{API_PORT}", "certificate-authority": str(ca)},
+                        }
+                    ],
+                    "users": [{"name": "t", "user": {"token": ADMIN_TOKEN}}],
+                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+                    "current-context": "t",
+                }
+            )
+        )
+        admin = config.new_client_from_config(str(kubeconfig))
+        core = client.CoreV1Api(admin)
+        for node in (NODE, DP_NODE):
+            core.create_node(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": node, "labels": {"nvidia.com/gpu.present": "true"}},
+                }
+            )
+        yield {"work": work, "ca": ca, "kubeconfig": str(kubeconfig), "admin": admin, "core": core}
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in logs:
+            log.close()
+
+
+def _ansible_env(**more):
+    return dict(
+        os.environ,
+        ANSIBLE_LOCALHOST_WARNING="false",
+        ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
+        ANSIBLE_NOCOLOR="1",
+        **more,
+    )
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """dra-daemonset.yml.j2 as Ansible renders it with the role's defaults and vars, in dra mode with the
+    simulated backend: {kind: object}."""
+    work = tmp_path_factory.mktemp("render")
+    out = work / "objects.json"
+    playbook = work / "render.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {"ansible.builtin.include_vars": str(ROLE / "defaults/main.yml")},
+                        {"ansible.builtin.include_vars": str(ROLE / "vars/main.yml")},
+                        {
+                            "ansible.builtin.copy": {
+                                "dest": str(out),
+                                "content": "{{ lookup('ansible.builtin.template', '"
+                                + str(ROLE / "templates/dra-daemonset.yml.j2")
+                                + "') | from_yaml_all | list | to_json }}",
+                            }
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "device_plugin_allocation_mode": "dra",
+        "device_plugin_backend": "simulated",
+        "device_plugin_simulated_spec": f"{SPEC_DIR}/gpus.yaml",
+    }
+    run = subprocess.run(
+        ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        env=_ansible_env(),
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    objects = json.loads(out.read_text())
+    assert [o["kind"] for o in objects] == [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+    ]
+    return {o["kind"]: o for o in objects}
+
+
+def _apply(apiserver, obj, **kwargs):
+    dynamic = DynamicClient(apiserver["admin"])
+    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    return resource.server_side_apply(
+        body=obj,
+        name=obj["metadata"]["name"],
+        namespace=obj["metadata"].get("namespace"),
+        field_manager="gpuops-test",
+        force_conflicts=True,
+        **kwargs,
+    )
+
+
+def _delete(apiserver, api_version, kind, name, namespace=None):
+    dynamic = DynamicClient(apiserver["admin"])
+    resource = dynamic.resources.get(api_version=api_version, kind=kind)
+    try:
+        resource.delete(name=name, namespace=namespace)
+    except client.exceptions.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+@pytest.fixture
+def applied(apiserver, rendered):
+    """The rendered namespace, ServiceAccount, ClusterRole and ClusterRoleBinding, applied for real
+    (and removed afterwards, the namespace kept)."""
+    for kind in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        _apply(apiserver, rendered[kind])
+    yield rendered
+    _delete(apiserver, "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", ACCOUNT)
+    _delete(apiserver, "rbac.authorization.k8s.io/v1", "ClusterRole", ACCOUNT)
+    _delete(apiserver, "v1", "ServiceAccount", ACCOUNT, NAMESPACE)
+
+
+def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rendered):
+    account = rendered["ServiceAccount"]
+    assert account["metadata"] == {
+        "name": ACCOUNT,
+        "namespace": NAMESPACE,
+        "labels": {"app.kubernetes.io/managed-by": "gpuops.k8s"},
+    }
+    assert account["automountServiceAccountToken"] is True
+    assert rendered["ClusterRole"]["metadata"]["name"] == ACCOUNT
+    assert rendered["ClusterRole"]["rules"] == [
+        {"apiGroups": [GROUP], "resources": ["resourceslices"], "verbs": ["list", "create", "update", "delete"]},
+        {"apiGroups": [GROUP], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    ]
+    binding = rendered["ClusterRoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": ACCOUNT}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}]
+
+    daemonset = rendered["DaemonSet"]
+    assert daemonset["metadata"]["name"] == "gpuops-dra-plugin"
+    assert daemonset["metadata"]["namespace"] == NAMESPACE
+    pod = daemonset["spec"]["template"]["spec"]
+    assert daemonset["spec"]["selector"]["matchLabels"] == daemonset["spec"]["template"]["metadata"]["labels"]
+    assert pod["serviceAccountName"] == ACCOUNT
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "gpuops.k8s/device-plugin": "dra"}
+    assert "runtimeClassName" not in pod, "nvidia is the runtime's default unless said otherwise"
+    (container,) = pod["containers"]
+    assert container["args"] == [
+        "--backend",
+        "simulated",
+        "--config-file",
+        "/etc/gpuops/device-plugin/config.yaml",
+        "--device-list-strategy",
+        "envvar",
+        "--log-format",
+        "json",
+        "--simulated-spec",
+        f"{SPEC_DIR}/gpus.yaml",
+        "--metrics-address",
+        "127.0.0.1:9400",
+        "--allocation-mode",
+        "dra",
+        "--driver-name",
+        DRIVER,
+        "--plugin-registry-dir",
+        "/var/lib/kubelet/plugins_registry",
+        "--kubelet-plugins-dir",
+        "/var/lib/kubelet/plugins",
+        "--cdi-dir",
+        "/var/run/cdi",
+    ]
+    assert container["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    assert container["securityContext"] == {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert set(volumes) == set(mounts) == {"plugins-registry", "plugin", "cdi", "config", "simulated-spec"}
+    for name, path in (
+        ("plugins-registry", "/var/lib/kubelet/plugins_registry"),
+        ("plugin", f"/var/lib/kubelet/plugins/{DRIVER}"),
+        ("cdi", "/var/run/cdi"),
+    ):
+        # The same path in the pod as on the host: the endpoint the driver gives the kubelet is a host path.
+        assert volumes[name]["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}, name
+        assert mounts[name] == {"name": name, "mountPath": path}, name
+    assert volumes["simulated-spec"]["hostPath"] == {"path": SPEC_DIR, "type": "Directory"}
+    assert mounts["simulated-spec"] == {"name": "simulated-spec", "mountPath": SPEC_DIR, "readOnly": True}
+    assert volumes["config"] == {"name": "config", "configMap": {"name": "gpuops-dra-plugin-config"}}
+    assert not any("device-plugins" in v.get("hostPath", {}).get("path", "") for v in pod["volumes"])
+    assert yaml.safe_load(rendered["ConfigMap"]["data"]["config.yaml"]) == {
+        "version": "v1",
+        "flags": {"migStrategy": "none"},
+    }
+
+
+def _review(apiserver, verb, resource, group="", namespace=None, subresource=None, name=None):
+    attributes = {"verb": verb, "group": group, "resource": resource}
+    if namespace:
+        attributes["namespace"] = namespace
+    if subresource:
+        attributes["subresource"] = subresource
+    if name:
+        attributes["name"] = name
+    review = client.AuthorizationV1Api(apiserver["admin"]).create_subject_access_review(
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": USER, "groups": GROUPS, "resourceAttributes": attributes},
+        }
+    )
+    return review.status.allowed
+
+
+NEEDED = [
+    ("list", "resourceslices", GROUP, None, None),
+    ("create", "resourceslices", GROUP, None, None),
+    ("update", "resourceslices", GROUP, None, None),
+    ("delete", "resourceslices", GROUP, None, None),
+    ("get", "resourceclaims", GROUP, CLAIMS, None),
+    ("get", "nodes", "", None, None),
+]
+NEIGHBOURS = [
+    ("get", "resourceslices", GROUP, None, None),
+    ("watch", "resourceslices", GROUP, None, None),
+    ("patch", "resourceslices", GROUP, None, None),
+    ("deletecollection", "resourceslices", GROUP, None, None),
+    ("list", "resourceclaims", GROUP, CLAIMS, None),
+    ("watch", "resourceclaims", GROUP, CLAIMS, None),
+    ("create", "resourceclaims", GROUP, CLAIMS, None),
+    ("update", "resourceclaims", GROUP, CLAIMS, None),
+    ("patch", "resourceclaims", GROUP, CLAIMS, None),
+    ("delete", "resourceclaims", GROUP, CLAIMS, None),
+    ("update", "resourceclaims", GROUP, CLAIMS, "status"),
+    ("create", "deviceclasses", GROUP, None, None),
+    ("get", "deviceclasses", GROUP, None, None),
+    ("list", "nodes", "", None, None),
+    ("patch", "nodes", "", None, None),
+    ("update", "nodes", "", None, None),
+    ("patch", "nodes", "", None, "status"),
+    ("get", "secrets", "", NAMESPACE, None),
+    ("list", "secrets", "", NAMESPACE, None),
+    ("create", "pods", "", NAMESPACE, None),
+    ("list", "pods", "", None, None),
+    ("get", "configmaps", "", NAMESPACE, None),
+    ("create", "serviceaccounts", "", NAMESPACE, "token"),
+    ("escalate", "clusterroles", "rbac.authorization.k8s.io", None, None),
+]
+
+
+def test_the_account_may_do_what_the_daemon_does_and_nothing_beside(apiserver, applied):
+    allowed = {check: _review(apiserver, *check) for check in NEEDED}
+    assert allowed == dict.fromkeys(NEEDED, True)
+    denied = {check: _review(apiserver, *check) for check in NEIGHBOURS}
+    assert denied == dict.fromkeys(NEIGHBOURS, False)
+
+
+@pytest.fixture
+def in_cluster(apiserver, applied, tmp_path, monkeypatch):
+    """What the kubelet gives the pod: a token of the ServiceAccount (TokenRequest), the cluster's CA
+    and the KUBERNETES_SERVICE_* variables, at paths of this test's own."""
+    token = client.CoreV1Api(apiserver["admin"]).create_namespaced_service_account_token(
+        ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": 3600}}
+    )
+    (tmp_path / "token").write_text(token.status.token)
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(apiserver["ca"]))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(API_PORT))
+    return token.status.token
+
+
+def test_the_daemons_client_with_the_accounts_token_publishes_a_slice_and_reads_a_claim(apiserver, in_cluster):
+    configuration = client.Configuration()
+    config.load_incluster_config(client_configuration=configuration)
+    account = client.ApiClient(configuration)
+    review = client.AuthenticationV1Api(account).create_self_subject_review({"metadata": {}})
+    assert review.status.user_info.username == USER
+
+    # The daemon's client, as in the pod: no kubeconfig, the in-cluster credentials.
+    api = KubeApi()
+    slices = ResourceSlices(api, NODE, DRIVER)
+    custom = client.CustomObjectsApi(apiserver["admin"])
+    try:
+        assert api.probe() == "v1"
+        inventory = simspec.load(str(FIXTURES / "h100x8.yaml"))
+        assert slices.publish(dra_devices(inventory), frozenset(), inventory) is True
+        (published,) = custom.list_cluster_custom_object(
+            GROUP, "v1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
+        )["items"]
+        assert published["spec"]["driver"] == DRIVER
+        assert published["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+        assert [d["name"] for d in published["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
+        node_uid = apiserver["core"].read_node(NODE).metadata.uid
+        assert published["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
+        ]
+        # An update (a device turns unhealthy), and nothing written when nothing changed.
+        assert slices.publish(dra_devices(inventory), frozenset({"gpu-2"}), inventory) is True
+        assert slices.reconcile() is False
+
+        apiserver["core"].create_namespace({"metadata": {"name": CLAIMS}})
+        created = custom.create_namespaced_custom_object(
+            GROUP,
+            "v1",
+            CLAIMS,
+            "resourceclaims",
+            {
+                "apiVersion": f"{GROUP}/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "one-gpu"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+            },
+        )
+        claim = api.get_resource_claim(CLAIMS, "one-gpu")
+        assert claim["metadata"]["uid"] == created["metadata"]["uid"]
+        # Unlike the node identity (403), the account may get any claim: one that does not exist is None.
+        assert api.get_resource_claim(CLAIMS, "no-such-claim") is None
+
+        slices.delete_all()
+        assert (
+            custom.list_cluster_custom_object(GROUP, "v1", "resourceslices", field_selector=f"spec.nodeName={NODE}")[
+                "items"
+            ]
+            == []
+        )
+
+        # A neighbouring request, for real: refused.
+        with pytest.raises(client.exceptions.ApiException) as refused:
+            client.CoreV1Api(account).list_namespaced_secret(NAMESPACE)
+        assert refused.value.status == 403
+        with pytest.raises(client.exceptions.ApiException) as refused:
+            client.CoreV1Api(account).patch_node(NODE, {"metadata": {"labels": {"x": "y"}}})
+        assert refused.value.status == 403
+    finally:
+        slices.delete_all()
+        api.close()
+        account.close()
+
+
+def test_the_rendered_daemonset_passes_the_api_servers_validation(apiserver, applied):
+    daemonset = applied["DaemonSet"]
+    apps = client.AppsV1Api(apiserver["admin"])
+    checked = apps.create_namespaced_daemon_set(NAMESPACE, daemonset, dry_run="All")
+    assert checked.metadata.name == "gpuops-dra-plugin"
+    assert checked.spec.template.spec.containers[0].env[0].value_from.field_ref.field_path == "spec.nodeName"
+    with pytest.raises(client.exceptions.ApiException) as absent:
+        apps.read_namespaced_daemon_set("gpuops-dra-plugin", NAMESPACE)
+    assert absent.value.status == 404, "a dry run wrote the DaemonSet"
+    # The dry run does validate: a broken copy is refused.
+    broken = json.loads(json.dumps(daemonset))
+    broken["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["type"] = "Nonsense"
+    with pytest.raises(client.exceptions.ApiException) as invalid:
+        apps.create_namespaced_daemon_set(NAMESPACE, broken, dry_run="All")
+    assert invalid.value.status == 422
+
+
+# -- the role's tasks --------------------------------------------------------------------------------
+
+
+def _play(apiserver, tasks_from, hosts, check=False, limit=None, expect_ok=True):
+    """The role's tasks file on a batch of inventory hosts (all local; each is one Node); returns
+    (changed per host, {task name: {host: result}})."""
+    work = apiserver["work"]
+    inventory = work / "inventory.yml"
+    # In the order given: the first host of the batch is the one that creates the objects (run_once).
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}, sort_keys=False))
+    playbook = work / "play.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "all",
+                    # The service manager (systemd or not) decides whether there is a unit to remove.
+                    "gather_facts": True,
+                    "gather_subset": ["min"],
+                    "tasks": [
+                        {
+                            "ansible.builtin.include_role": {
+                                "name": "gpuops.k8s.device_plugin",
+                                "tasks_from": tasks_from,
+                            }
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    collections = work / "collections"
+    if not collections.exists():
+        (collections / "ansible_collections" / "gpuops").mkdir(parents=True)
+        (collections / "ansible_collections" / "gpuops" / "k8s").symlink_to(ROOT)
+    argv = ["ansible-playbook", "-i", str(inventory), str(playbook)]
+    if check:
+        argv += ["--check", "--diff"]
+    if limit:
+        argv += ["--limit", limit]
+    run = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env=_ansible_env(ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"),
+        timeout=600,
+        check=False,
+    )
+    assert (run.returncode == 0) is expect_ok, run.stdout[-6000:] + run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    tasks = {}
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            tasks.setdefault(task["task"]["name"].rsplit(" : ", 1)[-1], {}).update(task["hosts"])
+    return {host: stats["changed"] for host, stats in report["stats"].items()}, tasks
+
+
+def _hosts(apiserver, **per_host):
+    common = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "device_plugin_mode": "daemonset",
+        "device_plugin_kubeconfig": apiserver["kubeconfig"],
+        "device_plugin_backend": "simulated",
+        "device_plugin_simulated_spec": f"{SPEC_DIR}/gpus.yaml",
+        # No unit of ours is here; should the role look, it looks in this test's directories.
+        "device_plugin_install_dir": str(apiserver["work"] / "install"),
+        "device_plugin_config_dir": str(apiserver["work"] / "config"),
+        "device_plugin_wait_for_pod": False,
+        "device_plugin_pod_timeout": 4,
+    }
+    hosts = {
+        "dra": dict(
+            common,
+            device_plugin_node_name=NODE,
+            device_plugin_allocation_mode="dra",
+            device_plugin_state_dir=str(apiserver["work"] / "state-dra"),
+        ),
+        "dp": dict(
+            common,
+            device_plugin_node_name=DP_NODE,
+            device_plugin_allocation_mode="device_plugin",
+            device_plugin_state_dir=str(apiserver["work"] / "state-dp"),
+        ),
+    }
+    for host, more in per_host.items():
+        hosts[host].update(more)
+    return hosts
+
+
+DRA_OBJECTS = [
+    ("apps/v1", "DaemonSet", "gpuops-dra-plugin", NAMESPACE),
+    ("v1", "ConfigMap", "gpuops-dra-plugin-config", NAMESPACE),
+    ("v1", "ServiceAccount", "gpuops-dra-plugin", NAMESPACE),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "gpuops-dra-plugin", None),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole", "gpuops-dra-plugin", None),
+]
+DP_OBJECTS = [
+    ("apps/v1", "DaemonSet", "gpuops-device-plugin", NAMESPACE),
+    ("v1", "ConfigMap", "gpuops-device-plugin-config", NAMESPACE),
+    ("v1", "ServiceAccount", "gpuops-device-plugin", NAMESPACE),
+]
+
+
+def _exists(apiserver, api_version, kind, name, namespace):
+    resource = DynamicClient(apiserver["admin"]).resources.get(api_version=api_version, kind=kind)
+    try:
+        resource.get(name=name, namespace=namespace)
+        return True
+    except client.exceptions.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+def _mode_label(apiserver, node):
+    return (apiserver["core"].read_node(node).metadata.labels or {}).get("gpuops.k8s/device-plugin")
+
+
+def test_the_role_runs_a_batch_with_a_node_in_each_mode_and_each_leaves(apiserver):
+    core, apps = apiserver["core"], client.AppsV1Api(apiserver["admin"])
+    work = apiserver["work"]
+    for api_version, kind, name, namespace in DRA_OBJECTS + DP_OBJECTS:
+        _delete(apiserver, api_version, kind, name, namespace)
+
+    # Check mode: reported, nothing written.
+    changed, _ = _play(apiserver, "daemonset", _hosts(apiserver), check=True)
+    assert changed["dra"] >= 1 and changed["dp"] >= 1
+    assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS + DP_OBJECTS)
+    assert _mode_label(apiserver, NODE) is None and _mode_label(apiserver, DP_NODE) is None
+    assert not (work / "state-dra").exists()
+
+    changed, _ = _play(apiserver, "daemonset", _hosts(apiserver))
+    assert changed["dra"] >= 1 and changed["dp"] >= 1
+    assert all(_exists(apiserver, *obj) for obj in DRA_OBJECTS + DP_OBJECTS)
+    assert _mode_label(apiserver, NODE) == "dra"
+    assert _mode_label(apiserver, DP_NODE) == "daemonset"
+    assert json.loads((work / "state-dra" / "device-plugin-daemonset.json").read_text()) == {
+        "namespace": NAMESPACE,
+        "daemonset": "gpuops-dra-plugin",
+        "allocation_mode": "dra",
+    }
+    assert json.loads((work / "state-dp" / "device-plugin-daemonset.json").read_text()) == {
+        "namespace": NAMESPACE,
+        "daemonset": "gpuops-device-plugin",
+    }
+    dra = apps.read_namespaced_daemon_set("gpuops-dra-plugin", NAMESPACE).spec.template.spec
+    assert dra.node_selector == {"nvidia.com/gpu.present": "true", "gpuops.k8s/device-plugin": "dra"}
+    assert dra.containers[0].args[dra.containers[0].args.index("--allocation-mode") + 1] == "dra"
+    rules = client.RbacAuthorizationV1Api(apiserver["admin"]).read_cluster_role("gpuops-dra-plugin").rules
+    assert [(r.api_groups, r.resources, r.verbs) for r in rules] == [
+        ([GROUP], ["resourceslices"], ["list", "create", "update", "delete"]),
+        ([GROUP], ["resourceclaims"], ["get"]),
+        ([""], ["nodes"], ["get"]),
+    ]
+    # The DRA node came first and rendered both: the device plugin's DaemonSet is still the device plugin's.
+    plugin = apps.read_namespaced_daemon_set("gpuops-device-plugin", NAMESPACE).spec.template.spec
+    assert plugin.node_selector == {"nvidia.com/gpu.present": "true", "gpuops.k8s/device-plugin": "daemonset"}
+    assert not {"--allocation-mode", "--driver-name", "--node-name", "--kubeconfig"} & set(plugin.containers[0].args)
+
+    # The node's DRA pod, as the DaemonSet controller and the kubelet would make it: the role waits for it.
+    generation = apps.read_namespaced_daemon_set("gpuops-dra-plugin", NAMESPACE).metadata.generation
+    core.create_namespaced_pod(
+        NAMESPACE,
+        {
+            "metadata": {
+                "name": "gpuops-dra-plugin-x",
+                "labels": {"app.kubernetes.io/name": "gpuops-dra-plugin", "pod-template-generation": str(generation)},
+            },
+            "spec": {
+                "nodeName": NODE,
+                "serviceAccountName": ACCOUNT,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "dra-plugin", "image": "localhost/gpu-device-plugin:0.1.0"}],
+            },
+        },
+    )
+    core.patch_namespaced_pod_status(
+        "gpuops-dra-plugin-x",
+        NAMESPACE,
+        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+    )
+    # This time the device-plugin node comes first and renders the objects: nothing changes either.
+    hosts = _hosts(apiserver, dra={"device_plugin_wait_for_pod": True})
+    changed, tasks = _play(apiserver, "daemonset", {"dp": hosts["dp"], "dra": hosts["dra"]})
+    assert changed == {"dra": 0, "dp": 0}
+    waited = tasks["Wait for the node's plugin pod to be ready"]
+    assert waited["dp"].get("skipped") is True, "the device-plugin node does not wait here"
+    assert [p["metadata"]["name"] for p in waited["dra"]["resources"]] == ["gpuops-dra-plugin-x"]
+
+    # The DRA node leaves (to systemd mode): while its pod is there, the role waits, then gives up.
+    _changed, tasks = _play(apiserver, "daemonset_leave", _hosts(apiserver), limit="dra", expect_ok=False)
+    (failed,) = [name for name, hosts in tasks.items() if hosts.get("dra", {}).get("failed")]
+    assert failed == "Wait until the DaemonSet's plugin pod has left the node"
+    assert [p["metadata"]["name"] for p in tasks[failed]["dra"]["resources"]] == ["gpuops-dra-plugin-x"]
+    assert _mode_label(apiserver, NODE) is None
+    core.delete_namespaced_pod("gpuops-dra-plugin-x", NAMESPACE, grace_period_seconds=0)
+    _wait("the pod to go", lambda: not core.list_namespaced_pod(NAMESPACE).items, 30)
+    changed, _ = _play(apiserver, "daemonset_leave", _hosts(apiserver), limit="dra")
+    assert changed["dra"] >= 1
+    assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS), "the DRA driver's objects stayed"
+    assert all(_exists(apiserver, *obj) for obj in DP_OBJECTS), "the device plugin's objects went"
+    assert not (work / "state-dra" / "device-plugin-daemonset.json").exists()
+    assert _mode_label(apiserver, DP_NODE) == "daemonset"
+
+    # Then the device-plugin node: its DaemonSet goes, the namespace stays.
+    changed, _ = _play(apiserver, "daemonset_leave", _hosts(apiserver), limit="dp")
+    assert changed["dp"] >= 1
+    assert not any(_exists(apiserver, *obj) for obj in DP_OBJECTS)
+    assert _mode_label(apiserver, DP_NODE) is None
+    assert core.read_namespace(NAMESPACE).metadata.name == NAMESPACE
