@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import LabError
-from .config import HERE, MAX_NODES, PROCESSES, LabConfig
+from .config import HERE, MAX_NODES, PROCESSES, REPO, LabConfig
 from .controlplane import kubectl, running_pid, start_control_plane, stop
 from .inventory import inventory
 from .nodes import (
@@ -89,6 +89,13 @@ def cmd_up(cfg: LabConfig, args: Sequence[str]) -> int:
     make_pki(cfg)
     make_ssh_key(cfg)
     write_kubeconfigs(cfg)
+    # containerd 1.7 (built once from its Go module and cached, as the integration tier does) replaces
+    # Debian's 1.6 in every node: 1.6 has no CDI, which DRA nodes need.
+    log("building or reusing containerd 1.7")
+    containerd = Path(
+        run([REPO / "scripts" / "build-containerd17.sh"], what="scripts/build-containerd17.sh").stdout.strip()
+    )
+    (cfg.lab / "containerd.path").write_text(f"{containerd}\n")
     image = build_images(cfg, bin_dir)
     (cfg.lab / "nodes.count").write_text(f"{count}\n")
     node_ip = detect_node_ip(os.environ.get("GPUOPS_LAB_NODE_IP"))
@@ -96,7 +103,7 @@ def cmd_up(cfg: LabConfig, args: Sequence[str]) -> int:
     start_control_plane(cfg, bin_dir)
     for index in range(1, count + 1):
         write_node_config(cfg, index, node_ip)
-        start_node(cfg, index, image, bin_dir)
+        start_node(cfg, index, image, bin_dir, containerd)
     for index in range(1, count + 1):
         prepare_node(cfg, index)
     wait_nodes_ready(cfg, bin_dir, count)

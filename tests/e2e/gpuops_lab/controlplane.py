@@ -37,6 +37,8 @@ CONTROLLERS = (
     "root-ca-certificate-publisher-controller",
     "garbage-collector-controller",
     "namespace-controller",
+    # DRA: makes a pod's ResourceClaims from its ResourceClaimTemplates, and frees claims its pods are done with.
+    "resourceclaim-controller",
 )
 
 

@@ -34,15 +34,15 @@ def resolve_spec(spec: str, specs: Path = SPECS) -> Path:
 
 
 def wheelhouse(cfg: LabConfig) -> Path:
-    """The device plugin's pinned dependencies (roles/device_plugin/defaults), downloaded once into a
-    wheelhouse keyed by the pins: the same key as molecule/plugin's, so both share the download."""
+    """The device plugin's pinned dependencies in both allocation modes (roles/device_plugin/defaults),
+    with what they need, downloaded once into a wheelhouse keyed by the pins."""
     defaults = REPO / "roles" / "device_plugin" / "defaults" / "main.yml"
     read = subprocess.run(
         [
             cfg.python,
             "-c",
-            'import sys, yaml; print(" ".join(sorted(yaml.safe_load(open(sys.argv[1]))["device_plugin_pip_packages"])),'
-            ' end="")',
+            "import sys, yaml; d = yaml.safe_load(open(sys.argv[1]));"
+            ' print(" ".join(sorted(d["device_plugin_pip_packages"] + d["device_plugin_dra_pip_packages"])), end="")',
             str(defaults),
         ],
         stdout=subprocess.PIPE,
@@ -163,6 +163,8 @@ def inventory_text(cfg: LabConfig, count: int) -> str:
         f'        device_plugin_pip_extra_args: "--no-index --find-links http://127.0.0.1:{cfg.serve_port}/wheels/"',
         f"        gpu_node_labels_kubeconfig: {kubeconfig}",
         f"        device_plugin_kubeconfig: {kubeconfig}",
+        "        # DRA nodes (gpu_allocation_mode: dra) reach the API server with the kubelet's own credentials.",
+        "        device_plugin_dra_kubeconfig: /etc/gpuops-lab/kubelet.kubeconfig",
     ]
     return "".join(f"{line}\n" for line in lines)
 

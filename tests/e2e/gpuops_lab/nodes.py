@@ -232,8 +232,9 @@ def container_running(name: str) -> bool:
     return (output(["podman", "inspect", "--format", "{{.State.Running}}", name]) or "").strip() == "true"
 
 
-def start_node(cfg: LabConfig, index: int, image: str, bin_dir: Path) -> None:
-    """Start node ``index``'s container (or restart a stopped one)."""
+def start_node(cfg: LabConfig, index: int, image: str, bin_dir: Path, containerd_bin: Path) -> None:
+    """Start node ``index``'s container (or restart a stopped one), with the kubelet from ``bin_dir`` and
+    the containerd daemon ``containerd_bin`` mounted over the node image's."""
     name = cfg.node_name(index)
     if succeeds(["podman", "container", "exists", name]):
         if not container_running(name):
@@ -278,6 +279,8 @@ def start_node(cfg: LabConfig, index: int, image: str, bin_dir: Path) -> None:
             f"{cfg.node_dir(index)}:/etc/gpuops-lab:ro",
             "-v",
             f"{bin_dir / 'kubelet'}:/usr/local/bin/kubelet:ro",
+            "-v",
+            f"{containerd_bin}:/usr/bin/containerd:ro",
             "-v",
             f"{cfg.lab / 'images'}:/opt/gpuops-lab/images:ro",
             image,
