@@ -11,14 +11,24 @@ version_added: 0.1.0
 description:
   - Formats the rows that C(playbooks/validate.yml) computes per node (node, GPU model, GPU count, allocatable
     C(nvidia.com/gpu), labels, taint, plugin status and the checks that are red) as aligned text lines.
+  - A table with a node in DRA mode (C(mode) C(dra)) also has the columns MODE (C(device-plugin) or C(dra)),
+    PUBLISHED (the devices in the node's ResourceSlices), UNHEALTHY (those of them marked C(Unhealthy)) and
+    CLAIMS (the claims prepared on the node). A device-plugin node shows C(-) in the last three. A table
+    without a DRA node leaves these columns out, so it reads as before DRA mode existed.
 options:
   _input:
     description:
       - Rows, each a dict with C(node), C(model), C(count), C(allocatable), C(labels), C(taint), C(plugin)
-        and C(checks) (check name to bool).
+        and C(checks) (check name to bool); a missing field is shown as C(-).
+      - Optionally C(mode) (C(device-plugin) or C(dra); C(device_plugin) is shown as C(device-plugin)) and, for
+        a DRA node, C(published), C(unhealthy) and C(claims).
     type: list
     elements: dict
     required: true
+  dra_columns:
+    description:
+      - Whether to show the DRA columns. By default (null) they are shown when a row's C(mode) is C(dra).
+    type: bool
 """
 
 EXAMPLES = r"""
@@ -36,8 +46,30 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-_COLUMNS = ("node", "model", "count", "allocatable", "labels", "taint", "plugin")
-_HEADER = ("NODE", "GPU MODEL", "COUNT", "ALLOCATABLE", "LABELS", "TAINT", "PLUGIN", "RED")
+_COLUMNS = (
+    ("node", "NODE"),
+    ("model", "GPU MODEL"),
+    ("count", "COUNT"),
+    ("allocatable", "ALLOCATABLE"),
+    ("labels", "LABELS"),
+    ("taint", "TAINT"),
+    ("plugin", "PLUGIN"),
+)
+_DRA_COLUMNS = (
+    ("node", "NODE"),
+    ("model", "GPU MODEL"),
+    ("mode", "MODE"),
+    ("count", "COUNT"),
+    ("allocatable", "ALLOCATABLE"),
+    ("published", "PUBLISHED"),
+    ("unhealthy", "UNHEALTHY"),
+    ("claims", "CLAIMS"),
+    ("labels", "LABELS"),
+    ("taint", "TAINT"),
+    ("plugin", "PLUGIN"),
+)
+# Cells that only a DRA node has: a device-plugin node shows "-" there whatever its row holds.
+_DRA_ONLY = frozenset(("published", "unhealthy", "claims"))
 
 
 def _truthy(value):
@@ -46,16 +78,37 @@ def _truthy(value):
     return bool(value)
 
 
-def gpu_node_table(rows):
+def _mode(row):
+    mode = row.get("mode")
+    return "-" if mode is None or str(mode).strip() == "" else str(mode).strip().replace("_", "-")
+
+
+def _cells(row, columns):
+    dra = _mode(row) == "dra"
+    cells = []
+    for key, _title in columns:
+        if key == "mode":
+            cells.append(_mode(row))
+        elif key in _DRA_ONLY and not dra:
+            cells.append("-")
+        else:
+            cells.append(str(row.get(key, "-")))
+    red = sorted(name for name, ok in (row.get("checks") or {}).items() if not _truthy(ok))
+    return (*cells, ", ".join(red) or "-")
+
+
+def gpu_node_table(rows, dra_columns=None):
     if not isinstance(rows, list):
         raise AnsibleFilterError("gpu_node_table: the input must be a list of rows.")
-    table = [_HEADER]
-    for index, row in enumerate(sorted(rows, key=lambda r: str(r.get("node", "")) if isinstance(r, dict) else "")):
+    for index, row in enumerate(rows):
         if not isinstance(row, dict):
             raise AnsibleFilterError(f"gpu_node_table: row {index} is not a dict.")
-        red = sorted(name for name, ok in (row.get("checks") or {}).items() if not _truthy(ok))
-        table.append((*tuple(str(row.get(c, "-")) for c in _COLUMNS), ", ".join(red) or "-"))
-    widths = [max(len(line[i]) for line in table) for i in range(len(_HEADER))]
+    if dra_columns is None:
+        dra_columns = any(_mode(row) == "dra" for row in rows)
+    columns = _DRA_COLUMNS if _truthy(dra_columns) else _COLUMNS
+    table = [(*(title for _key, title in columns), "RED")]
+    table.extend(_cells(row, columns) for row in sorted(rows, key=lambda r: str(r.get("node", ""))))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in table]
 
 
