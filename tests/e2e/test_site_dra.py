@@ -15,6 +15,7 @@ The module runs after test_site.py, which leaves the first node in device_plugin
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -130,7 +131,9 @@ def running(lab: Lab, name: str, timeout: float = 120) -> client.V1Pod:
 
 
 def delete_pod(lab: Lab, name: str) -> None:
-    lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    # Graceful (the pod's 1 s): the pod object stays until the kubelet has unprepared its claims, so the next
+    # test's claim is never handed a GPU still prepared for this one (which the daemon would refuse).
+    lab.core.delete_namespaced_pod(name, "default")
     lab.wait_until(
         f"pod {name} gone",
         lambda: not any(p.metadata.name == name for p in lab.core.list_namespaced_pod("default").items),
@@ -292,6 +295,25 @@ def test_nvidia_gpu_pod_runs_through_the_extended_resource_mapping(lab: Lab, flo
         assert visible_devices(lab, flow.node, pod) == uuids_of(lab, flow.node, devices)
     finally:
         delete_pod(lab, name)
+
+
+def test_validate_shows_the_dra_node_with_its_claim(
+    lab: Lab, flow: DraFlow, templates: dict[str, str], runc_class: str
+) -> None:
+    name = f"dra-validate-{uuid.uuid4().hex[:8]}"
+    lab.core.create_namespaced_pod("default", pod_manifest(name, flow.node, claim_template=templates["fits"]))
+    try:
+        running(lab, name)
+        done = run_playbook(
+            "validate.yml", flow.inventory, "-e", "gpu_allocation_mode=dra", extra_vars=flow.extra_vars, limit=flow.node
+        )
+    finally:
+        delete_pod(lab, name)
+    assert done.returncode == 0, done.summary()
+    assert "MODE" in done.output and "PUBLISHED" in done.output
+    # mode, count, allocatable, published, unhealthy, claims, labels, taint, plugin, red
+    row = rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+dra\s+8\s+0\s+8\s+0\s+1\s+ok\s+on\s+healthy\s+-"'
+    assert re.search(row, done.output), done.output[-3000:]
 
 
 def test_restarts_lose_no_prepared_claim(lab: Lab, flow: DraFlow, templates: dict[str, str], runc_class: str) -> None:
