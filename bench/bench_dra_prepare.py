@@ -247,7 +247,7 @@ def claim_get_alone(node_api: KubeApi, claim: tuple[str, str, str], calls: int) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--rounds", type=int, default=200, help="claims prepared per claim size (default 200)")
     args = parser.parse_args()
     if args.rounds < 1:

@@ -664,13 +664,13 @@ def test_the_role_runs_a_batch_with_a_node_in_each_mode_and_each_leaves(apiserve
         _delete(apiserver, api_version, kind, name, namespace)
 
     # Check mode: reported, nothing written.
-    changed, _ = _play(apiserver, "daemonset", _hosts(apiserver), check=True)
+    changed = _play(apiserver, "daemonset", _hosts(apiserver), check=True)[0]
     assert changed["dra"] >= 1 and changed["dp"] >= 1
     assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS + DP_OBJECTS)
     assert _mode_label(apiserver, NODE) is None and _mode_label(apiserver, DP_NODE) is None
     assert not (work / "state-dra").exists()
 
-    changed, _ = _play(apiserver, "daemonset", _hosts(apiserver))
+    changed = _play(apiserver, "daemonset", _hosts(apiserver))[0]
     assert changed["dra"] >= 1 and changed["dp"] >= 1
     assert all(_exists(apiserver, *obj) for obj in DRA_OBJECTS + DP_OBJECTS)
     assert _mode_label(apiserver, NODE) == "dra"
@@ -736,7 +736,7 @@ def test_the_role_runs_a_batch_with_a_node_in_each_mode_and_each_leaves(apiserve
     assert _mode_label(apiserver, NODE) is None
     core.delete_namespaced_pod("gpuops-dra-plugin-x", NAMESPACE, grace_period_seconds=0)
     _wait("the pod to go", lambda: not core.list_namespaced_pod(NAMESPACE).items, 30)
-    changed, _ = _play(apiserver, "daemonset_leave", _hosts(apiserver), limit="dra")
+    changed = _play(apiserver, "daemonset_leave", _hosts(apiserver), limit="dra")[0]
     assert changed["dra"] >= 1
     assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS), "the DRA driver's objects stayed"
     assert all(_exists(apiserver, *obj) for obj in DP_OBJECTS), "the device plugin's objects went"
@@ -744,7 +744,7 @@ def test_the_role_runs_a_batch_with_a_node_in_each_mode_and_each_leaves(apiserve
     assert _mode_label(apiserver, DP_NODE) == "daemonset"
 
     # Then the device-plugin node: its DaemonSet goes, the namespace stays.
-    changed, _ = _play(apiserver, "daemonset_leave", _hosts(apiserver), limit="dp")
+    changed = _play(apiserver, "daemonset_leave", _hosts(apiserver), limit="dp")[0]
     assert changed["dp"] >= 1
     assert not any(_exists(apiserver, *obj) for obj in DP_OBJECTS)
     assert _mode_label(apiserver, DP_NODE) is None
