@@ -280,9 +280,10 @@ def test_daemonset_and_runtimeclass(apiserver):
         client.NodeV1Api(api).read_runtime_class("nvidia")
 
     changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
-    # The RuntimeClass, the namespace, the three objects in it in one task, the node's label, and the
-    # record on the node (its directory and the file).
-    assert changed == 6
+    # The RuntimeClass, the namespace, the three objects in it in one task, the node's label, the record on
+    # the node (its directory and the file), and the node's record of its allocation mode.
+    assert changed == 7
+    assert (apiserver["work"] / "node-state" / "allocation-mode").read_text() == "device_plugin\n"
     runtime_class = client.NodeV1Api(api).read_runtime_class("nvidia")
     assert runtime_class.handler == "nvidia"
     ds = client.AppsV1Api(api).read_namespaced_daemon_set("gpuops-device-plugin", "gpuops-system")
