@@ -45,6 +45,7 @@ from dra_kubelet_double import PluginWatcherDouble  # noqa: E402
 from gpu_device_plugin.dra import cdi  # noqa: E402
 from gpu_device_plugin.dra.kubeapi import KubeApi  # noqa: E402
 from kubernetes import client  # noqa: E402
+from local_api import port_open, wait_for  # noqa: E402
 
 # This bench's own ports, so that it can run beside the integration test (ControlPlane reads the etcd
 # port from its module).
@@ -189,7 +190,7 @@ def measure(
     """Prepare and unprepare `rounds` fresh claims of `devices` devices: the latencies in ms."""
     claims = [cluster.allocated_claim([GPUS[(n + k) % 8] for k in range(devices)]) for n in range(WARMUP + rounds)]
     # The Node authorizer learns of the pods from a watch: wait until the node may read the last claim.
-    dra_api._wait(
+    wait_for(
         "the Node authorizer to learn of the pods",
         lambda: _readable(node_api, claims[-1]) and _readable(node_api, claims[0]),
         60,
@@ -253,7 +254,7 @@ def main() -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
-        if dra_api._port_open(port):
+        if port_open(port):
             sys.stderr.write(f"port {port} on 127.0.0.1 is taken; this bench needs it\n")
             return 1
 

@@ -124,6 +124,15 @@ def nvlink_peers(spec: Path) -> dict[str, set[str]]:
     return peers
 
 
+def recovery_vars(path: Path) -> Path:
+    """Write site.yml's extra vars for the GPU flows to ``path``: the plugin's config with health recovery on
+    (off by default, as in NVIDIA's plugin) after 1 quiet second, so that a GPU an XID marked unhealthy can
+    come back within a test."""
+    config = {"version": "v1", "flags": {"migStrategy": "none"}, "gpuops": {"healthRecoverySeconds": 1}}
+    path.write_text(yaml.safe_dump({"device_plugin_config": config}))
+    return path
+
+
 def write_in_place(path: Path, text: str) -> None:
     """Rewrite a file without a rename: nodes and pods see simulated specs through bind mounts of their directory."""
     with open(path, "w", encoding="utf-8") as handle:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, nvlink_peers, run_lab, write_in_place
+from conftest import PAUSE_IMAGE, Lab, nvlink_peers, recovery_vars, run_lab, write_in_place
 from kubernetes import client
 from playbook_run import REPO, PlaybookRun, inventory_hostvars, lab_inventory, run_playbook
 
@@ -68,19 +68,7 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> SiteFlow:
     node = lab.nodes[0]
     work = tmp_path_factory.mktemp("site-flow")
     inventory = lab_inventory(work / "inventory.yml")
-    # Recovery on (off by default, as in NVIDIA's plugin) so that a GPU marked unhealthy can come back.
-    extra_vars = work / "vars.yml"
-    extra_vars.write_text(
-        yaml.safe_dump(
-            {
-                "device_plugin_config": {
-                    "version": "v1",
-                    "flags": {"migStrategy": "none"},
-                    "gpuops": {"healthRecoverySeconds": 1},
-                }
-            }
-        )
-    )
+    extra_vars = recovery_vars(work / "vars.yml")
 
     packages_before = packages(lab, node)
     classes_before = runtime_classes(lab)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import Lab, run_lab, write_in_place
+from conftest import Lab, recovery_vars, run_lab, write_in_place
 from dra_objects import DEVICE_CLASS, DRIVER, GPU, RESOURCE, claim_template, pod_manifest
 from kubernetes import client
 from playbook_run import PlaybookRun, lab_inventory, run_playbook
@@ -70,19 +70,8 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> DraFlow:
     node = lab.nodes[0]
     work = tmp_path_factory.mktemp("site-dra")
     inventory = lab_inventory(work / "inventory.yml")
-    extra_vars = work / "vars.yml"
     # Recovery on, so that a GPU an XID marked unhealthy comes back after the test.
-    extra_vars.write_text(
-        yaml.safe_dump(
-            {
-                "device_plugin_config": {
-                    "version": "v1",
-                    "flags": {"migStrategy": "none"},
-                    "gpuops": {"healthRecoverySeconds": 1},
-                }
-            }
-        )
-    )
+    extra_vars = recovery_vars(work / "vars.yml")
     if lab.allocatable(node).get(GPU) != "8":
         setup = run_site(extra_vars, inventory, node, "device_plugin")
         assert setup.returncode == 0, setup.summary()

@@ -16,13 +16,13 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client, config
+from local_api import port_open, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "files/device_plugin/src"))
@@ -43,21 +43,6 @@ DRIVER = DEFAULT_DRIVER_NAME
 GROUP = "resource.k8s.io"
 FIXTURES = ROOT / "tests/fixtures/simulated"
 NAMESPACE = "dra-api-test"
-
-
-def _wait(what, predicate, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _port_open(port):
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _kubeconfig(path, port, token, ca=None):
@@ -131,7 +116,7 @@ class ControlPlane:
                 f"http://127.0.0.1:{ETCD_PORT + 1}",
             ],
         )
-        _wait("etcd", lambda: _port_open(ETCD_PORT), 60)
+        wait_for("etcd", lambda: port_open(ETCD_PORT), 60)
 
     def apiserver(self, name, port, *extra, node_authorizer=True):
         proc = self.start(
@@ -173,7 +158,7 @@ class ControlPlane:
             except OSError:
                 return False
 
-        _wait(f"{name} on port {port}", ready, 180)
+        wait_for(f"{name} on port {port}", ready, 180)
         admin = config.new_client_from_config(self.kubeconfig(name, port, ADMIN_TOKEN, f"{name}-admin.conf"))
         core = client.CoreV1Api(admin)
         for node in (NODE, OTHER):
@@ -198,7 +183,7 @@ class ControlPlane:
 def plane(tmp_path_factory):
     work = tmp_path_factory.mktemp("dra-api")
     for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT, BETA_API_PORT):
-        assert not _port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
+        assert not port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
     plane = ControlPlane(work)
     try:
         plane.etcd()
@@ -488,7 +473,7 @@ def test_the_node_reads_only_the_claims_of_its_own_pods(cluster, namespace):
         except KubeApiError:
             return False
 
-    _wait("the Node authorizer to learn of the pod", readable, 30)
+    wait_for("the Node authorizer to learn of the pod", readable, 30)
     assert node_api.get_resource_claim(NAMESPACE, "node-claim")["status"]["allocation"]["devices"]["results"][0][
         "device"
     ] == ("gpu-2")
@@ -663,18 +648,18 @@ def test_the_daemon_in_dra_mode_publishes_keeps_and_marks_its_node_slice(cluster
     )
     all_healthy = {f"gpu-{i}": "Healthy" for i in range(8)}
     try:
-        _wait("the daemon's slice", lambda: _device_health(cluster) == all_healthy, timeout=60)
+        wait_for("the daemon's slice", lambda: _device_health(cluster) == all_healthy, timeout=60)
         assert (tmp_path / "registry" / f"{DRIVER}-reg.sock").is_socket()
         assert (tmp_path / "plugins" / DRIVER / "dra.sock").is_socket()
         assert not list((tmp_path / "device-plugins").iterdir()), "dra mode registered a device-plugin socket"
         # Someone deletes the slice (the kubelet does when it starts): the daemon writes it again.
         for found in _slices(cluster):
             cluster["custom"].delete_cluster_custom_object(GROUP, "v1", "resourceslices", found["metadata"]["name"])
-        _wait("the slice to be written again", lambda: _device_health(cluster) == all_healthy, timeout=60)
+        wait_for("the slice to be written again", lambda: _device_health(cluster) == all_healthy, timeout=60)
         # An XID on the second GPU: its device is marked in the slice.
         spec.write_text(text.replace("pci_bus_id: '0000:2a:00.0'", "pci_bus_id: '0000:2a:00.0'\n  xid: 79", 1))
         marked = dict(all_healthy, **{"gpu-1": "Unhealthy"})
-        _wait("the XID in the slice", lambda: _device_health(cluster) == marked, timeout=60)
+        wait_for("the XID in the slice", lambda: _device_health(cluster) == marked, timeout=60)
         assert daemon.poll() is None, "the daemon exited"
     finally:
         daemon.terminate()

@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -36,6 +34,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.config import incluster_config
 from kubernetes.dynamic import DynamicClient
+from local_api import port_open, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "files/device_plugin/src"))
@@ -62,26 +61,11 @@ SPEC_DIR = "/etc/gpuops/simulated"
 FIXTURES = ROOT / "tests/fixtures/simulated"
 
 
-def _wait(what, predicate, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _port_open(port):
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory):
     work = tmp_path_factory.mktemp("dra-daemonset")
     for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
-        assert not _port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
+        assert not port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
     bindir = subprocess.run(
         [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
     ).stdout.strip()
@@ -117,7 +101,7 @@ def apiserver(tmp_path_factory):
                 f"http://127.0.0.1:{ETCD_PORT + 1}",
             ],
         )
-        _wait("etcd", lambda: _port_open(ETCD_PORT), 60)
+        wait_for("etcd", lambda: port_open(ETCD_PORT), 60)
         proc = start(
             "kube-apiserver",
             [
@@ -152,7 +136,7 @@ def apiserver(tmp_path_factory):
             except OSError:
                 return False
 
-        _wait("kube-apiserver", ready, 180)
+        wait_for("kube-apiserver", ready, 180)
         ca = work / "certs" / "apiserver.crt"
         kubeconfig = work / "admin.conf"
         kubeconfig.write_text(
@@ -735,7 +719,7 @@ def test_the_role_runs_a_batch_with_a_node_in_each_mode_and_each_leaves(apiserve
     assert [p["metadata"]["name"] for p in tasks[failed]["dra"]["resources"]] == ["gpuops-dra-plugin-x"]
     assert _mode_label(apiserver, NODE) is None
     core.delete_namespaced_pod("gpuops-dra-plugin-x", NAMESPACE, grace_period_seconds=0)
-    _wait("the pod to go", lambda: not core.list_namespaced_pod(NAMESPACE).items, 30)
+    wait_for("the pod to go", lambda: not core.list_namespaced_pod(NAMESPACE).items, 30)
     changed = _play(apiserver, "daemonset_leave", _hosts(apiserver), limit="dra")[0]
     assert changed["dra"] >= 1
     assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS), "the DRA driver's objects stayed"

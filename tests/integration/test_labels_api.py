@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client, config
+from local_api import port_open, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ETCD_PORT = 36379
@@ -30,21 +29,6 @@ TOKEN = "gpuops-labels-test-admin-token"
 SPEC = ROOT / "tests/fixtures/simulated/h100x8.yaml"
 
 
-def _wait(what, predicate, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _port_open(port):
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory):
     work = tmp_path_factory.mktemp("apiserver")
@@ -52,7 +36,7 @@ def apiserver(tmp_path_factory):
         [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
     ).stdout.strip()
     for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
-        assert not _port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
+        assert not port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
     subprocess.run(
         ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(work / "sa.key")],
         check=True,
@@ -83,7 +67,7 @@ def apiserver(tmp_path_factory):
             f"http://127.0.0.1:{ETCD_PORT + 1}",
         ],
     )
-    _wait("etcd", lambda: _port_open(ETCD_PORT), 60)
+    wait_for("etcd", lambda: port_open(ETCD_PORT), 60)
     start(
         "kube-apiserver",
         [
@@ -128,7 +112,7 @@ def apiserver(tmp_path_factory):
             return False
 
     try:
-        _wait("kube-apiserver", ready, 180)
+        wait_for("kube-apiserver", ready, 180)
         core.create_node(
             {
                 "apiVersion": "v1",
