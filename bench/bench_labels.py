@@ -1,6 +1,6 @@
 """Labels and taints on many nodes: the gpu_node_labels role, as Ansible runs it, over 1,000 Node objects.
 
-    python bench/bench_labels.py [--nodes 1000] [--forks 10]
+    python bench/bench_labels.py [--nodes 1000] [--forks 10] [--runs 3] [--baseline REF [--baseline-runs N]]
 
 What it does, against the lab's real kube-apiserver (tests/e2e/lab.py; GPUOPS_LAB_INSTANCE is honoured):
 - registers N Node objects (``gpuops-bench-node-NNNN``, no kubelet behind them) through the API;
@@ -9,7 +9,10 @@ What it does, against the lab's real kube-apiserver (tests/e2e/lab.py; GPUOPS_LA
   simulated specs and handed to the role as ``gpu_node_labels_gpu_info``, so no node is contacted: what is
   timed is the role's work on the control host and its API calls;
 - runs ``ansible-playbook`` with the role twice: the first run labels and taints every node, the second
-  finds nothing to change;
+  finds nothing to change; the Node objects are deleted and registered again for each repetition, and the
+  medians of --runs repetitions are printed;
+- with --baseline REF, does the same with the role as it is at git REF (checked out in a git worktree),
+  the repetitions of both interleaved, and prints both side by side;
 - counts the API server's requests during each run by verb and resource (the difference of its
   ``apiserver_request_total`` counters before and after) and prints them side by side with the wall times.
 
@@ -28,6 +31,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,25 +149,80 @@ def run_role(workdir: Path, inventory: Path, forks: int, env: dict[str, str]) ->
     return wall, changed, failed
 
 
+def load() -> str:
+    one, five = os.getloadavg()[:2]
+    return f"{one:.1f}/{five:.1f}"
+
+
 def set_kubelets(nodes: list[str], action: str) -> None:
     for node in nodes:
         subprocess.run(["podman", "exec", node, "systemctl", action, "kubelet"], check=True, timeout=120)
+
+
+def collection_tree(ref: str | None, workdir: Path) -> str:
+    """ANSIBLE_COLLECTIONS_PATH for this checkout, or for REF from a git worktree of it."""
+    if ref is None:
+        tree = subprocess.run(
+            [str(REPO / "scripts" / "collection-tree.sh")], check=True, stdout=subprocess.PIPE, text=True
+        ).stdout.strip()
+        return str(Path(tree).parents[2])
+    worktree = workdir / "baseline-src"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(worktree), ref], check=True)
+    dest = workdir / "baseline" / "ansible_collections" / "gpuops" / "k8s"
+    subprocess.run([str(worktree / "scripts" / "collection-tree.sh"), str(dest)], check=True, stdout=subprocess.DEVNULL)
+    return str(workdir / "baseline")
+
+
+def measure(core, api, names, workdir, inventory, forks, env, lab_nodes, kubeconfig):
+    """Register the Node objects, run the role twice with the kubelets stopped and the controller manager
+    paused, delete the Node objects: [(label, wall, changed, failed, requests)] for the two runs."""
+    from kubernetes import client
+
+    for name in names:
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={BENCH_LABEL: "true"})))
+    results = []
+    set_kubelets(lab_nodes, "stop")
+    # The controller manager's node lifecycle controller would be taking up the new nodes (taints,
+    # status) while the role runs, and its requests would count with the role's: it is paused.
+    controller_manager = int((Path(kubeconfig).parent / "run" / "kube-controller-manager.pid").read_text())
+    os.kill(controller_manager, signal.SIGSTOP)
+    try:
+        for label in ("first run", "no-op run"):
+            before = request_counts(api)
+            wall, changed, failed = run_role(workdir, inventory, forks, env)
+            after = request_counts(api)
+            results.append((label, wall, changed, failed, after - before))
+            print(f"  {label}: {wall:.1f} s, {changed} nodes changed (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
+    finally:
+        os.kill(controller_manager, signal.SIGCONT)
+        set_kubelets(lab_nodes, "start")
+    sample = core.read_node(names[0])
+    labelled = sum(1 for k in (sample.metadata.labels or {}) if k.startswith("nvidia.com/"))
+    taints = [f"{t.key}={t.value}:{t.effect}" for t in sample.spec.taints or []]
+    core.delete_collection_node(label_selector=f"{BENCH_LABEL}=true")
+    deadline = time.monotonic() + 120
+    while core.list_node(label_selector=f"{BENCH_LABEL}=true", limit=1).items and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return results, labelled, taints
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000, help="Node objects to register and label (default 1000)")
     parser.add_argument("--forks", type=int, default=10, help="ansible-playbook --forks (default 10)")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions of first + no-op run; medians (default 3)")
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also measure the role as it is at git REF (a worktree of this repository), side by side",
+    )
+    parser.add_argument("--baseline-runs", type=int, help="repetitions for the baseline (default: --runs)")
     args = parser.parse_args()
 
     from kubernetes import client, config
 
-    collection = subprocess.run(
-        [str(REPO / "scripts" / "collection-tree.sh")], check=True, stdout=subprocess.PIPE, text=True
-    ).stdout.strip()
-    env = dict(
+    base_env = dict(
         os.environ,
-        ANSIBLE_COLLECTIONS_PATH=str(Path(collection).parents[2]),
         ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
         ANSIBLE_HOST_KEY_CHECKING="false",
     )
@@ -177,55 +236,74 @@ def main() -> int:
     api = config.new_client_from_config(config_file=kubeconfig)
     core = client.CoreV1Api(api)
     names = [f"gpuops-bench-node-{i:04d}" for i in range(1, args.nodes + 1)]
-    results = []
+    # variant -> list of [(label, wall, changed, failed, requests)] per repetition
+    measured: dict[str, list] = {}
+    sample = (0, [])
     try:
         with tempfile.TemporaryDirectory(prefix="gpuops-bench-labels-") as tmp:
             workdir = Path(tmp)
+            variants = {"this tree": collection_tree(None, workdir)}
+            runs = {"this tree": args.runs}
+            if args.baseline:
+                variants[args.baseline] = collection_tree(args.baseline, workdir)
+                runs[args.baseline] = args.baseline_runs or args.runs
+            env = dict(base_env, ANSIBLE_COLLECTIONS_PATH=variants["this tree"])
             infos = {kind: gpu_info(spec, workdir, env) for kind, spec in SPECS.items()}
             inventory = write_inventory(workdir, names, kubeconfig, infos)
-
-            start = time.monotonic()
-            for name in names:
-                core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={BENCH_LABEL: "true"})))
-            registered = time.monotonic() - start
-            print(f"registered {len(names)} Node objects in {registered:.1f} s", file=sys.stderr)
-
-            set_kubelets(lab_nodes, "stop")
-            # The controller manager's node lifecycle controller would be taking up the new nodes (taints,
-            # status) while the role runs, and its requests would count with the role's: it is paused.
-            controller_manager = int((Path(kubeconfig).parent / "run" / "kube-controller-manager.pid").read_text())
-            os.kill(controller_manager, signal.SIGSTOP)
-            try:
-                for label in ("first run", "second run"):
-                    before = request_counts(api)
-                    wall, changed, failed = run_role(workdir, inventory, args.forks, env)
-                    after = request_counts(api)
-                    results.append((label, wall, changed, failed, after - before))
-                    print(f"{label}: {wall:.1f} s, {changed} nodes changed", file=sys.stderr)
-            finally:
-                os.kill(controller_manager, signal.SIGCONT)
-                set_kubelets(lab_nodes, "start")
-
-            sample = core.read_node(names[0])
-            labelled = sum(1 for k in (sample.metadata.labels or {}) if k.startswith("nvidia.com/"))
-            taints = [f"{t.key}={t.value}:{t.effect}" for t in sample.spec.taints or []]
+            for rep in range(max(runs.values())):
+                for variant, collections in variants.items():
+                    if rep >= runs[variant]:
+                        continue
+                    print(f"{variant}, repetition {rep + 1}", file=sys.stderr)
+                    results, *found = measure(
+                        core,
+                        api,
+                        names,
+                        workdir,
+                        inventory,
+                        args.forks,
+                        dict(base_env, ANSIBLE_COLLECTIONS_PATH=collections),
+                        lab_nodes,
+                        kubeconfig,
+                    )
+                    measured.setdefault(variant, []).append(results)
+                    if variant == "this tree":
+                        sample = tuple(found)
+            if args.baseline:
+                subprocess.run(
+                    ["git", "-C", str(REPO), "worktree", "remove", "--force", str(workdir / "baseline-src")],
+                    check=False,
+                )
     finally:
         core.delete_collection_node(label_selector=f"{BENCH_LABEL}=true")
         api.close()
         if brought_up:
             lab("down")
 
-    print(f"gpu_node_labels over {args.nodes} Node objects, ansible-playbook --forks {args.forks}")
+    print(f"gpu_node_labels over {args.nodes} Node objects, ansible-playbook --forks {args.forks}, load {load()}")
     print("(GPU information precomputed from simulated specs; no node contacted;")
     print(" the lab's kubelets stopped and its controller manager paused while the runs were counted)")
-    print(f"{names[0]} now has {labelled} nvidia.com/ labels and taints {taints}")
+    print(f"{names[0]} got {sample[0]} nvidia.com/ labels and taints {sample[1]}")
     print()
-    header = f"{'':34}" + "".join(f"{label:>14}" for label, *_rest in results)
-    print(header)
-    print(f"{'wall time (s)':34}" + "".join(f"{r[1]:14.1f}" for r in results))
-    print(f"{'per node (ms)':34}" + "".join(f"{1000 * r[1] / args.nodes:14.1f}" for r in results))
-    print(f"{'hosts reporting changed':34}" + "".join(f"{r[2]:14d}" for r in results))
-    print(f"{'hosts failed':34}" + "".join(f"{r[3]:14d}" for r in results))
+    columns = [(variant, i) for variant in measured for i in range(2)]
+    print(f"{'':34}" + "".join(f"{variant[:13]:>14}" for variant, _i in columns))
+    print(f"{'':34}" + "".join(f"{('first run', 'no-op run')[i]:>14}" for _variant, i in columns))
+
+    def median(variant, i, pick):
+        return statistics.median(pick(rep[i]) for rep in measured[variant])
+
+    print(f"{'repetitions':34}" + "".join(f"{len(measured[v]):14d}" for v, _i in columns))
+    print(f"{'wall time, median (s)':34}" + "".join(f"{median(v, i, lambda r: r[1]):14.1f}" for v, i in columns))
+    print(
+        f"{'wall time, all (s)':34}"
+        + "".join(f"{'/'.join(f'{rep[i][1]:.0f}' for rep in measured[v]):>14}" for v, i in columns)
+    )
+    print(
+        f"{'per node, median (ms)':34}"
+        + "".join(f"{1000 * median(v, i, lambda r: r[1]) / args.nodes:14.1f}" for v, i in columns)
+    )
+    print(f"{'hosts reporting changed':34}" + "".join(f"{measured[v][-1][i][2]:14d}" for v, i in columns))
+    print(f"{'hosts failed':34}" + "".join(f"{measured[v][-1][i][3]:14d}" for v, i in columns))
 
     # The role reads and patches Node objects (and may ask for discovery); everything else in the interval is the
     # API server's own loopback traffic (its lease renewals, its informers' watch restarts), printed apart.
@@ -233,31 +311,20 @@ def main() -> int:
         verb, resource = key
         return (resource == "nodes" and verb != "WATCH") or resource.startswith("discovery")
 
-    print("API requests of the role (verb resource)")
-    keys = sorted({k for r in results for k, v in r[4].items() if v > 0 and by_role(k)}, key=lambda k: (k[1], k[0]))
+    last = [measured[v][-1][i][4] for v, i in columns]
+    print("API requests of the role in the last repetition (verb resource)")
+    keys = sorted({k for r in last for k, v in r.items() if v > 0 and by_role(k)}, key=lambda k: (k[1], k[0]))
     for verb, resource in keys:
-        print(f"  {verb + ' ' + resource:32}" + "".join(f"{r[4][(verb, resource)]:14d}" for r in results))
+        print(f"  {verb + ' ' + resource:32}" + "".join(f"{r[(verb, resource)]:14d}" for r in last))
     write_verbs = ("PATCH", "PUT", "POST", "DELETE")
-    writes = [sum(v for (verb, _res), v in r[4].items() if verb in write_verbs and v > 0) for r in results]
     role_writes = [
-        sum(v for (verb, res), v in r[4].items() if verb in write_verbs and v > 0 and by_role((verb, res)))
-        for r in results
+        sum(v for (verb, res), v in r.items() if verb in write_verbs and v > 0 and by_role((verb, res))) for r in last
     ]
     print(f"{'  writes':34}" + "".join(f"{w:14d}" for w in role_writes))
     print("the API server's own requests in the same interval (no kubelet running)")
-    print(f"{'  PUT leases':34}" + "".join(f"{r[4][('PUT', 'leases')]:14d}" for r in results))
-    watches = [sum(v for (verb, _res), v in r[4].items() if verb == "WATCH" and v > 0) for r in results]
+    print(f"{'  PUT leases':34}" + "".join(f"{r[('PUT', 'leases')]:14d}" for r in last))
+    watches = [sum(v for (verb, _res), v in r.items() if verb == "WATCH" and v > 0) for r in last]
     print(f"{'  WATCH (watch restarts, all)':34}" + "".join(f"{w:14d}" for w in watches))
-    other = [
-        sum(
-            v
-            for (verb, res), v in r[4].items()
-            if v > 0 and not by_role((verb, res)) and verb != "WATCH" and (verb, res) != ("PUT", "leases")
-        )
-        for r in results
-    ]
-    print(f"{'  other':34}" + "".join(f"{o:14d}" for o in other))
-    print(f"{'all writes in the interval':34}" + "".join(f"{w:14d}" for w in writes))
     return 0
 
 

@@ -55,83 +55,22 @@ _value:
   type: dict
 """
 
+
 from ansible.errors import AnsibleFilterError
-
-OWNED_LABELS_ANNOTATION = "gpuops.k8s/owned-labels"
-OWNED_TAINT_ANNOTATION = "gpuops.k8s/owned-taint"
-
-
-def _taint_id(key, value, effect):
-    return f"{key}={value}:{effect}"
+from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import LabelError
+from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import node_label_patch as _node_label_patch
 
 
 def node_label_patch(
     node, labels, taint=True, taint_key="nvidia.com/gpu", taint_value="present", taint_effect="NoSchedule"
 ):
-    if not isinstance(node, dict) or not isinstance(node.get("metadata"), dict):
-        raise AnsibleFilterError(
-            f"node_label_patch: the input must be a Node object with metadata, got {type(node).__name__}."
+    """The patch lives in module_utils/_node_labels.py, shared with the module gpuops.k8s.node_labels."""
+    try:
+        return _node_label_patch(
+            node, labels, taint=taint, taint_key=taint_key, taint_value=taint_value, taint_effect=taint_effect
         )
-    if not isinstance(labels, dict):
-        raise AnsibleFilterError("node_label_patch: labels must be a dict of label key to value.")
-    metadata = node["metadata"]
-    current = metadata.get("labels") or {}
-    annotations = metadata.get("annotations") or {}
-    owned_before = [k for k in (annotations.get(OWNED_LABELS_ANNOTATION) or "").split(",") if k]
-
-    label_patch = {}
-    for key, value in labels.items():
-        if current.get(key) != str(value):
-            label_patch[key] = str(value)
-    for key in owned_before:
-        if key not in labels and key in current:
-            label_patch[key] = None
-
-    annotation_patch = {}
-    owned_now = ",".join(sorted(labels))
-    if (annotations.get(OWNED_LABELS_ANNOTATION) or "") != owned_now:
-        annotation_patch[OWNED_LABELS_ANNOTATION] = owned_now or None
-
-    taints = list((node.get("spec") or {}).get("taints") or [])
-    wanted = {"key": taint_key, "value": taint_value, "effect": taint_effect}
-    ours = _taint_id(taint_key, taint_value, taint_effect)
-    owned_taint = annotations.get(OWNED_TAINT_ANNOTATION)
-    taint_patch = None
-    if taint:
-        present = any(
-            t.get("key") == taint_key and t.get("effect") == taint_effect and (t.get("value") or "") == taint_value
-            for t in taints
-        )
-        if not present:
-            # One taint per key and effect: a same-key taint with another value is replaced, not doubled.
-            taint_patch = [t for t in taints if not (t.get("key") == taint_key and t.get("effect") == taint_effect)] + [
-                wanted
-            ]
-        if owned_taint != ours:
-            annotation_patch[OWNED_TAINT_ANNOTATION] = ours
-    elif owned_taint:
-        key, _eq, rest = owned_taint.partition("=")
-        value, _colon, effect = rest.rpartition(":")
-        kept = [
-            t
-            for t in taints
-            if not (t.get("key") == key and t.get("effect") == effect and (t.get("value") or "") == value)
-        ]
-        if len(kept) != len(taints):
-            taint_patch = kept
-        annotation_patch[OWNED_TAINT_ANNOTATION] = None
-
-    patch = {}
-    if label_patch or annotation_patch:
-        patch["metadata"] = {}
-        if label_patch:
-            patch["metadata"]["labels"] = label_patch
-        if annotation_patch:
-            patch["metadata"]["annotations"] = annotation_patch
-    if taint_patch is not None:
-        # A merge patch replaces the whole list; null removes the field when no taint is left.
-        patch["spec"] = {"taints": taint_patch or None}
-    return patch
+    except LabelError as error:
+        raise AnsibleFilterError(str(error)) from None
 
 
 class FilterModule:

@@ -404,3 +404,82 @@ def test_a_batch_with_different_credentials_fails_with_a_sentence(apiserver):
     assert made.get("PATCH", 0) == 0, made
     for name in names:
         assert "nvidia.com/gpu.present" not in (apiserver["core"].read_node(name).metadata.labels or {})
+
+
+def _node_labels_module():
+    """The module gpuops.k8s.node_labels from the collection tree, imported into this process."""
+    collections = _ansible_env()["ANSIBLE_COLLECTIONS_PATH"]
+    if collections not in sys.path:
+        sys.path.insert(0, collections)
+    import importlib
+
+    return importlib.import_module("ansible_collections.gpuops.k8s.plugins.modules.node_labels")
+
+
+H100_INFO = {
+    "gpus": [
+        {"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "compute_capability": "9.0"}
+        for i in range(8)
+    ],
+    "driver_version": "580.95.05",
+    "cuda_driver_version": "13.0",
+}
+FOREIGN_TAINT = {"key": "example.com/maintenance", "value": "rack-12", "effect": "NoExecute"}
+
+
+def _add_foreign_taint(core, name):
+    """What another controller does between the module's LIST and its PATCH: read, add a taint, replace."""
+    node = core.read_node(name)
+    node.spec.taints = [*(node.spec.taints or []), client.V1Taint(**FOREIGN_TAINT)]
+    core.replace_node(name, node)
+
+
+def test_a_taint_written_between_the_list_and_the_patch_survives(apiserver):
+    """The patch carries the resourceVersion it was computed from: the real API server refuses it (409) once
+    someone else wrote the Node, and the module reads the Node again and writes a patch that keeps their taint."""
+    module = _node_labels_module()
+    core = apiserver["core"]
+    name = "gpu-labels-race-1"
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    params = dict.fromkeys(("context", "host", "api_key", "validate_certs", "ca_cert", "client_cert", "client_key"))
+    api = module.NodeApi(module._api_client(dict(params, kubeconfig=apiserver["kubeconfig"])))
+    label_batch = sys.modules["ansible_collections.gpuops.k8s.plugins.module_utils._node_labels"].label_batch
+
+    result = label_batch(
+        [{"name": name, "gpu_info": H100_INFO, "user_labels": {"rack": "r12"}}],
+        api,
+        before_write=lambda: _add_foreign_taint(core, name),
+    )
+    assert result["conflicts"] == 1, result
+    assert sorted(result["changed"]) == [name]
+    node = core.read_node(name)
+    taints = [(t.key, t.value, t.effect) for t in node.spec.taints]
+    assert ("example.com/maintenance", "rack-12", "NoExecute") in taints, taints
+    assert ("nvidia.com/gpu", "present", "NoSchedule") in taints, taints
+    assert node.metadata.labels["nvidia.com/gpu.count"] == "8"
+    assert node.metadata.labels["rack"] == "r12"
+    # Before and after in the diff are the Node as read again after the conflict, and as written.
+    assert [t["key"] for t in result["diff"][name]["before"]["taints"] if t["key"].startswith("example.com/")] == [
+        "example.com/maintenance"
+    ]
+
+
+def test_a_node_that_changes_on_every_try_fails_with_a_sentence_and_is_not_written(apiserver):
+    module = _node_labels_module()
+    core = apiserver["core"]
+    name = "gpu-labels-race-2"
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    params = dict.fromkeys(("context", "host", "api_key", "validate_certs", "ca_cert", "client_cert", "client_key"))
+    api = module.NodeApi(module._api_client(dict(params, kubeconfig=apiserver["kubeconfig"])))
+    node_labels = sys.modules["ansible_collections.gpuops.k8s.plugins.module_utils._node_labels"]
+
+    with pytest.raises(node_labels.LabelError, match=f"the Node {name} changed between every read and write"):
+        node_labels.label_batch(
+            [{"name": name, "gpu_info": H100_INFO}],
+            api,
+            conflict_retries=0,
+            before_write=lambda: _add_foreign_taint(core, name),
+        )
+    node = core.read_node(name)
+    assert "nvidia.com/gpu.present" not in (node.metadata.labels or {})
+    assert "example.com/maintenance" in [t.key for t in node.spec.taints]

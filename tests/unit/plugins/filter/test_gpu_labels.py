@@ -1,11 +1,7 @@
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuops.k8s.plugins.filter.gpu_labels import (
-    FilterModule,
-    gpu_family,
-    gpu_labels,
-    sanitize_label_value,
-)
+from ansible_collections.gpuops.k8s.plugins.filter.gpu_labels import FilterModule, gpu_labels
+from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import gpu_family, sanitize_label_value
 
 
 def _info(name="NVIDIA H100 80GB HBM3", count=8, memory=81559, cc="9.0", driver="580.95.05", cuda="13.0"):

@@ -1,10 +1,9 @@
 import pytest
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpuops.k8s.plugins.filter.node_label_patch import (
+from ansible_collections.gpuops.k8s.plugins.filter.node_label_patch import FilterModule, node_label_patch
+from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import (
     OWNED_LABELS_ANNOTATION,
     OWNED_TAINT_ANNOTATION,
-    FilterModule,
-    node_label_patch,
 )
 
 TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

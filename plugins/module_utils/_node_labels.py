@@ -1,0 +1,324 @@
+# Copyright: gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The labels and GPU taint the collection wants on a Node, and the one merge patch that gets it there.
+
+One source for the filters gpuops.k8s.gpu_labels and gpuops.k8s.node_label_patch (on the controller) and
+the module gpuops.k8s.node_labels (wherever the Kubernetes API is reached from). Errors are LabelError, a
+ValueError with one sentence; the filters turn it into AnsibleFilterError.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+
+import re
+
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import gpu_architecture
+
+
+class LabelError(ValueError):
+    """A label, a GPU fact or a Node object the labels cannot be computed from."""
+
+
+_LABEL_VALUE_MAX = 63
+_INVALID_VALUE_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+_EDGE = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def sanitize_label_value(value):
+    """Make any string a valid Kubernetes label value: spaces and other characters become '-'."""
+    text = _INVALID_VALUE_CHARS.sub("-", str(value).strip())
+    text = _EDGE.sub("", text[:_LABEL_VALUE_MAX])
+    return text
+
+
+def gpu_family(compute_capability):
+    """Architecture family for a "MAJOR.MINOR" compute capability; 'undefined' when unknown.
+
+    The table is the GPU facts' own (module_utils/_gpu_discovery.py), so a label and a fact never disagree.
+    """
+    _split_version(compute_capability, 2, "compute_capability")
+    return gpu_architecture(compute_capability)
+
+
+def validate_label_key(key):
+    """Raise unless key is a valid label key ([prefix/]name)."""
+    if not isinstance(key, str) or not key:
+        raise LabelError(f"gpu_labels: label key {key!r} is not a non-empty string.")
+    prefix, _slash, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        raise LabelError(f"gpu_labels: label key {key!r} has an invalid prefix {prefix!r} (a DNS subdomain is needed).")
+    if not _LABEL_NAME.match(name):
+        raise LabelError(
+            f"gpu_labels: label key {key!r} has an invalid name {name!r} (at most 63 characters of [A-Za-z0-9_.-], "
+            "starting and ending with an alphanumeric character)."
+        )
+
+
+def _split_version(text, parts, what):
+    pieces = str(text).strip().split(".")
+    try:
+        numbers = [int(p) for p in pieces[:parts]]
+    except ValueError:
+        raise LabelError(f"gpu_labels: {what} {text!r} is not a dotted version of numbers.") from None
+    if len(numbers) < parts:
+        raise LabelError(f"gpu_labels: {what} {text!r} needs {parts} dotted parts.")
+    return numbers
+
+
+def gpu_labels(gpu_info, user_labels=None):
+    if not isinstance(gpu_info, dict):
+        raise LabelError(
+            f"gpu_labels: the input must be the result of nvidia_gpu_info (a dict), got {type(gpu_info).__name__}."
+        )
+    user_labels = user_labels or {}
+    if not isinstance(user_labels, dict):
+        raise LabelError("gpu_labels: user_labels must be a dict of label key to value.")
+    gpus = gpu_info.get("gpus") or []
+    labels = {}
+    if gpus:
+        first = gpus[0]
+        for field in ("name", "memory_total_mib", "compute_capability"):
+            if first.get(field) in (None, ""):
+                raise LabelError(f"gpu_labels: GPU 0 in the nvidia_gpu_info result has no {field}.")
+        cc_major, cc_minor = _split_version(first["compute_capability"], 2, "compute_capability")
+        labels.update(
+            {
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": sanitize_label_value(first["name"]),
+                "nvidia.com/gpu.count": str(len(gpus)),
+                "nvidia.com/gpu.memory": str(int(first["memory_total_mib"])),
+                "nvidia.com/gpu.family": gpu_family(first["compute_capability"]),
+                "nvidia.com/gpu.compute.major": str(cc_major),
+                "nvidia.com/gpu.compute.minor": str(cc_minor),
+            }
+        )
+        driver = gpu_info.get("driver_version")
+        if driver:
+            pieces = str(driver).strip().split(".")
+            if len(pieces) < 2 or not all(p.isdigit() for p in pieces):
+                raise LabelError(f"gpu_labels: driver_version {driver!r} is not MAJOR.MINOR[.REV].")
+            rev = pieces[2] if len(pieces) > 2 else ""
+            labels.update(
+                {
+                    "nvidia.com/cuda.driver-version.full": sanitize_label_value(driver),
+                    "nvidia.com/cuda.driver-version.major": pieces[0],
+                    "nvidia.com/cuda.driver-version.minor": pieces[1],
+                    "nvidia.com/cuda.driver-version.revision": rev,
+                    "nvidia.com/cuda.driver.major": pieces[0],
+                    "nvidia.com/cuda.driver.minor": pieces[1],
+                    "nvidia.com/cuda.driver.rev": rev,
+                }
+            )
+        cuda = gpu_info.get("cuda_driver_version")
+        if cuda:
+            major, minor = _split_version(cuda, 2, "cuda_driver_version")
+            labels.update(
+                {
+                    "nvidia.com/cuda.runtime-version.full": f"{major}.{minor}",
+                    "nvidia.com/cuda.runtime-version.major": str(major),
+                    "nvidia.com/cuda.runtime-version.minor": str(minor),
+                    "nvidia.com/cuda.runtime.major": str(major),
+                    "nvidia.com/cuda.runtime.minor": str(minor),
+                }
+            )
+    for key, value in user_labels.items():
+        validate_label_key(key)
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        labels[key] = sanitize_label_value("" if value is None else value)
+    return labels
+
+
+OWNED_LABELS_ANNOTATION = "gpuops.k8s/owned-labels"
+OWNED_TAINT_ANNOTATION = "gpuops.k8s/owned-taint"
+
+
+def _taint_id(key, value, effect):
+    return f"{key}={value}:{effect}"
+
+
+def node_label_patch(
+    node, labels, taint=True, taint_key="nvidia.com/gpu", taint_value="present", taint_effect="NoSchedule"
+):
+    if not isinstance(node, dict) or not isinstance(node.get("metadata"), dict):
+        raise LabelError(f"node_label_patch: the input must be a Node object with metadata, got {type(node).__name__}.")
+    if not isinstance(labels, dict):
+        raise LabelError("node_label_patch: labels must be a dict of label key to value.")
+    metadata = node["metadata"]
+    current = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    owned_before = [k for k in (annotations.get(OWNED_LABELS_ANNOTATION) or "").split(",") if k]
+
+    label_patch = {}
+    for key, value in labels.items():
+        if current.get(key) != str(value):
+            label_patch[key] = str(value)
+    for key in owned_before:
+        if key not in labels and key in current:
+            label_patch[key] = None
+
+    annotation_patch = {}
+    owned_now = ",".join(sorted(labels))
+    if (annotations.get(OWNED_LABELS_ANNOTATION) or "") != owned_now:
+        annotation_patch[OWNED_LABELS_ANNOTATION] = owned_now or None
+
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    wanted = {"key": taint_key, "value": taint_value, "effect": taint_effect}
+    ours = _taint_id(taint_key, taint_value, taint_effect)
+    owned_taint = annotations.get(OWNED_TAINT_ANNOTATION)
+    taint_patch = None
+    if taint:
+        present = any(
+            t.get("key") == taint_key and t.get("effect") == taint_effect and (t.get("value") or "") == taint_value
+            for t in taints
+        )
+        if not present:
+            # One taint per key and effect: a same-key taint with another value is replaced, not doubled.
+            taint_patch = [t for t in taints if not (t.get("key") == taint_key and t.get("effect") == taint_effect)] + [
+                wanted
+            ]
+        if owned_taint != ours:
+            annotation_patch[OWNED_TAINT_ANNOTATION] = ours
+    elif owned_taint:
+        key, _eq, rest = owned_taint.partition("=")
+        value, _colon, effect = rest.rpartition(":")
+        kept = [
+            t
+            for t in taints
+            if not (t.get("key") == key and t.get("effect") == effect and (t.get("value") or "") == value)
+        ]
+        if len(kept) != len(taints):
+            taint_patch = kept
+        annotation_patch[OWNED_TAINT_ANNOTATION] = None
+
+    patch = {}
+    if label_patch or annotation_patch:
+        patch["metadata"] = {}
+        if label_patch:
+            patch["metadata"]["labels"] = label_patch
+        if annotation_patch:
+            patch["metadata"]["annotations"] = annotation_patch
+    if taint_patch is not None:
+        # A merge patch replaces the whole list; null removes the field when no taint is left.
+        patch["spec"] = {"taints": taint_patch or None}
+    return patch
+
+
+class Conflict(Exception):
+    """The API server refused a write because the Node changed since it was read (HTTP 409)."""
+
+
+def _with_precondition(patch, node):
+    """The patch with the resourceVersion it was computed from: the API server refuses it (409) when the Node
+    changed in between, so a taint or label someone wrote meanwhile is never overwritten by a stale list."""
+    version = (node.get("metadata") or {}).get("resourceVersion")
+    if not version:
+        return patch
+    body = dict(patch)
+    body["metadata"] = dict(patch.get("metadata") or {}, resourceVersion=version)
+    return body
+
+
+def _view(node):
+    """What a diff shows of a Node: its labels, the collection's annotations and its taints."""
+    metadata = node.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    return {
+        "labels": dict(sorted((metadata.get("labels") or {}).items())),
+        "annotations": {k: v for k, v in sorted(annotations.items()) if k.startswith("gpuops.k8s/")},
+        "taints": list((node.get("spec") or {}).get("taints") or []),
+    }
+
+
+def label_batch(requests, api, check_mode=False, conflict_retries=5, before_write=None):
+    """Bring every requested Node to its wanted labels and GPU taint with one LIST and one PATCH per node.
+
+    requests: dicts with name, gpu_info, user_labels, taint, taint_key, taint_value, taint_effect.
+    api: an object with list_nodes() -> [node dict], read_node(name) -> node dict or None, and
+    patch_node(name, merge_patch) -> the patched node dict, raising Conflict on HTTP 409.
+    before_write: called once between the LIST and the first PATCH (tests use it to write in that window).
+
+    Returns a dict: changed (name -> the patch written, or that would be in check mode), missing (names the
+    API has no Node for), invalid (name -> sentence), conflicts (how many writes were refused and redone
+    from a fresh read), diff (name -> before/after views of the changed nodes).
+    """
+    nodes = {}
+    for node in api.list_nodes():
+        nodes[node["metadata"]["name"]] = node
+    result = {"changed": {}, "missing": [], "invalid": {}, "conflicts": 0, "diff": {}}
+    pending = []
+    for request in requests:
+        name = request["name"]
+        try:
+            wanted = gpu_labels(request.get("gpu_info") or {}, request.get("user_labels"))
+        except LabelError as error:
+            result["invalid"][name] = str(error)
+            continue
+        if name not in nodes:
+            result["missing"].append(name)
+            continue
+        pending.append((name, wanted, request))
+    if before_write is not None:
+        before_write()
+    for name, wanted, request in pending:
+        taint_args = {
+            "taint": bool(request.get("taint", True)),
+            "taint_key": request.get("taint_key") or "nvidia.com/gpu",
+            "taint_value": request.get("taint_value") if request.get("taint_value") is not None else "present",
+            "taint_effect": request.get("taint_effect") or "NoSchedule",
+        }
+        written = _write(api, name, nodes[name], wanted, taint_args, check_mode, conflict_retries, result)
+        if written is None:
+            result["missing"].append(name)
+            continue
+        patch, before, node = written
+        if patch:
+            result["changed"][name] = patch
+            after = _apply_view(before, patch) if check_mode else _view(node)
+            result["diff"][name] = {"before": _view(before), "after": after}
+        nodes[name] = node
+    return result
+
+
+def _write(api, name, node, wanted, taint_args, check_mode, conflict_retries, result):
+    """One node's patch, written with its precondition and redone from a fresh read on a conflict.
+
+    Returns (the patch computed last, the node it was computed from, the node as written) or None when the
+    Node went away."""
+    for _attempt in range(conflict_retries + 1):
+        patch = node_label_patch(node, wanted, **taint_args)
+        if not patch or check_mode:
+            return patch, node, node
+        try:
+            return patch, node, api.patch_node(name, _with_precondition(patch, node))
+        except Conflict:
+            result["conflicts"] += 1
+            node = api.read_node(name)
+            if node is None:
+                return None
+    raise LabelError(
+        f"node_labels: the Node {name} changed between every read and write ({conflict_retries + 1} tries); "
+        "something else is writing it all the time."
+    )
+
+
+def _apply_view(node, patch):
+    """The diff view of a Node after a merge patch, without the API server (check mode)."""
+    view = _view(node)
+    metadata = patch.get("metadata") or {}
+    for key, value in (metadata.get("labels") or {}).items():
+        if value is None:
+            view["labels"].pop(key, None)
+        else:
+            view["labels"][key] = value
+    view["labels"] = dict(sorted(view["labels"].items()))
+    for key, value in (metadata.get("annotations") or {}).items():
+        if value is None:
+            view["annotations"].pop(key, None)
+        else:
+            view["annotations"][key] = value
+    if "spec" in patch:
+        view["taints"] = list(patch["spec"].get("taints") or [])
+    return view

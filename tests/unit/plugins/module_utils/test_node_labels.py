@@ -1,0 +1,144 @@
+"""Unit tests of the batch labelling in module_utils/_node_labels.py against an in-memory Node store.
+
+NodeStoreDouble is a test double of the API server's Node endpoint: it keeps resourceVersions and refuses a
+patch whose resourceVersion is stale (HTTP 409), as the real one does (the real one is exercised in
+tests/integration/test_labels_api.py). It applies JSON merge patches itself.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import Conflict, LabelError, label_batch
+
+INFO = {
+    "gpus": [{"index": 0, "name": "NVIDIA L4", "memory_total_mib": 23034, "compute_capability": "8.9"}],
+    "driver_version": "580.95.05",
+    "cuda_driver_version": "13.0",
+}
+
+
+def merge(target, patch):
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
+
+
+class NodeStoreDouble:
+    def __init__(self, *names):
+        self.nodes = {n: {"metadata": {"name": n, "resourceVersion": "1"}, "spec": {}} for n in names}
+        self.lists = 0
+        self.patches = []
+
+    def bump(self, name, change):
+        node = self.nodes[name]
+        merge(node, change)
+        node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
+
+    def list_nodes(self):
+        self.lists += 1
+        return [copy.deepcopy(n) for n in self.nodes.values()]
+
+    def read_node(self, name):
+        return copy.deepcopy(self.nodes[name]) if name in self.nodes else None
+
+    def patch_node(self, name, patch):
+        node = self.nodes[name]
+        patch = copy.deepcopy(patch)
+        version = patch.get("metadata", {}).pop("resourceVersion", None)
+        if version is not None and version != node["metadata"]["resourceVersion"]:
+            raise Conflict(name)
+        self.patches.append((name, patch))
+        self.bump(name, patch)
+        return copy.deepcopy(node)
+
+
+def request(name, **more):
+    return dict({"name": name, "gpu_info": INFO, "user_labels": {}}, **more)
+
+
+def test_one_list_one_patch_per_node_then_nothing():
+    store = NodeStoreDouble("a", "b")
+    result = label_batch([request("a"), request("b", taint=False)], store)
+    assert store.lists == 1
+    assert [name for name, _patch in store.patches] == ["a", "b"]
+    assert sorted(result["changed"]) == ["a", "b"]
+    assert store.nodes["a"]["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    assert "taints" not in store.nodes["b"]["spec"]
+    assert store.nodes["b"]["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    # Every patch was sent with the version it was computed from.
+    assert result["conflicts"] == 0
+
+    store.patches.clear()
+    again = label_batch([request("a"), request("b", taint=False)], store)
+    assert again["changed"] == {} and store.patches == []
+
+
+def test_check_mode_writes_nothing_and_shows_the_change():
+    store = NodeStoreDouble("a")
+    result = label_batch([request("a", user_labels={"rack": "r1"})], store, check_mode=True)
+    assert store.patches == []
+    assert result["changed"]["a"]["metadata"]["labels"]["rack"] == "r1"
+    assert result["diff"]["a"]["before"]["labels"] == {}
+    assert result["diff"]["a"]["after"]["labels"]["rack"] == "r1"
+    assert result["diff"]["a"]["after"]["taints"][0]["key"] == "nvidia.com/gpu"
+
+
+def test_a_conflict_is_redone_from_a_fresh_read_and_keeps_the_other_writer():
+    store = NodeStoreDouble("a")
+    foreign = {"key": "example.com/drain", "effect": "NoSchedule"}
+    result = label_batch([request("a")], store, before_write=lambda: store.bump("a", {"spec": {"taints": [foreign]}}))
+    assert result["conflicts"] == 1
+    assert foreign in store.nodes["a"]["spec"]["taints"]
+    assert len(store.nodes["a"]["spec"]["taints"]) == 2
+
+
+def test_missing_and_invalid_nodes_are_listed_and_the_others_written():
+    store = NodeStoreDouble("a")
+    result = label_batch(
+        [request("a"), request("ghost"), request("a2", user_labels={"bad key!": "x"})],
+        store,
+    )
+    assert result["missing"] == ["ghost"]
+    assert "label key 'bad key!'" in result["invalid"]["a2"]
+    assert sorted(result["changed"]) == ["a"]
+
+
+def test_a_node_deleted_after_a_conflict_is_missing():
+    store = NodeStoreDouble("a")
+
+    def delete():
+        store.bump("a", {})
+        del store.nodes["a"]
+
+    store.nodes["a"]["metadata"]["resourceVersion"] = "1"
+    original_patch = store.patch_node
+
+    def patch_then_conflict(name, patch):
+        if name not in store.nodes:
+            raise Conflict(name)
+        return original_patch(name, patch)
+
+    store.patch_node = patch_then_conflict
+    result = label_batch([request("a")], store, before_write=delete)
+    assert result["missing"] == ["a"] and result["changed"] == {}
+
+
+def test_retries_exhausted_is_one_sentence():
+    store = NodeStoreDouble("a")
+    original = store.patch_node
+
+    def always_stale(name, patch):
+        store.bump(name, {"metadata": {"annotations": {"other": "x"}}})
+        return original(name, patch)
+
+    store.patch_node = always_stale
+    with pytest.raises(LabelError, match=r"the Node a changed between every read and write \(3 tries\)"):
+        label_batch([request("a")], store, conflict_retries=2)
+    assert store.patches == []
