@@ -2,9 +2,12 @@
 
 Prints, side by side with their ratios:
   - one host: the first run on a fresh node vs the second (no-op) run;
-  - four hosts: the first run at forks 4 vs forks 1 (and vs one host);
+  - four hosts: the first run at forks 4 vs forks 1 (and vs one host), and the no-op run at forks 4 vs the
+    one-host no-op run;
   - the time from site.yml's start until the node's allocatable nvidia.com/gpu reaches the spec's
-    GPU count, polled from the API server while the playbook runs.
+    GPU count, polled from the API server while the playbook runs;
+  - a per-task profile of the one-host first and no-op runs (the json callback's task times): seconds per
+    role and the ten most expensive tasks.
 A first run needs fresh nodes, so the lab is taken down and brought up again before each one (down
 removes the nodes' volumes). Medians over --runs repetitions; the machine's load average is printed
 with each figure. Asserts nothing.
@@ -27,6 +30,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -73,6 +77,8 @@ class Run:
     load_after: str
     # Seconds from the playbook's start until each node advertised the expected count (None: never).
     allocatable_at: dict[str, float | None] = field(default_factory=dict)
+    # Each task as the json callback timed it: (name with its role, seconds, whether every host skipped it).
+    profile: list[tuple[str, float, bool]] = field(default_factory=list)
 
     def all_reached(self) -> bool:
         return bool(self.allocatable_at) and all(v is not None for v in self.allocatable_at.values())
@@ -143,9 +149,57 @@ def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None =
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-6000:] + done.stderr[-4000:])
         raise SystemExit(f"bench_site: site.yml failed (exit {done.returncode}); its output is above")
-    stats = json.loads(done.stdout[done.stdout.index("{") :])["stats"]
-    changed = {host: s["changed"] for host, s in stats.items()}
-    return Run(wall=wall, changed=changed, load_before=before, load_after=load(), allocatable_at=reached)
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    changed = {host: s["changed"] for host, s in report["stats"].items()}
+    return Run(
+        wall=wall,
+        changed=changed,
+        load_before=before,
+        load_after=load(),
+        allocatable_at=reached,
+        profile=task_profile(report),
+    )
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def task_profile(report: dict) -> list[tuple[str, float, bool]]:
+    """Each task of a json-callback report: its name (role prefixed), its seconds, and whether all hosts skipped it."""
+    tasks = []
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            duration = task["task"].get("duration") or {}
+            if not duration.get("start") or not duration.get("end"):
+                continue
+            hosts = task["hosts"].values()
+            skipped = bool(hosts) and all(h.get("skipped") for h in hosts)
+            tasks.append((task["task"]["name"], _seconds(duration["end"]) - _seconds(duration["start"]), skipped))
+    return tasks
+
+
+def role_of(name: str) -> str:
+    """'gpuops.k8s.nvidia_driver : Look for ...' -> 'nvidia_driver'; a play-level task -> '(play)'."""
+    prefix, sep, _rest = name.partition(" : ")
+    return prefix.rsplit(".", 1)[-1] if sep else "(play)"
+
+
+def print_profile(title: str, run: Run, top: int = 10) -> None:
+    """The run's cost by role and its most expensive tasks."""
+    ran = [t for t in run.profile if not t[2]]
+    print(
+        f"{title}: {len(run.profile)} tasks, {len(ran)} ran, {len(run.profile) - len(ran)} skipped on every host, "
+        f"{sum(t[1] for t in run.profile):.1f} s in tasks of {run.wall:.1f} s"
+    )
+    by_role: dict[str, list[float]] = {}
+    for name, seconds, _skipped in run.profile:
+        by_role.setdefault(role_of(name), []).append(seconds)
+    for role, times in sorted(by_role.items(), key=lambda item: -sum(item[1])):
+        print(f"  {role:22} {sum(times):6.1f} s  {len(times):3d} tasks")
+    print(f"  the {top} most expensive tasks")
+    for name, seconds, skipped in sorted(run.profile, key=lambda t: -t[1])[:top]:
+        print(f"    {seconds:5.2f} s  {name}{'  (skipped)' if skipped else ''}")
 
 
 def fresh_lab(hosts: int, spec: str, workdir: Path) -> tuple[Path, str, list[str]]:
@@ -197,6 +251,7 @@ def main() -> int:
     first: list[Run] = []
     second: list[Run] = []
     many: dict[int, list[Run]] = {args.hosts: [], 1: []}
+    many_noop: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="bench-site-") as tmp:
         workdir = Path(tmp)
         try:
@@ -213,15 +268,25 @@ def main() -> int:
                     progress(
                         f"  {args.hosts} hosts, forks {forks}, run {attempt + 1}: first {many[forks][-1].describe()}"
                     )
+                    if forks == args.hosts:
+                        many_noop.append(site(inventory, forks=forks))
+                        progress(
+                            f"  {args.hosts} hosts, forks {forks}, run {attempt + 1}: no-op {many_noop[-1].describe()}"
+                        )
         finally:
             if lab_is_up():
                 lab("down", timeout=300)
-    report(args, count, first, second, many)
+    report(args, count, first, second, many, many_noop)
     return 0
 
 
 def report(
-    args: argparse.Namespace, count: int, first: list[Run], second: list[Run], many: dict[int, list[Run]]
+    args: argparse.Namespace,
+    count: int,
+    first: list[Run],
+    second: list[Run],
+    many: dict[int, list[Run]],
+    many_noop: list[Run],
 ) -> None:
     n = args.hosts
     f = [r.wall for r in first]
@@ -240,11 +305,21 @@ def report(
     print(f"  {n} hosts    first run, forks 1        {fmt(b)}   runs: {runs_text(b)}")
     print(f"             forks 1 / forks {n}         {ratio(b, a)}")
     print(f"             {n} hosts forks {n} / 1 host   {ratio(a, f)}")
+    m = [r.wall for r in many_noop]
+    print(f"  {n} hosts    no-op run, forks {n}        {fmt(m)}   runs: {runs_text(m)}")
+    print(f"             {n} hosts no-op / 1 host no-op {ratio(m, s)}")
+    print(f"             tasks changed on the {n}-host no-op run: {[r.changed for r in many_noop]}")
     print(f"time from site.yml's start until allocatable {RESOURCE} = {count}, polled from the API server")
     print(f"  1 host                              {fmt(one_alloc)}   runs: {runs_text(one_alloc)}")
     print(f"  {n} hosts, forks {n}, the last node     {fmt(all_alloc)}   runs: {runs_text(all_alloc)}")
-    loads = [r.load_before for r in first + second + a_runs(many)]
+    loads = [r.load_before for r in first + second + a_runs(many) + many_noop]
     print(f"machine load (1 min / 5 min) at the start of each run: {', '.join(loads)}")
+    if first:
+        print()
+        print_profile("profile of the last 1-host first run", first[-1])
+    if second:
+        print()
+        print_profile("profile of the last 1-host no-op run", second[-1])
 
 
 def a_runs(many: dict[int, list[Run]]) -> list[Run]:

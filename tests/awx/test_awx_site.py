@@ -5,8 +5,9 @@ Every job goes through ansible-runner transmit | the execution environment's ``a
 (the playbooks and this checkout's collection), the inventory, the machine credential's SSH key
 (env/ssh_key: ansible-runner hands it to ssh-agent) and the Kubernetes credential's variables
 (K8S_AUTH_HOST, K8S_AUTH_API_KEY, K8S_AUTH_VERIFY_SSL, K8S_AUTH_SSL_CA_CERT) in env/envvars. The
-inventory names no kubeconfig and no key file: the roles reach the API only through those variables,
-with a ServiceAccount token bound to the least the playbook needs.
+inventory names no controller-side kubeconfig and no key file: the roles reach the API only through those
+variables, with a ServiceAccount token bound to the least the playbook needs. (The one kubeconfig it
+names is a path on the nodes, the kubelet's own credentials a DRA node's driver uses.)
 
 The first run is a sliced job (AWX's job slicing: one job per slice, each with its share of the
 inventory's hosts) whose two slices run at the same time; the second run is one unsliced job over both
@@ -191,7 +192,13 @@ def sliced(ee_image: str, awx: AwxSetup, tmp_path_factory: pytest.TempPathFactor
 
 def test_the_job_has_no_kubeconfig_and_no_key_file(awx: AwxSetup) -> None:
     text = yaml.safe_dump(awx.inventory)
-    assert "kubeconfig" not in text and "private_key" not in text
+    assert "private_key" not in text and "admin.kubeconfig" not in text
+    kubeconfigs = {k: v for k, v in awx.inventory["all"]["children"]["gpu_nodes"]["vars"].items() if "kubeconfig" in k}
+    # Only the node-side path stays: a DRA node's driver uses the kubelet's credentials on that node.
+    assert kubeconfigs == {"device_plugin_dra_kubeconfig": "/etc/gpuops-lab/kubelet.kubeconfig"}, kubeconfigs
+    rest = copy.deepcopy(awx.inventory)
+    rest["all"]["children"]["gpu_nodes"]["vars"].pop("device_plugin_dra_kubeconfig")
+    assert "kubeconfig" not in yaml.safe_dump(rest)
     assert "admin.kubeconfig" in yaml.safe_dump(awx.lab_inventory)  # (what was taken out)
 
 
