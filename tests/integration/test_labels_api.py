@@ -434,18 +434,24 @@ def _add_foreign_taint(core, name):
     core.replace_node(name, node)
 
 
+def _race_setup(apiserver, name):
+    """A new Node, the module's own client for it (as the module builds it from a kubeconfig), and the
+    module_utils the module runs."""
+    module = _node_labels_module()
+    apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    params = dict.fromkeys(("context", "host", "api_key", "validate_certs", "ca_cert", "client_cert", "client_key"))
+    api = module.NodeApi(module._api_client(dict(params, kubeconfig=apiserver["kubeconfig"])))
+    return api, sys.modules["ansible_collections.gpuops.k8s.plugins.module_utils._node_labels"]
+
+
 def test_a_taint_written_between_the_list_and_the_patch_survives(apiserver):
     """The patch carries the resourceVersion it was computed from: the real API server refuses it (409) once
     someone else wrote the Node, and the module reads the Node again and writes a patch that keeps their taint."""
-    module = _node_labels_module()
     core = apiserver["core"]
     name = "gpu-labels-race-1"
-    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    params = dict.fromkeys(("context", "host", "api_key", "validate_certs", "ca_cert", "client_cert", "client_key"))
-    api = module.NodeApi(module._api_client(dict(params, kubeconfig=apiserver["kubeconfig"])))
-    label_batch = sys.modules["ansible_collections.gpuops.k8s.plugins.module_utils._node_labels"].label_batch
+    api, node_labels = _race_setup(apiserver, name)
 
-    result = label_batch(
+    result = node_labels.label_batch(
         [{"name": name, "gpu_info": H100_INFO, "user_labels": {"rack": "r12"}}],
         api,
         before_write=lambda: _add_foreign_taint(core, name),
@@ -465,13 +471,9 @@ def test_a_taint_written_between_the_list_and_the_patch_survives(apiserver):
 
 
 def test_a_node_that_changes_on_every_try_fails_with_a_sentence_and_is_not_written(apiserver):
-    module = _node_labels_module()
     core = apiserver["core"]
     name = "gpu-labels-race-2"
-    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    params = dict.fromkeys(("context", "host", "api_key", "validate_certs", "ca_cert", "client_cert", "client_key"))
-    api = module.NodeApi(module._api_client(dict(params, kubeconfig=apiserver["kubeconfig"])))
-    node_labels = sys.modules["ansible_collections.gpuops.k8s.plugins.module_utils._node_labels"]
+    api, node_labels = _race_setup(apiserver, name)
 
     with pytest.raises(node_labels.LabelError, match=f"the Node {name} changed between every read and write"):
         node_labels.label_batch(
