@@ -232,6 +232,9 @@ def _view(node):
     }
 
 
+_TAINT_ARGS = ("taint", "taint_key", "taint_value", "taint_effect")
+
+
 def label_batch(requests, api, check_mode=False, conflict_retries=5, before_write=None):
     """Bring every requested Node to its wanted labels and GPU taint with one LIST and one PATCH per node.
 
@@ -263,12 +266,8 @@ def label_batch(requests, api, check_mode=False, conflict_retries=5, before_writ
     if before_write is not None:
         before_write()
     for name, wanted, request in pending:
-        taint_args = {
-            "taint": bool(request.get("taint", True)),
-            "taint_key": request.get("taint_key") or "nvidia.com/gpu",
-            "taint_value": request.get("taint_value") if request.get("taint_value") is not None else "present",
-            "taint_effect": request.get("taint_effect") or "NoSchedule",
-        }
+        # What the request leaves out takes node_label_patch's defaults, the one place they are written.
+        taint_args = {k: request[k] for k in _TAINT_ARGS if request.get(k) is not None}
         written = _write(api, name, nodes[name], wanted, taint_args, check_mode, conflict_retries, result)
         if written is None:
             result["missing"].append(name)
