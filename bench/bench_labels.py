@@ -1,6 +1,7 @@
 """Labels and taints on many nodes: the gpu_node_labels role, as Ansible runs it, over 1,000 Node objects.
 
-    python bench/bench_labels.py [--nodes 1000] [--forks 10] [--runs 3] [--baseline REF [--baseline-runs N]]
+    python bench/bench_labels.py [--nodes 1000] [--forks 10] [--runs 3] [--entries main,fleet]
+                                 [--baseline REF [--baseline-runs N]]
 
 What it does, against the lab's real kube-apiserver (tests/e2e/lab.py; GPUOPS_LAB_INSTANCE is honoured):
 - registers N Node objects (``gpuops-bench-node-NNNN``, no kubelet behind them) through the API;
@@ -10,9 +11,11 @@ What it does, against the lab's real kube-apiserver (tests/e2e/lab.py; GPUOPS_LA
   timed is the role's work on the control host and its API calls;
 - runs ``ansible-playbook`` with the role twice: the first run labels and taints every node, the second
   finds nothing to change; the Node objects are deleted and registered again for each repetition, and the
-  medians of --runs repetitions are printed;
-- with --baseline REF, does the same with the role as it is at git REF (checked out in a git worktree),
-  the repetitions of both interleaved, and prints both side by side;
+  medians of --runs repetitions are printed. Each entry point of --entries is a column: ``main``, the role in
+  a play over the N hosts (what site.yml does; per host the argument check and the skipped discovery), and
+  ``fleet``, its ``fleet`` entry point in a play on the control host over the same hosts (no task per host);
+- with --baseline REF, does the same with the role's main entry point as it is at git REF (checked out in a
+  git worktree), the repetitions of all interleaved, and prints them side by side;
 - counts the API server's requests during each run by verb and resource (the difference of its
   ``apiserver_request_total`` counters before and after) and prints them side by side with the wall times.
 
@@ -123,13 +126,21 @@ def write_inventory(workdir: Path, names: list[str], kubeconfig: str, infos: dic
     return path
 
 
-def run_role(workdir: Path, inventory: Path, forks: int, env: dict[str, str]) -> tuple[float, int, int]:
+PLAYBOOKS = {
+    # The role in a play over the hosts, as site.yml runs it.
+    "main": "- name: Label the benchmark's nodes\n  hosts: bench_nodes\n  gather_facts: false\n"
+    "  roles:\n    - gpuops.k8s.gpu_node_labels\n",
+    # Its fleet entry point in a play on the control host, the batch named by the inventory group.
+    "fleet": "- name: Label the benchmark's nodes from the control host\n  hosts: localhost\n  gather_facts: false\n"
+    "  tasks:\n    - ansible.builtin.include_role:\n        name: gpuops.k8s.gpu_node_labels\n"
+    "        tasks_from: fleet\n      vars:\n        gpu_node_labels_hosts: \"{{ groups['bench_nodes'] }}\"\n",
+}
+
+
+def run_role(workdir: Path, inventory: Path, forks: int, env: dict[str, str], entry: str) -> tuple[float, int, int]:
     """One ansible-playbook run of the role over every host: (wall seconds, hosts changed, hosts failed)."""
-    playbook = workdir / "label.yml"
-    playbook.write_text(
-        "- name: Label the benchmark's nodes\n  hosts: bench_nodes\n  gather_facts: false\n"
-        "  roles:\n    - gpuops.k8s.gpu_node_labels\n"
-    )
+    playbook = workdir / f"label-{entry}.yml"
+    playbook.write_text(PLAYBOOKS[entry])
     start = time.monotonic()
     done = subprocess.run(
         ["ansible-playbook", "-i", str(inventory), "--forks", str(forks), str(playbook)],
@@ -140,7 +151,7 @@ def run_role(workdir: Path, inventory: Path, forks: int, env: dict[str, str]) ->
         timeout=7200,
     )
     wall = time.monotonic() - start
-    recap = re.findall(r"^gpuops-bench-node-\d+\s*:.*?changed=(\d+).*?failed=(\d+)", done.stdout, re.MULTILINE)
+    recap = re.findall(r"^(?:gpuops-bench-node-\d+|localhost)\s*:.*?changed=(\d+).*?failed=(\d+)", done.stdout, re.M)
     if done.returncode != 0 or not recap:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-2000:])
         raise SystemExit(f"bench_labels: ansible-playbook failed (exit {done.returncode})")
@@ -173,7 +184,7 @@ def collection_tree(ref: str | None, workdir: Path) -> str:
     return str(workdir / "baseline")
 
 
-def measure(core, api, names, workdir, inventory, forks, env, lab_nodes, kubeconfig):
+def measure(core, api, names, workdir, inventory, forks, env, lab_nodes, kubeconfig, entry):
     """Register the Node objects, run the role twice with the kubelets stopped and the controller manager
     paused, delete the Node objects: [(label, wall, changed, failed, requests)] for the two runs."""
     from kubernetes import client
@@ -189,7 +200,7 @@ def measure(core, api, names, workdir, inventory, forks, env, lab_nodes, kubecon
     try:
         for label in ("first run", "no-op run"):
             before = request_counts(api)
-            wall, changed, failed = run_role(workdir, inventory, forks, env)
+            wall, changed, failed = run_role(workdir, inventory, forks, env, entry)
             after = request_counts(api)
             results.append((label, wall, changed, failed, after - before))
             print(f"  {label}: {wall:.1f} s, {changed} nodes changed (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
@@ -217,6 +228,11 @@ def main() -> int:
         help="also measure the role as it is at git REF (a worktree of this repository), side by side",
     )
     parser.add_argument("--baseline-runs", type=int, help="repetitions for the baseline (default: --runs)")
+    parser.add_argument(
+        "--entries",
+        default="main,fleet",
+        help="the role's entry points to measure, comma-separated (default main,fleet)",
+    )
     args = parser.parse_args()
 
     from kubernetes import client, config
@@ -242,16 +258,18 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="gpuops-bench-labels-") as tmp:
             workdir = Path(tmp)
-            variants = {"this tree": collection_tree(None, workdir)}
-            runs = {"this tree": args.runs}
+            tree = collection_tree(None, workdir)
+            # column name -> (collections path, entry point)
+            variants = {entry: (tree, entry) for entry in args.entries.split(",")}
+            runs = dict.fromkeys(variants, args.runs)
             if args.baseline:
-                variants[args.baseline] = collection_tree(args.baseline, workdir)
+                variants[args.baseline] = (collection_tree(args.baseline, workdir), "main")
                 runs[args.baseline] = args.baseline_runs or args.runs
-            env = dict(base_env, ANSIBLE_COLLECTIONS_PATH=variants["this tree"])
+            env = dict(base_env, ANSIBLE_COLLECTIONS_PATH=tree)
             infos = {kind: gpu_info(spec, workdir, env) for kind, spec in SPECS.items()}
             inventory = write_inventory(workdir, names, kubeconfig, infos)
             for rep in range(max(runs.values())):
-                for variant, collections in variants.items():
+                for variant, (collections, entry) in variants.items():
                     if rep >= runs[variant]:
                         continue
                     print(f"{variant}, repetition {rep + 1}", file=sys.stderr)
@@ -265,9 +283,10 @@ def main() -> int:
                         dict(base_env, ANSIBLE_COLLECTIONS_PATH=collections),
                         lab_nodes,
                         kubeconfig,
+                        entry,
                     )
                     measured.setdefault(variant, []).append(results)
-                    if variant == "this tree":
+                    if variant != args.baseline:
                         sample = tuple(found)
             if args.baseline:
                 subprocess.run(
@@ -302,6 +321,7 @@ def main() -> int:
         f"{'per node, median (ms)':34}"
         + "".join(f"{1000 * median(v, i, lambda r: r[1]) / args.nodes:14.1f}" for v, i in columns)
     )
+    # The role reports the batch's change on the host that ran its API step (the batch's first host, or localhost).
     print(f"{'hosts reporting changed':34}" + "".join(f"{measured[v][-1][i][2]:14d}" for v, i in columns))
     print(f"{'hosts failed':34}" + "".join(f"{measured[v][-1][i][3]:14d}" for v, i in columns))
 

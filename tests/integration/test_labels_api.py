@@ -319,15 +319,37 @@ def _node_requests(apiserver):
     return counts
 
 
-def _play_batch(apiserver, hosts, common, expect_ok=True):
-    """gpu_node_labels over several inventory hosts in one play; returns (changed per host, node requests made)."""
+# The role over the hosts (its main entry point), or its fleet entry point in a play on the control host.
+_BATCH_PLAYS = {
+    "main": [{"hosts": "gpu", "gather_facts": False, "roles": [{"role": "gpuops.k8s.gpu_node_labels"}]}],
+    "fleet": [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "ansible.builtin.include_role": {"name": "gpuops.k8s.gpu_node_labels", "tasks_from": "fleet"},
+                    "vars": {"gpu_node_labels_hosts": "{{ groups['gpu'] }}"},
+                }
+            ],
+        }
+    ],
+}
+
+
+def _play_batch(apiserver, hosts, common, expect_ok=True, entry="main"):
+    """gpu_node_labels over several inventory hosts in one play; returns (the nodes its API step changed, node
+    requests made), or (the json report, requests made) when the play is expected to fail."""
     work = apiserver["work"]
     inventory = work / "batch-inventory.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": common}}))
-    playbook = work / "batch-play.yml"
-    playbook.write_text(
-        yaml.safe_dump([{"hosts": "all", "gather_facts": False, "roles": [{"role": "gpuops.k8s.gpu_node_labels"}]}])
+    localhost = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(
+        yaml.safe_dump(
+            {"all": {"hosts": {"localhost": localhost}, "children": {"gpu": {"hosts": hosts, "vars": common}}}}
+        )
     )
+    playbook = work / "batch-play.yml"
+    playbook.write_text(yaml.safe_dump(_BATCH_PLAYS[entry]))
     env = _ansible_env()
     before = _node_requests(apiserver)
     run = subprocess.run(
@@ -344,8 +366,18 @@ def _play_batch(apiserver, hosts, common, expect_ok=True):
         assert run.returncode != 0
         return json.loads(run.stdout), made
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    stats = json.loads(run.stdout)["stats"]
-    return {host: stats[host]["changed"] for host in hosts}, made
+    report = json.loads(run.stdout)
+    step = [
+        result
+        for play in report["plays"]
+        for task in play["tasks"]
+        if task["task"]["name"].endswith("one merge patch per node that needs one (one LIST for the batch)")
+        for result in task["hosts"].values()
+    ]
+    # The batch's API step runs once, on one host, and reports the batch's change there.
+    assert len(step) == 1, step
+    assert sum(s["changed"] for s in report["stats"].values()) == (1 if step[0]["nodes_changed"] else 0)
+    return set(step[0]["nodes_changed"]), made
 
 
 def test_a_batch_is_read_with_one_list_and_written_once_per_changed_node(apiserver):
@@ -361,7 +393,7 @@ def test_a_batch_is_read_with_one_list_and_written_once_per_changed_node(apiserv
     }
 
     changed, made = _play_batch(apiserver, hosts, common)
-    assert changed == dict.fromkeys(names, 1)
+    assert changed == set(names)
     assert made.get("LIST", 0) == 1, made
     assert made.get("PATCH", 0) == 3, made
     for i, name in enumerate(names, 1):
@@ -370,15 +402,51 @@ def test_a_batch_is_read_with_one_list_and_written_once_per_changed_node(apiserv
         assert labels["nvidia.com/gpu.count"] == "8"
 
     changed, made = _play_batch(apiserver, hosts, common)
-    assert changed == dict.fromkeys(names, 0)
+    assert changed == set()
     assert made.get("LIST", 0) == 1 and made.get("PATCH", 0) == 0, made
 
-    # One host's labels change: that node alone is written, and only its host reports a change.
+    # One host's labels change: that node alone is written.
     hosts[names[1]] = {"gpu_node_labels_user_labels": {"rack": "r9"}}
     changed, made = _play_batch(apiserver, hosts, common)
-    assert changed == {names[0]: 0, names[1]: 1, names[2]: 0}
+    assert changed == {names[1]}
     assert made.get("PATCH", 0) == 1, made
     assert apiserver["core"].read_node(names[1]).metadata.labels["rack"] == "r9"
+
+
+def test_the_fleet_entry_point_labels_from_the_control_host_with_each_hosts_facts_and_settings(apiserver):
+    """No task on the nodes: the GPU facts and settings come from the hosts' variables."""
+    names = [f"gpu-labels-fleet-{i}" for i in (1, 2)]
+    for name in names:
+        apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    facts = {"source": "simulated", "driver_version": "580.95.05", "cuda_driver_version": "13.0", "gpus": []}
+    facts["gpus"] = [{"index": 0, "name": "NVIDIA T4", "memory_total_mib": 15360, "compute_capability": "7.5"}]
+    hosts = {
+        # Not reachable: the play must not contact the nodes.
+        names[0]: {"gpuops_gpu_info": facts, "ansible_host": "192.0.2.1", "gpu_node_labels_taint": False},
+        names[1]: {"gpuops_gpu_info": dict(facts, gpus=facts["gpus"] * 2), "ansible_host": "192.0.2.2"},
+    }
+    common = {"gpu_node_labels_gpu_info_var": "gpuops_gpu_info", "gpu_node_labels_kubeconfig": apiserver["kubeconfig"]}
+    changed, made = _play_batch(apiserver, hosts, common, entry="fleet")
+    assert changed == set(names)
+    assert made.get("LIST", 0) == 1 and made.get("PATCH", 0) == 2, made
+    first, second = (apiserver["core"].read_node(name) for name in names)
+    assert first.metadata.labels["nvidia.com/gpu.count"] == "1"
+    assert second.metadata.labels["nvidia.com/gpu.count"] == "2"
+    assert "nvidia.com/gpu" not in [t.key for t in first.spec.taints or []], "the host's own taint setting was lost"
+    assert "nvidia.com/gpu" in [t.key for t in second.spec.taints or []]
+
+    # A host without facts fails the step with its name, and nothing is written.
+    hosts[names[1]] = {"ansible_host": "192.0.2.2", "gpu_node_labels_user_labels": {"rack": "r2"}}
+    report, made = _play_batch(apiserver, hosts, common, expect_ok=False, entry="fleet")
+    messages = [
+        result.get("msg", "")
+        for play in report["plays"]
+        for task in play["tasks"]
+        for result in task["hosts"].values()
+        if result.get("failed")
+    ]
+    assert any(f"no GPU facts for {names[1]};" in m for m in messages), messages
+    assert made.get("PATCH", 0) == 0, made
 
 
 def test_a_batch_with_different_credentials_fails_with_a_sentence(apiserver):

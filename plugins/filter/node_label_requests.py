@@ -1,0 +1,125 @@
+# Copyright: gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+
+DOCUMENTATION = r"""
+name: node_label_requests
+short_description: The input of gpuops.k8s.node_labels for a batch of hosts, read from their host variables
+version_added: 0.1.0
+description:
+  - Takes a list of inventory host names and reads, for each, what only that host can say from O(hostvars):
+    its Node name, its GPU facts (a registered M(gpuops.k8s.nvidia_gpu_info) result) and its label, taint and
+    API settings. It returns the O(gpuops.k8s.node_labels#module:nodes) list for one run of
+    M(gpuops.k8s.node_labels), so a whole batch is labelled by one task on one host, with no task per host.
+  - A setting a host does not have among its host variables (inventory, facts, registered results) is taken
+    from O(defaults), the values the calling task sees (the role's defaults, play and role variables).
+  - The GPU facts are the host's result registered as O(discovered_var) when that task ran on the host, or
+    else the host's variable named by O(gpu_info_var). A host with neither is listed in RV(_value.no_facts).
+options:
+  _input:
+    description: The inventory names of the batch's hosts.
+    type: list
+    elements: str
+    required: true
+  hostvars:
+    description: The magic variable C(hostvars).
+    type: dict
+    required: true
+  defaults:
+    description:
+      - The values for settings a host does not set itself, under the role's variable names without the
+        C(gpu_node_labels_) prefix (C(user_labels), C(taint), C(taint_key), C(taint_value), C(taint_effect),
+        C(delegate_to), C(kubeconfig), C(context), C(api_host), C(api_key), C(validate_certs)).
+    type: dict
+    required: true
+  gpu_info_var:
+    description:
+      - The host variable that holds the host's M(gpuops.k8s.nvidia_gpu_info) result, for hosts that do not
+        name one themselves in their own C(gpu_node_labels_gpu_info_var).
+    type: str
+    default: gpu_node_labels_gpu_info
+  discovered_var:
+    description: The registered result of the role's own discovery task, used first where that task ran.
+    type: str
+    default: __gpu_node_labels_discovered
+"""
+
+EXAMPLES = r"""
+- name: Label every GPU node of the inventory from the control host, with the facts site.yml registered
+  gpuops.k8s.node_labels:
+    nodes: "{{ (groups['gpu_nodes'] | gpuops.k8s.node_label_requests(hostvars, {}, gpu_info_var=facts)).nodes }}"
+  vars:
+    facts: gpuops_gpu_info
+"""
+
+RETURN = r"""
+_value:
+  description: The batch's requests and what is wrong with it.
+  type: dict
+  contains:
+    nodes:
+      description: One entry per host with GPU facts, in the form O(gpuops.k8s.node_labels#module:nodes) takes.
+      type: list
+      elements: dict
+    no_facts:
+      description: The hosts that have no GPU facts (neither a discovery result nor O(gpu_info_var)).
+      type: list
+      elements: str
+    apis:
+      description:
+        - The distinct API settings (C(delegate_to), C(kubeconfig), C(context), C(api_host), C(api_key),
+          C(validate_certs)) of the batch's hosts. One batch is one module run, so a usable batch has exactly one.
+      type: list
+      elements: dict
+"""
+
+from ansible.errors import AnsibleFilterError
+
+PREFIX = "gpu_node_labels_"
+_LABEL_SETTINGS = ("user_labels", "taint", "taint_key", "taint_value", "taint_effect")
+_API_SETTINGS = ("delegate_to", "kubeconfig", "context", "api_host", "api_key", "validate_certs")
+
+
+def _usable(result):
+    """A registered nvidia_gpu_info result that ran and did not fail."""
+    return isinstance(result, dict) and bool(result) and not result.get("skipped") and not result.get("failed")
+
+
+def node_label_requests(
+    hosts, hostvars, defaults, gpu_info_var="gpu_node_labels_gpu_info", discovered_var="__gpu_node_labels_discovered"
+):
+    if not isinstance(hosts, (list, tuple)):
+        raise AnsibleFilterError("node_label_requests: the input must be a list of inventory host names.")
+    if not isinstance(defaults, dict):
+        raise AnsibleFilterError("node_label_requests: defaults must be a dict of the role's settings.")
+    nodes, no_facts, apis = [], [], []
+    for host in hosts:
+        if host not in hostvars:
+            raise AnsibleFilterError(f"node_label_requests: {host} is not a host of the inventory.")
+        # One read of the host's variables, then plain lookups in it.
+        own = hostvars[host]
+
+        def setting(name, own=own):
+            key = PREFIX + name
+            return own[key] if key in own else defaults.get(name)
+
+        gpu_info = own.get(discovered_var)
+        if not _usable(gpu_info):
+            gpu_info = own.get(own.get(PREFIX + "gpu_info_var", gpu_info_var))
+        if not _usable(gpu_info):
+            no_facts.append(host)
+            continue
+        node = {"name": own.get(PREFIX + "node_name", host), "gpu_info": gpu_info}
+        node.update((name, setting(name)) for name in _LABEL_SETTINGS)
+        nodes.append(node)
+        api = {name: setting(name) for name in _API_SETTINGS}
+        if api not in apis:
+            apis.append(api)
+    return {"nodes": nodes, "no_facts": no_facts, "apis": apis}
+
+
+class FilterModule:
+    def filters(self):
+        return {"node_label_requests": node_label_requests}

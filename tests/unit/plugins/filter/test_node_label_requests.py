@@ -1,0 +1,86 @@
+import pytest
+from ansible.errors import AnsibleFilterError
+from ansible_collections.gpuops.k8s.plugins.filter.node_label_requests import FilterModule, node_label_requests
+
+FACTS = {"source": "nvml", "gpus": [{"name": "NVIDIA H100"}]}
+SYSFS = {"source": "sysfs", "gpus": []}
+DEFAULTS = {
+    "user_labels": {"team": "ml"},
+    "taint": True,
+    "taint_key": "nvidia.com/gpu",
+    "taint_value": "present",
+    "taint_effect": "NoSchedule",
+    "delegate_to": "localhost",
+    "kubeconfig": "/etc/kube/admin.conf",
+    "context": "",
+    "api_host": "",
+    "api_key": "",
+    "validate_certs": None,
+}
+
+
+def test_each_host_gets_its_own_facts_and_settings_and_the_defaults_fill_the_rest():
+    # Plain dicts stand in for hostvars (a test double for Ansible's HostVars mapping).
+    hostvars = {
+        "gpu-1": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_taint": False},
+        "gpu-2": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_node_name": "node-2.example"},
+    }
+    out = node_label_requests(["gpu-1", "gpu-2"], hostvars, DEFAULTS)
+    assert out["no_facts"] == []
+    first, second = out["nodes"]
+    assert first["name"] == "gpu-1" and first["taint"] is False and first["user_labels"] == {"team": "ml"}
+    assert second["name"] == "node-2.example" and second["taint"] is True
+    assert first["gpu_info"] is FACTS
+    assert out["apis"] == [
+        {k: DEFAULTS[k] for k in ("delegate_to", "kubeconfig", "context", "api_host", "api_key", "validate_certs")}
+    ]
+
+
+def test_the_roles_discovery_wins_over_the_given_facts_unless_it_was_skipped():
+    discovered = {"source": "nvml", "gpus": [{"name": "NVIDIA A100"}]}
+    hostvars = {
+        "gpu-1": {"gpuops_gpu_info": SYSFS, "__gpu_node_labels_discovered": discovered},
+        "gpu-2": {"gpuops_gpu_info": FACTS, "__gpu_node_labels_discovered": {"skipped": True, "changed": False}},
+    }
+    out = node_label_requests(["gpu-1", "gpu-2"], hostvars, DEFAULTS, gpu_info_var="gpuops_gpu_info")
+    assert [n["gpu_info"] for n in out["nodes"]] == [discovered, FACTS]
+
+
+def test_a_host_may_name_its_own_facts_variable():
+    hostvars = {"gpu-1": {"gpu_node_labels_gpu_info_var": "my_facts", "my_facts": FACTS}}
+    out = node_label_requests(["gpu-1"], hostvars, DEFAULTS)
+    assert out["nodes"][0]["gpu_info"] is FACTS
+
+
+def test_hosts_without_facts_are_named_and_left_out():
+    hostvars = {"gpu-1": {"gpu_node_labels_gpu_info": FACTS}, "gpu-2": {}, "gpu-3": {"gpu_node_labels_gpu_info": {}}}
+    out = node_label_requests(["gpu-1", "gpu-2", "gpu-3"], hostvars, DEFAULTS)
+    assert [n["name"] for n in out["nodes"]] == ["gpu-1"]
+    assert out["no_facts"] == ["gpu-2", "gpu-3"]
+
+
+def test_hosts_with_different_api_settings_give_two_apis():
+    hostvars = {
+        "gpu-1": {"gpu_node_labels_gpu_info": FACTS},
+        "gpu-2": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_context": "other"},
+        "gpu-3": {"gpu_node_labels_gpu_info": FACTS},
+    }
+    out = node_label_requests(["gpu-1", "gpu-2", "gpu-3"], hostvars, DEFAULTS)
+    assert [api["context"] for api in out["apis"]] == ["", "other"]
+
+
+@pytest.mark.parametrize(
+    "hosts, defaults, message",
+    [
+        ("gpu-1", DEFAULTS, "the input must be a list of inventory host names"),
+        (["gpu-1"], [], "defaults must be a dict"),
+        (["gpu-9"], DEFAULTS, "gpu-9 is not a host of the inventory"),
+    ],
+)
+def test_bad_input_gets_one_sentence(hosts, defaults, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        node_label_requests(hosts, {"gpu-1": {}}, defaults)
+
+
+def test_the_filter_is_registered():
+    assert FilterModule().filters()["node_label_requests"] is node_label_requests
