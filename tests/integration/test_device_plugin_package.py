@@ -9,6 +9,7 @@ image: the daemon-image tier checks that the built image carries the reference t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -26,13 +27,17 @@ SHARED = {
 
 
 def _pack(cache: str) -> str:
+    """The archive's path; checks the SHA-1 the packer prints after it (the role compares it with the node's copy)."""
     packed = subprocess.run(
         [sys.executable, os.path.join(ROLE, "files", "pack_source.py"), PLUGIN, cache],
         check=True,
         capture_output=True,
         text=True,
     )
-    return packed.stdout.strip()
+    path, sha1 = packed.stdout.splitlines()
+    with open(path, "rb") as handle:
+        assert hashlib.sha1(handle.read()).hexdigest() == sha1
+    return path
 
 
 def test_the_source_archive_carries_the_shared_files_themselves(tmp_path):

@@ -69,6 +69,8 @@ def main(argv: list[str]) -> int:
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     print(dest)
+    # The archive's SHA-1, which the role compares with the copy on the node (ansible.builtin.copy's checksum).
+    print(hashlib.sha1(data).hexdigest())
     return 0
 
 
