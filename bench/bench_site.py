@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -79,15 +80,20 @@ class Run:
     allocatable_at: dict[str, float | None] = field(default_factory=dict)
     # Each task as the json callback timed it: (name with its role, seconds, whether every host skipped it).
     profile: list[tuple[str, float, bool]] = field(default_factory=list)
+    # CPU seconds the run cost on this machine: ansible-playbook and its children (the control host's side),
+    # and the lab's node containers (their modules, and whatever else ran in them meanwhile).
+    controller_cpu: float = 0.0
+    nodes_cpu: float = 0.0
 
     def all_reached(self) -> bool:
         return bool(self.allocatable_at) and all(v is not None for v in self.allocatable_at.values())
 
     def describe(self) -> str:
         reached = ", ".join(f"{k} {'never' if v is None else f'{v:.1f} s'}" for k, v in self.allocatable_at.items())
-        return f"{self.wall:.1f} s, changed {self.changed}, {self.load_before} .. {self.load_after}" + (
-            f"; allocatable reached: {reached}" if reached else ""
-        )
+        return (
+            f"{self.wall:.1f} s, changed {self.changed}, {self.load_before} .. {self.load_after},"
+            f" CPU {self.controller_cpu:.1f} s control host + {self.nodes_cpu:.1f} s nodes"
+        ) + (f"; allocatable reached: {reached}" if reached else "")
 
 
 class AllocatableWatch(threading.Thread):
@@ -122,6 +128,34 @@ class AllocatableWatch(threading.Thread):
         return self.reached
 
 
+def node_cpu_seconds() -> float:
+    """CPU seconds used so far by this lab instance's node containers, from their cgroups (v1 cpuacct or v2)."""
+    done = subprocess.run(
+        ["podman", "ps", "--filter", f"name={node_prefix()}", "--format", "{{.ID}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    total = 0.0
+    for cid in done.stdout.split():
+        path = subprocess.run(
+            ["podman", "inspect", "--format", "{{.State.CgroupPath}}", cid], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        v1 = Path("/sys/fs/cgroup/cpuacct") / path.lstrip("/") / "cpuacct.usage"
+        v2 = Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.stat"
+        if v1.exists():
+            total += int(v1.read_text()) / 1e9
+        elif v2.exists():
+            stat = dict(line.split() for line in v2.read_text().splitlines())
+            total += int(stat["usage_usec"]) / 1e6
+    return total
+
+
+def node_prefix() -> str:
+    instance = os.environ.get("GPUOPS_LAB_INSTANCE", "0")
+    return "gpuops-lab-node-" if instance == "0" else f"gpuops-lab{instance}-node-"
+
+
 def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None = None) -> Run:
     """Run site.yml once; count changed tasks per host from the json callback's stats."""
     env = dict(
@@ -132,6 +166,8 @@ def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None =
     )
     argv = ["ansible-playbook", "-i", str(inventory), "-f", str(forks), str(SITE)]
     before = load()
+    nodes_before = node_cpu_seconds()
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     watcher = None
     if watch is not None:
@@ -139,6 +175,9 @@ def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None =
         watcher.start()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=3600, cwd=REPO)
     wall = time.monotonic() - start
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    controller_cpu = (children.ru_utime - children_before.ru_utime) + (children.ru_stime - children_before.ru_stime)
+    nodes_cpu = node_cpu_seconds() - nodes_before
     reached: dict[str, float | None] = {}
     if watcher is not None:
         # The plugin may register a moment after the play ends: give it a little longer.
@@ -158,6 +197,8 @@ def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None =
         load_after=load(),
         allocatable_at=reached,
         profile=task_profile(report),
+        controller_cpu=controller_cpu,
+        nodes_cpu=nodes_cpu,
     )
 
 
@@ -309,6 +350,12 @@ def report(
     print(f"  {n} hosts    no-op run, forks {n}        {fmt(m)}   runs: {runs_text(m)}")
     print(f"             {n} hosts no-op / 1 host no-op {ratio(m, s)}")
     print(f"             tasks changed on the {n}-host no-op run: {[r.changed for r in many_noop]}")
+    print(f"CPU seconds of the no-op runs on this machine ({os.cpu_count()} CPUs; the lab's nodes share them), medians")
+    for label, runs in (("1 host", second), (f"{n} hosts", many_noop)):
+        if runs:
+            ctl = statistics.median(r.controller_cpu for r in runs)
+            nodes = statistics.median(r.nodes_cpu for r in runs)
+            print(f"  {label:9}  control host {ctl:5.1f} s, node containers {nodes:5.1f} s")
     print(f"time from site.yml's start until allocatable {RESOURCE} = {count}, polled from the API server")
     print(f"  1 host                              {fmt(one_alloc)}   runs: {runs_text(one_alloc)}")
     print(f"  {n} hosts, forks {n}, the last node     {fmt(all_alloc)}   runs: {runs_text(all_alloc)}")

@@ -42,13 +42,9 @@ options:
         the file and the GPU.
       - Needs PyYAML on the target.
     type: path
+extends_documentation_fragment:
+  - gpuops.k8s.read_only
 attributes:
-  check_mode:
-    support: full
-    description: The module only reads; it behaves the same in check mode.
-  diff_mode:
-    support: none
-    description: The module changes nothing, so there is nothing to show.
   platform:
     platforms: posix
     support: full

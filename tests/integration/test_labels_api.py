@@ -380,6 +380,17 @@ def _play_batch(apiserver, hosts, common, expect_ok=True, entry="main"):
     return set(step[0]["nodes_changed"]), made
 
 
+def _failed_messages(report):
+    """The msg of every failed task result in an ansible.posix.json report."""
+    return [
+        result.get("msg", "")
+        for play in report["plays"]
+        for task in play["tasks"]
+        for result in task["hosts"].values()
+        if result.get("failed")
+    ]
+
+
 def test_a_batch_is_read_with_one_list_and_written_once_per_changed_node(apiserver):
     names = [f"gpu-labels-batch-{i}" for i in (1, 2, 3)]
     for name in names:
@@ -438,13 +449,7 @@ def test_the_fleet_entry_point_labels_from_the_control_host_with_each_hosts_fact
     # A host without facts fails the step with its name, and nothing is written.
     hosts[names[1]] = {"ansible_host": "192.0.2.2", "gpu_node_labels_user_labels": {"rack": "r2"}}
     report, made = _play_batch(apiserver, hosts, common, expect_ok=False, entry="fleet")
-    messages = [
-        result.get("msg", "")
-        for play in report["plays"]
-        for task in play["tasks"]
-        for result in task["hosts"].values()
-        if result.get("failed")
-    ]
+    messages = _failed_messages(report)
     assert any(f"no GPU facts for {names[1]};" in m for m in messages), messages
     assert made.get("PATCH", 0) == 0, made
 
@@ -461,13 +466,7 @@ def test_a_batch_with_different_credentials_fails_with_a_sentence(apiserver):
         "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
     }
     report, made = _play_batch(apiserver, hosts, common, expect_ok=False)
-    messages = [
-        result.get("msg", "")
-        for play in report["plays"]
-        for task in play["tasks"]
-        for result in task["hosts"].values()
-        if result.get("failed")
-    ]
+    messages = _failed_messages(report)
     assert any("set gpu_node_labels_delegate_to, _kubeconfig, _context" in m for m in messages), messages
     assert made.get("PATCH", 0) == 0, made
     for name in names:

@@ -8,28 +8,12 @@ import os
 
 import pytest
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpuops.k8s.plugins.modules import node_state
-
-
-class ModuleExit(Exception):
-    def __init__(self, result):
-        super().__init__(result)
-        self.result = result
-
-
-class ModuleFail(Exception):
-    def __init__(self, result):
-        super().__init__(result)
-        self.result = result
-
-
-def _exit_json(self, **kwargs):
-    raise ModuleExit(kwargs)
-
-
-def _fail_json(self, msg, **kwargs):
-    raise ModuleFail(dict(kwargs, msg=msg))
+from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.module_harness import (  # noqa: F401 (fixture)
+    fail_module,
+    patched,
+    run_module,
+)
 
 
 class CommandDouble:
@@ -46,10 +30,7 @@ class CommandDouble:
         return self.answers[os.path.basename(argv[0])]
 
 
-@pytest.fixture(autouse=True)
-def patched(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
+pytestmark = pytest.mark.usefixtures("patched")
 
 
 def commands(monkeypatch, answers, binaries):
@@ -60,16 +41,11 @@ def commands(monkeypatch, answers, binaries):
 
 
 def run(args, check=False):
-    args = dict(args, _ansible_check_mode=check)
-    with patch_module_args(args), pytest.raises(ModuleExit) as done:
-        node_state.main()
-    return done.value.result
+    return run_module(node_state.main, dict(args, _ansible_check_mode=check))
 
 
 def fail(args):
-    with patch_module_args(args), pytest.raises(ModuleFail) as failed:
-        node_state.main()
-    return failed.value.result
+    return fail_module(node_state.main, args)
 
 
 def test_paths_are_described_so_that_a_task_can_compare_them_whole(tmp_path):

@@ -10,8 +10,12 @@ import stat
 import pytest
 import tomllib
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpuops.k8s.plugins.modules import nvidia_runtime
+from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.module_harness import (  # noqa: F401 (fixture)
+    fail_module,
+    patched,
+    run_module,
+)
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
 V2 = """\
@@ -26,32 +30,7 @@ version = 2
 """
 
 
-class ModuleExit(Exception):
-    def __init__(self, result):
-        super().__init__(result)
-        self.result = result
-
-
-class ModuleFail(Exception):
-    def __init__(self, result):
-        super().__init__(result)
-        self.result = result
-
-
-def _exit_json(self, **kwargs):
-    kwargs.setdefault("changed", False)
-    raise ModuleExit(kwargs)
-
-
-def _fail_json(self, msg, **kwargs):
-    kwargs["msg"] = msg
-    raise ModuleFail(kwargs)
-
-
-@pytest.fixture(autouse=True)
-def patched(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
+pytestmark = pytest.mark.usefixtures("patched")
 
 
 def run(args, check=False, diff=False):
@@ -60,15 +39,11 @@ def run(args, check=False, diff=False):
         args["_ansible_check_mode"] = True
     if diff:
         args["_ansible_diff"] = True
-    with patch_module_args(args), pytest.raises(ModuleExit) as done:
-        nvidia_runtime.main()
-    return done.value.result
+    return run_module(nvidia_runtime.main, args)
 
 
 def fail(args):
-    with patch_module_args(args), pytest.raises(ModuleFail) as failed:
-        nvidia_runtime.main()
-    return failed.value.result
+    return fail_module(nvidia_runtime.main, args)
 
 
 def snapshot(path):
