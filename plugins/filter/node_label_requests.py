@@ -9,7 +9,7 @@ name: node_label_requests
 short_description: The input of gpuops.k8s.node_labels for a batch of hosts, read from their host variables
 version_added: 0.1.0
 description:
-  - Takes a list of inventory host names and reads, for each, what only that host can say from O(hostvars):
+  - Takes a list of inventory host names and reads, for each, what only that host can say from O(hostvars) -
     its Node name, its GPU facts (a registered M(gpuops.k8s.nvidia_gpu_info) result) and its label, taint and
     API settings. It returns the O(gpuops.k8s.node_labels#module:nodes) list for one run of
     M(gpuops.k8s.node_labels), so a whole batch is labelled by one task on one host, with no task per host.

@@ -14,7 +14,8 @@ description:
   - Answers in one module run what a role would otherwise ask with a C(stat), C(slurp), C(package_facts),
     C(service_facts) or C(pip) task each, so that a role can skip the tasks whose result is already in
     place. It never changes anything.
-  - Each path of O(paths) is described so that it can be compared with what a task would write, as a whole:
+  - >-
+    Each path of O(paths) is described so that it can be compared with what a task would write, as a whole:
     C({type: absent}) when it does not exist, otherwise its C(type) (C(file), C(directory), C(link) for a
     symbolic link, which is not followed, or C(other)), C(mode) (four octal digits), C(owner) and C(group)
     (names, or numbers without a name), and for a regular file the SHA-1 C(checksum) of its content
@@ -69,7 +70,8 @@ attributes:
     support: full
     description: Linux hosts; O(units) needs systemd.
 notes:
-  - A role compares a path's description with the one its task would produce, for example
+  - >-
+    A role compares a path's description with the one its task would produce, for example
     C(state.paths[dest] != {'type': 'file', 'mode': '0644', 'owner': 'root', 'group': 'root',
     'checksum': content | hash('sha1')}), and runs the task only when they differ. The task then does the
     work and reports it as before, in check and diff mode too.
@@ -126,11 +128,20 @@ units:
   type: dict
   sample: {containerd.service: {load_state: loaded, active_state: active, unit_file_state: enabled}}
 python_env:
-  description:
-    - C(exists) (the environment's C(bin/python) exists), C(distributions) (normalized name to version) and
-      C(unsatisfied) (the O(python_requirements) that what is installed does not meet).
+  description: What O(python_env) holds.
   returned: when O(python_env) is set
   type: dict
+  contains:
+    exists:
+      description: Whether the environment's C(bin/python) exists.
+      type: bool
+    distributions:
+      description: Normalized distribution name to installed version.
+      type: dict
+    unsatisfied:
+      description: The O(python_requirements) that what is installed does not meet.
+      type: list
+      elements: str
 """
 
 import glob

@@ -1,5 +1,6 @@
 # A module run in-process for unit tests: AnsibleModule.exit_json and fail_json raise these exceptions
-# (the `patched` fixture installs them), so a test reads the result instead of the process exiting.
+# (the `patched` fixture, which conftest.py offers to the tests here, installs them), so a test reads the
+# result instead of the process exiting.
 from __future__ import annotations
 
 import pytest
@@ -29,8 +30,8 @@ def _fail_json(self, msg, **kwargs):
     raise ModuleFail(kwargs)
 
 
-@pytest.fixture
-def patched(monkeypatch):
+def patch_exits(monkeypatch):
+    """Make exit_json and fail_json raise ModuleExit and ModuleFail."""
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
 

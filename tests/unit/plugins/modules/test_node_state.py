@@ -9,11 +9,7 @@ import os
 import pytest
 from ansible.module_utils import basic
 from ansible_collections.gpuops.k8s.plugins.modules import node_state
-from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.module_harness import (  # noqa: F401 (fixture)
-    fail_module,
-    patched,
-    run_module,
-)
+from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.module_harness import fail_module, run_module
 
 
 class CommandDouble:
@@ -156,7 +152,7 @@ def test_units_are_read_with_one_systemctl_show(monkeypatch):
 
 
 def test_an_answer_for_fewer_units_than_asked_is_refused(monkeypatch):
-    commands(monkeypatch, {"systemctl": (0, SYSTEMCTL.split("\n\n")[0], "")}, {"systemctl"})
+    commands(monkeypatch, {"systemctl": (0, SYSTEMCTL.split("\n\n", maxsplit=1)[0], "")}, {"systemctl"})
     assert fail({"units": ["containerd.service", "k3s.service"]})["msg"] == (
         "node_state: systemctl show answered for 1 units, not the 2 asked for."
     )

@@ -11,11 +11,7 @@ import pytest
 import tomllib
 from ansible.module_utils import basic
 from ansible_collections.gpuops.k8s.plugins.modules import nvidia_runtime
-from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.module_harness import (  # noqa: F401 (fixture)
-    fail_module,
-    patched,
-    run_module,
-)
+from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.module_harness import fail_module, run_module
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
 V2 = """\
