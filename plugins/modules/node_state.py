@@ -46,7 +46,10 @@ options:
     elements: str
     default: []
   units:
-    description: systemd units whose state to report, all read with one C(systemctl show).
+    description:
+      - systemd units whose state to report, all read with one C(systemctl show).
+      - On a host where systemd is not running (no C(/run/systemd/system), as in many containers) nothing is asked:
+        every unit is reported as C(not-found) and C(inactive), and RV(systemd) is C(false).
     type: list
     elements: str
     default: []
@@ -126,6 +129,10 @@ units:
   description: Unit name to its C(load_state), C(active_state) and C(unit_file_state) as systemd reports them.
   returned: always
   type: dict
+systemd:
+  description: Whether systemd runs on the host (C(/run/systemd/system) exists).
+  returned: always
+  type: bool
   sample: {containerd.service: {load_state: loaded, active_state: active, unit_file_state: enabled}}
 python_env:
   description: What O(python_env) holds.
@@ -300,7 +307,14 @@ def packages(module, names):
     raise StateError("neither dpkg-query nor rpm is installed, so package versions cannot be read.")
 
 
+def systemd_running():
+    """sd_booted(3): systemd is the init system."""
+    return os.path.isdir("/run/systemd/system")
+
+
 def units_state(module, units):
+    if not systemd_running():
+        return {unit: {"load_state": "not-found", "active_state": "inactive", "unit_file_state": ""} for unit in units}
     systemctl = module.get_bin_path("systemctl")
     if not systemctl:
         raise StateError("systemctl is not installed, so the state of {} cannot be read.".format(", ".join(units)))
@@ -331,6 +345,7 @@ def main():
             contents={path: read_text(path) for path in params["contents"]},
             packages=packages(module, params["packages"]) if params["packages"] else {},
             units=units_state(module, params["units"]) if params["units"] else {},
+            systemd=systemd_running(),
         )
         if params["python_env"]:
             result["python_env"] = python_env(params["python_env"], params["python_requirements"])

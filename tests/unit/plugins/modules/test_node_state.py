@@ -141,6 +141,24 @@ SYSTEMCTL = (
 )
 
 
+@pytest.fixture
+def systemd(monkeypatch):
+    """The host runs systemd (whatever the machine running the tests does)."""
+    monkeypatch.setattr(node_state, "systemd_running", lambda: True)
+
+
+def test_without_systemd_running_no_unit_is_known_and_nothing_is_asked(monkeypatch):
+    monkeypatch.setattr(node_state, "systemd_running", lambda: False)
+    double = commands(monkeypatch, {}, {"systemctl"})
+    result = run({"units": ["containerd.service"]})
+    assert result["units"] == {
+        "containerd.service": {"load_state": "not-found", "active_state": "inactive", "unit_file_state": ""}
+    }
+    assert result["systemd"] is False
+    assert double.calls == []
+
+
+@pytest.mark.usefixtures("systemd")
 def test_units_are_read_with_one_systemctl_show(monkeypatch):
     double = commands(monkeypatch, {"systemctl": (0, SYSTEMCTL, "")}, {"systemctl"})
     result = run({"units": ["containerd.service", "k3s.service"]})
@@ -151,6 +169,7 @@ def test_units_are_read_with_one_systemctl_show(monkeypatch):
     assert len(double.calls) == 1
 
 
+@pytest.mark.usefixtures("systemd")
 def test_an_answer_for_fewer_units_than_asked_is_refused(monkeypatch):
     commands(monkeypatch, {"systemctl": (0, SYSTEMCTL.split("\n\n", maxsplit=1)[0], "")}, {"systemctl"})
     assert fail({"units": ["containerd.service", "k3s.service"]})["msg"] == (
@@ -158,6 +177,7 @@ def test_an_answer_for_fewer_units_than_asked_is_refused(monkeypatch):
     )
 
 
+@pytest.mark.usefixtures("systemd")
 def test_no_systemctl_gets_one_sentence(monkeypatch):
     commands(monkeypatch, {}, set())
     assert fail({"units": ["containerd.service"]})["msg"] == (
