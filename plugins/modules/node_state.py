@@ -48,7 +48,7 @@ options:
   units:
     description:
       - systemd units whose state to report, all read with one C(systemctl show).
-      - On a host where systemd is not running (no C(/run/systemd/system), as in many containers) nothing is asked:
+      - On a host where systemd is not running (no C(/run/systemd/system), as in many containers) nothing is asked;
         every unit is reported as C(not-found) and C(inactive), and RV(systemd) is C(false).
     type: list
     elements: str
