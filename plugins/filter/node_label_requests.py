@@ -15,8 +15,9 @@ description:
     M(gpuops.k8s.node_labels), so a whole batch is labelled by one task on one host, with no task per host.
   - A setting a host does not have among its host variables (inventory, facts, registered results) is taken
     from O(defaults), the values the calling task sees (the role's defaults, play and role variables).
-  - The GPU facts are the host's result registered as O(discovered_var) when that task ran on the host, or
-    else the host's variable named by O(gpu_info_var). A host with neither is listed in RV(_value.no_facts).
+  - The GPU facts are the host's result registered as O(discovered_var) when that is given and the task ran on
+    the host, or else the host's variable named by O(gpu_info_var). A host with neither is listed in
+    RV(_value.no_facts).
 options:
   _input:
     description: The inventory names of the batch's hosts.
@@ -41,9 +42,10 @@ options:
     type: str
     default: gpu_node_labels_gpu_info
   discovered_var:
-    description: The registered result of the role's own discovery task, used first where that task ran.
+    description:
+      - The name under which a discovery task registered its result on the hosts, used first where that task
+        ran (not skipped, not failed). Without it only O(gpu_info_var) is read.
     type: str
-    default: __gpu_node_labels_discovered
 """
 
 EXAMPLES = r"""
@@ -87,9 +89,7 @@ def _usable(result):
     return isinstance(result, dict) and bool(result) and not result.get("skipped") and not result.get("failed")
 
 
-def node_label_requests(
-    hosts, hostvars, defaults, gpu_info_var="gpu_node_labels_gpu_info", discovered_var="__gpu_node_labels_discovered"
-):
+def node_label_requests(hosts, hostvars, defaults, gpu_info_var="gpu_node_labels_gpu_info", discovered_var=None):
     if not isinstance(hosts, (list, tuple)):
         raise AnsibleFilterError("node_label_requests: the input must be a list of inventory host names.")
     if not isinstance(defaults, dict):
@@ -105,7 +105,7 @@ def node_label_requests(
             key = PREFIX + name
             return own[key] if key in own else defaults.get(name)
 
-        gpu_info = own.get(discovered_var)
+        gpu_info = own.get(discovered_var) if discovered_var else None
         if not _usable(gpu_info):
             gpu_info = own.get(own.get(PREFIX + "gpu_info_var", gpu_info_var))
         if not _usable(gpu_info):

@@ -118,6 +118,46 @@ def test_site_runs_and_skips_the_driver_by_detection(flow: SiteFlow) -> None:
     print(f"site.yml --check --diff: {flow.check.seconds:.0f}s, first run: {flow.first.seconds:.0f}s")
 
 
+def task_outcome(output: str, task: str) -> str:
+    """The first result line (ok:, skipping:, changed: ...) under a task's header in the default callback's output."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"TASK [{task}]"))
+    return next(line for line in lines[start + 1 :] if line.strip()).split(":", 1)[0]
+
+
+def test_the_driver_role_uses_the_plays_pci_scan_and_scans_itself_where_it_was_simulated(
+    flow: SiteFlow, tmp_path: Path
+) -> None:
+    """site.yml hands its discovery to the driver role: a real (sysfs) scan answers the role's question, so the
+    node is not asked twice; a simulated one must not (its GPUs are not PCI devices the driver could drive)."""
+    for simulate, expected in ((False, "skipping"), (True, "ok")):
+        scan = {"name": "Scan the node", "gpuops.k8s.nvidia_gpu_info": {}, "register": "scan"}
+        if simulate:
+            scan["gpuops.k8s.nvidia_gpu_info"]["simulate_from"] = "{{ gpuops_simulate_from }}"
+        role = {
+            "name": "The driver role with the scan",
+            "ansible.builtin.include_role": {"name": "gpuops.k8s.nvidia_driver"},
+        }
+        play = [
+            {
+                "hosts": flow.node,
+                "become": True,
+                "gather_facts": False,
+                "tasks": [scan, dict(role, vars={"nvidia_driver_gpu_info": "{{ scan }}"})],
+            }
+        ]
+        playbook = tmp_path / f"driver-scan-{simulate}.yml"
+        playbook.write_text(yaml.safe_dump(play))
+        run = run_playbook(str(playbook), flow.inventory, extra_vars=flow.extra_vars)
+        assert run.returncode == 0, run.summary()
+        assert run.recap[flow.node]["changed"] == 0
+        assert task_outcome(run.output, "gpuops.k8s.nvidia_driver : Look for NVIDIA PCI devices") == expected, (
+            run.output
+        )
+        # Either way the answer is the node's real PCI devices: none.
+        assert f"No NVIDIA PCI device found on {flow.node}; the driver is not installed" in run.output
+
+
 def test_node_advertises_eight_gpus(lab: Lab, flow: SiteFlow) -> None:
     node = lab.wait_until(
         f"{flow.node} allocatable {GPU}=8",

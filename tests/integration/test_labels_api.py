@@ -454,6 +454,33 @@ def test_the_fleet_entry_point_labels_from_the_control_host_with_each_hosts_fact
     assert made.get("PATCH", 0) == 0, made
 
 
+def test_the_fleet_entry_point_with_no_hosts_does_nothing(apiserver):
+    """An empty batch (a group without hosts) is not an error: no API request, no change."""
+    work = apiserver["work"]
+    inventory = work / "empty-inventory.yml"
+    localhost = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": localhost}}}))
+    playbook = work / "empty-play.yml"
+    play = _BATCH_PLAYS["fleet"][0]
+    task = dict(
+        play["tasks"][0], vars={"gpu_node_labels_hosts": [], "gpu_node_labels_kubeconfig": apiserver["kubeconfig"]}
+    )
+    playbook.write_text(yaml.safe_dump([dict(play, tasks=[task])]))
+    before = _node_requests(apiserver)
+    run = subprocess.run(
+        ["ansible-playbook", "-i", str(inventory), str(playbook)],
+        capture_output=True,
+        text=True,
+        env=_ansible_env(),
+        timeout=300,
+        check=False,
+    )
+    after = _node_requests(apiserver)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert json.loads(run.stdout)["stats"]["localhost"]["changed"] == 0
+    assert {verb: after.get(verb, 0) - before.get(verb, 0) for verb in after} == dict.fromkeys(after, 0)
+
+
 def test_a_batch_with_different_credentials_fails_with_a_sentence(apiserver):
     names = ["gpu-labels-creds-1", "gpu-labels-creds-2"]
     for name in names:

@@ -36,14 +36,19 @@ def test_each_host_gets_its_own_facts_and_settings_and_the_defaults_fill_the_res
     ]
 
 
-def test_the_roles_discovery_wins_over_the_given_facts_unless_it_was_skipped():
+def test_the_named_discovery_wins_over_the_given_facts_unless_it_was_skipped():
     discovered = {"source": "nvml", "gpus": [{"name": "NVIDIA A100"}]}
     hostvars = {
-        "gpu-1": {"gpuops_gpu_info": SYSFS, "__gpu_node_labels_discovered": discovered},
-        "gpu-2": {"gpuops_gpu_info": FACTS, "__gpu_node_labels_discovered": {"skipped": True, "changed": False}},
+        "gpu-1": {"gpuops_gpu_info": SYSFS, "found": discovered},
+        "gpu-2": {"gpuops_gpu_info": FACTS, "found": {"skipped": True, "changed": False}},
     }
-    out = node_label_requests(["gpu-1", "gpu-2"], hostvars, DEFAULTS, gpu_info_var="gpuops_gpu_info")
+    out = node_label_requests(
+        ["gpu-1", "gpu-2"], hostvars, DEFAULTS, gpu_info_var="gpuops_gpu_info", discovered_var="found"
+    )
     assert [n["gpu_info"] for n in out["nodes"]] == [discovered, FACTS]
+    # Without discovered_var only the facts variable is read.
+    out = node_label_requests(["gpu-1", "gpu-2"], hostvars, DEFAULTS, gpu_info_var="gpuops_gpu_info")
+    assert [n["gpu_info"] for n in out["nodes"]] == [SYSFS, FACTS]
 
 
 def test_a_host_may_name_its_own_facts_variable():
