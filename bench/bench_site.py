@@ -356,6 +356,14 @@ def report(
             ctl = statistics.median(r.controller_cpu for r in runs)
             nodes = statistics.median(r.nodes_cpu for r in runs)
             print(f"  {label:9}  control host {ctl:5.1f} s, node containers {nodes:5.1f} s")
+    if second and many_noop:
+        # No schedule finishes sooner than its CPU work spread over every core of the machine.
+        need = statistics.median(r.controller_cpu + r.nodes_cpu for r in many_noop)
+        floor = need / (os.cpu_count() or 1)
+        print(
+            f"  the {n}-host no-op run needs {need:.1f} CPU-s here: on {os.cpu_count()} CPUs no less than"
+            f" {floor:.1f} s, {floor / statistics.median(s):.2f} x the 1-host no-op, before any wait"
+        )
     print(f"time from site.yml's start until allocatable {RESOURCE} = {count}, polled from the API server")
     print(f"  1 host                              {fmt(one_alloc)}   runs: {runs_text(one_alloc)}")
     print(f"  {n} hosts, forks {n}, the last node     {fmt(all_alloc)}   runs: {runs_text(all_alloc)}")
