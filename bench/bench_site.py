@@ -6,6 +6,9 @@ Prints, side by side with their ratios:
     one-host no-op run;
   - the time from site.yml's start until the node's allocatable nvidia.com/gpu reaches the spec's
     GPU count, polled from the API server while the playbook runs;
+  - the CPU seconds of the no-op runs (control host and node containers) and the many-host run's CPU floor;
+  - what one task costs on this machine whatever it does: CPU per task and host of a module run
+    (ansible.builtin.ping with become) and of a skipped task, on the converged one-host lab;
   - a per-task profile of the one-host first and no-op runs (the json callback's task times): seconds per
     role and the ten most expensive tasks.
 A first run needs fresh nodes, so the lab is taken down and brought up again before each one (down
@@ -156,28 +159,44 @@ def node_prefix() -> str:
     return "gpuops-lab-node-" if instance == "0" else f"gpuops-lab{instance}-node-"
 
 
-def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None = None) -> Run:
-    """Run site.yml once; count changed tasks per host from the json callback's stats."""
+def measured(playbook: Path, inventory: Path, forks: int) -> tuple[subprocess.Popen, dict]:
+    """Start ansible-playbook with the json callback; returns the process and the CPU counters before it."""
     env = dict(
         os.environ,
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
         ANSIBLE_COLLECTIONS_PATH=str(REPO / ".build"),
         ANSIBLE_HOST_KEY_CHECKING="False",
     )
-    argv = ["ansible-playbook", "-i", str(inventory), "-f", str(forks), str(SITE)]
+    before = {"nodes": node_cpu_seconds(), "children": resource.getrusage(resource.RUSAGE_CHILDREN)}
+    argv = ["ansible-playbook", "-i", str(inventory), "-f", str(forks), str(playbook)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO), before
+
+
+def finished(proc: subprocess.Popen, before: dict) -> tuple[dict, float, float]:
+    """Wait for a run started by measured(); returns its json report and the CPU seconds it cost on the control
+    host (ansible-playbook and its children) and in the lab's node containers."""
+    stdout, stderr = proc.communicate(timeout=3600)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = before["children"]
+    controller_cpu = (children.ru_utime - start.ru_utime) + (children.ru_stime - start.ru_stime)
+    nodes_cpu = node_cpu_seconds() - before["nodes"]
+    if proc.returncode != 0:
+        sys.stderr.write(stdout[-6000:] + stderr[-4000:])
+        raise SystemExit(f"bench_site: {proc.args[-1]} failed (exit {proc.returncode}); its output is above")
+    return json.loads(stdout[stdout.index("{") :]), controller_cpu, nodes_cpu
+
+
+def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None = None) -> Run:
+    """Run site.yml once; count changed tasks per host from the json callback's stats."""
     before = load()
-    nodes_before = node_cpu_seconds()
-    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
+    proc, counters = measured(SITE, inventory, forks)
     watcher = None
     if watch is not None:
         watcher = AllocatableWatch(*watch, start=start)
         watcher.start()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=3600, cwd=REPO)
+    report, controller_cpu, nodes_cpu = finished(proc, counters)
     wall = time.monotonic() - start
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    controller_cpu = (children.ru_utime - children_before.ru_utime) + (children.ru_stime - children_before.ru_stime)
-    nodes_cpu = node_cpu_seconds() - nodes_before
     reached: dict[str, float | None] = {}
     if watcher is not None:
         # The plugin may register a moment after the play ends: give it a little longer.
@@ -185,10 +204,6 @@ def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None =
         while any(v is None for v in watcher.reached.values()) and time.monotonic() < deadline:
             time.sleep(0.5)
         reached = watcher.stop()
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout[-6000:] + done.stderr[-4000:])
-        raise SystemExit(f"bench_site: site.yml failed (exit {done.returncode}); its output is above")
-    report = json.loads(done.stdout[done.stdout.index("{") :])
     changed = {host: s["changed"] for host, s in report["stats"].items()}
     return Run(
         wall=wall,
@@ -200,6 +215,34 @@ def site(inventory: Path, forks: int, watch: tuple[str, list[str], int] | None =
         controller_cpu=controller_cpu,
         nodes_cpu=nodes_cpu,
     )
+
+
+UNIT_TASKS = 20
+
+
+def unit_costs(inventory: Path, workdir: Path) -> dict[str, float]:
+    """What one task costs on this machine, whatever the roles do: CPU milliseconds per task and host of
+    UNIT_TASKS ansible.builtin.ping tasks (with become, as site.yml runs), on the control host and in the node,
+    and of as many tasks that every host skips (control host only)."""
+    costs = {}
+    for kind, task in (
+        ("module", {"ansible.builtin.ping": {}}),
+        ("skipped", {"ansible.builtin.debug": {"msg": "never"}, "when": "gpuops_never is defined"}),
+    ):
+        tasks = [dict(task, name=f"{kind} {i}") for i in range(UNIT_TASKS)]
+        playbook = workdir / f"unit-{kind}.yml"
+        play = {"hosts": "gpu_nodes", "become": True, "gather_facts": False, "tasks": tasks}
+        playbook.write_text(yaml.safe_dump([play]), encoding="utf-8")
+        # The play's own start-up, measured with one task, is taken off.
+        base = workdir / f"unit-{kind}-base.yml"
+        base.write_text(yaml.safe_dump([dict(play, tasks=tasks[:1])]), encoding="utf-8")
+        _report, ctl_base, nodes_base = finished(*measured(base, inventory, 1))
+        report, ctl, nodes = finished(*measured(playbook, inventory, 1))
+        hosts = len(report["stats"])
+        per = (UNIT_TASKS - 1) * hosts
+        costs[f"{kind} control"] = (ctl - ctl_base) / per * 1000
+        costs[f"{kind} node"] = (nodes - nodes_base) / per * 1000
+    return costs
 
 
 def _seconds(stamp: str) -> float:
@@ -293,6 +336,7 @@ def main() -> int:
     second: list[Run] = []
     many: dict[int, list[Run]] = {args.hosts: [], 1: []}
     many_noop: list[Run] = []
+    units: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-site-") as tmp:
         workdir = Path(tmp)
         try:
@@ -302,6 +346,10 @@ def main() -> int:
                 progress(f"  1 host, run {attempt + 1}: first {first[-1].describe()}")
                 second.append(site(inventory, forks=1))
                 progress(f"  1 host, run {attempt + 1}: second {second[-1].describe()}")
+            if second:
+                # The converged node of the last one-host run is still up: what one task costs, whatever it does.
+                units = unit_costs(inventory, workdir)
+                progress(f"  1 host, unit costs (CPU ms per task and host): {units}")
             for attempt in range(args.runs if args.only != "one" else 0):
                 for forks in (args.hosts,) if args.no_forks_1 else (args.hosts, 1):
                     inventory, kubeconfig, nodes = fresh_lab(args.hosts, args.spec, workdir)
@@ -317,7 +365,7 @@ def main() -> int:
         finally:
             if lab_is_up():
                 lab("down", timeout=300)
-    report(args, count, first, second, many, many_noop)
+    report(args, count, first, second, many, many_noop, units)
     return 0
 
 
@@ -328,6 +376,7 @@ def report(
     second: list[Run],
     many: dict[int, list[Run]],
     many_noop: list[Run],
+    units: dict[str, float],
 ) -> None:
     n = args.hosts
     f = [r.wall for r in first]
@@ -364,6 +413,13 @@ def report(
             f"  the {n}-host no-op run needs {need:.1f} CPU-s here: on {os.cpu_count()} CPUs no less than"
             f" {floor:.1f} s, {floor / statistics.median(s):.2f} x the 1-host no-op, before any wait"
         )
+    if units:
+        print(f"what one task costs here, CPU ms per task and host ({UNIT_TASKS} tasks on the 1-host lab, with become)")
+        print(
+            f"  a module run (ansible.builtin.ping): control host {units['module control']:5.1f},"
+            f" node {units['module node']:5.1f}"
+        )
+        print(f"  a task every host skips:             control host {units['skipped control']:5.1f}")
     print(f"time from site.yml's start until allocatable {RESOURCE} = {count}, polled from the API server")
     print(f"  1 host                              {fmt(one_alloc)}   runs: {runs_text(one_alloc)}")
     print(f"  {n} hosts, forks {n}, the last node     {fmt(all_alloc)}   runs: {runs_text(all_alloc)}")
