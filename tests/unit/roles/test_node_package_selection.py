@@ -177,18 +177,41 @@ def test_driver_rocky_has_no_distro_source():
     assert list(role.get("__nvidia_driver_sources")) == ["cuda"]
 
 
+def pci_scan(source: str, gpus: int, nvswitches: int) -> dict:
+    """An nvidia_gpu_info result with that many NVIDIA GPUs and NVSwitches on the PCI bus."""
+    device = {"bus_id": "0000:00:00.0", "vendor_id": "0x10de", "device_id": "0x2330"}
+    return {
+        "source": source,
+        "changed": False,
+        "pci_devices": [device] * gpus,
+        "nvswitch_devices": [device] * nvswitches,
+    }
+
+
 @pytest.mark.parametrize(
     ("setting", "nvswitch", "wanted"),
     [("auto", True, True), ("auto", False, False), ("always", False, True), ("never", True, False)],
 )
-def test_driver_fabricmanager_choice(setting, nvswitch, wanted):
-    role = RoleVars(
-        "nvidia_driver",
-        "ubuntu2404",
-        nvidia_driver_fabricmanager=setting,
-        __nvidia_driver_nvswitch_present=nvswitch,
-    )
+@pytest.mark.parametrize("scan_from", ["role", "play"])
+def test_driver_fabricmanager_choice(setting, nvswitch, wanted, scan_from):
+    scan = pci_scan("sysfs", 8, 4 if nvswitch else 0)
+    given = {"nvidia_driver_gpu_info": scan} if scan_from == "play" else {"__nvidia_driver_gpu_info": scan}
+    role = RoleVars("nvidia_driver", "ubuntu2404", nvidia_driver_fabricmanager=setting, **given)
+    assert role.get("__nvidia_driver_given_scan") is (scan_from == "play")
+    assert role.get("__nvidia_driver_gpu_present") is True
     assert role.get("__nvidia_driver_fabricmanager_wanted") is wanted
+
+
+@pytest.mark.parametrize("source", ["simulated", None])
+def test_driver_reads_its_own_scan_where_the_plays_is_simulated_or_missing(source):
+    # The play's result claims 8 GPUs and NVSwitches; the role's own scan of the node found none.
+    given = pci_scan(source, 8, 4) if source else {}
+    role = RoleVars(
+        "nvidia_driver", "ubuntu2404", nvidia_driver_gpu_info=given, __nvidia_driver_gpu_info=pci_scan("sysfs", 0, 0)
+    )
+    assert role.get("__nvidia_driver_given_scan") is False
+    assert role.get("__nvidia_driver_gpu_present") is False
+    assert role.get("__nvidia_driver_nvswitch_present") is False
 
 
 def test_driver_apt_pin_covers_the_driver_packages():
