@@ -112,7 +112,12 @@ def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
             ["podman", "inspect", "--format", "{{.State.ExitCode}}", name], capture_output=True, text=True, check=True
         )
         assert state.stdout.strip() == "0"
-        assert kubelet.wait(lambda: endpoint.stream_ended == "OK", 5)
+        ended_ok = kubelet.wait(lambda: endpoint.stream_ended == "OK", 5)
+        logs = subprocess.run(["podman", "logs", "--tail", "30", name], capture_output=True, text=True, check=False)
+        assert ended_ok, (
+            f"ListAndWatch ended with {endpoint.stream_ended!r} (want OK) after {len(kubelet.registrations)}"
+            f" registration(s); the daemon's last lines:\n{logs.stdout}{logs.stderr}"
+        )
         deadline = time.monotonic() + 5
         while os.path.exists(os.path.join(plugin_dir, "gpuops-nvidia.com-gpu.sock")) and time.monotonic() < deadline:
             time.sleep(0.05)
