@@ -129,11 +129,11 @@ units:
   description: Unit name to its C(load_state), C(active_state) and C(unit_file_state) as systemd reports them.
   returned: always
   type: dict
+  sample: {containerd.service: {load_state: loaded, active_state: active, unit_file_state: enabled}}
 systemd:
   description: Whether systemd runs on the host (C(/run/systemd/system) exists).
   returned: always
   type: bool
-  sample: {containerd.service: {load_state: loaded, active_state: active, unit_file_state: enabled}}
 python_env:
   description: What O(python_env) holds.
   returned: when O(python_env) is set
