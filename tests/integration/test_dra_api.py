@@ -649,8 +649,9 @@ def test_the_daemon_in_dra_mode_publishes_keeps_and_marks_its_node_slice(cluster
     all_healthy = {f"gpu-{i}": "Healthy" for i in range(8)}
     try:
         wait_for("the daemon's slice", lambda: _device_health(cluster) == all_healthy, timeout=60)
-        assert (tmp_path / "registry" / f"{DRIVER}-reg.sock").is_socket()
-        assert (tmp_path / "plugins" / DRIVER / "dra.sock").is_socket()
+        # The daemon publishes its slice first and opens its sockets a moment later.
+        sockets = (tmp_path / "registry" / f"{DRIVER}-reg.sock", tmp_path / "plugins" / DRIVER / "dra.sock")
+        wait_for("the daemon's sockets", lambda: all(path.is_socket() for path in sockets), timeout=30)
         assert not list((tmp_path / "device-plugins").iterdir()), "dra mode registered a device-plugin socket"
         # Someone deletes the slice (the kubelet does when it starts): the daemon writes it again.
         for found in _slices(cluster):
