@@ -192,9 +192,9 @@ def pci_scan(source: str, gpus: int, nvswitches: int) -> dict:
     ("setting", "nvswitch", "wanted"),
     [("auto", True, True), ("auto", False, False), ("always", False, True), ("never", True, False)],
 )
-@pytest.mark.parametrize("scan_from", ["role", "play"])
-def test_driver_fabricmanager_choice(setting, nvswitch, wanted, scan_from):
-    scan = pci_scan("sysfs", 8, 4 if nvswitch else 0)
+@pytest.mark.parametrize(("scan_from", "source"), [("role", "sysfs"), ("play", "sysfs"), ("play", "nvml")])
+def test_driver_fabricmanager_choice(setting, nvswitch, wanted, scan_from, source):
+    scan = pci_scan(source, 8, 4 if nvswitch else 0)
     given = {"nvidia_driver_gpu_info": scan} if scan_from == "play" else {"__nvidia_driver_gpu_info": scan}
     role = RoleVars("nvidia_driver", "ubuntu2404", nvidia_driver_fabricmanager=setting, **given)
     assert role.get("__nvidia_driver_given_scan") is (scan_from == "play")
