@@ -263,3 +263,108 @@ def _resolve_peers(gpus, path):
             links[peer].add(gpu["uuid"])
     for gpu in gpus:
         gpu["nvlink_peers"] = [other["uuid"] for other in gpus if other["uuid"] in links[gpu["uuid"]]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The mock NVML library's state (labs and CI only; tests/mock_nvml/, docs/mock-nvml.md)
+
+MOCK_NVML_FORMAT = "gpuops-mock-nvml 1"
+
+# PCI device IDs (NVML's pciDeviceId: device << 16 | vendor 0x10de) of the products the lab's specs name.
+_PCI_DEVICE_IDS = {
+    "NVIDIA H100 80GB HBM3": 0x2330,
+    "NVIDIA H100 PCIe": 0x2331,
+    "NVIDIA H200": 0x2335,
+    "NVIDIA A100-SXM4-40GB": 0x20B0,
+    "NVIDIA A100-SXM4-80GB": 0x20B2,
+    "NVIDIA A100 80GB PCIe": 0x20B5,
+    "NVIDIA A100-PCIE-40GB": 0x20F1,
+    "NVIDIA L4": 0x27B8,
+    "Tesla T4": 0x1EB8,
+    "Tesla V100-SXM2-16GB": 0x1DB1,
+}
+# nvmlDeviceArchitecture_t by compute capability major (7.5 is Turing, 8.9 Ada).
+_NVML_ARCHITECTURES = {3: 2, 5: 3, 6: 4, 7: 5, 8: 7, 9: 9, 10: 10, 12: 10}
+_NVML_BRAND_TESLA = 2
+_NVML_BRAND_NVIDIA = 14
+# Readings NVML gives that a spec does not describe: an idle GPU.
+MOCK_NVML_READINGS = {
+    "temperature_c": "34",
+    "power_mw": "68000 700000",
+    "utilization": "0 0",
+    "clocks_mhz": "345 345 2619 765",
+    "ecc_errors": "0 0",
+}
+_MIG_PROFILE = re.compile(r"^(?:(?P<ci>[0-9]+)c\.)?(?P<gi>[0-9]+)g\.")
+
+
+def _nvml_architecture(capability):
+    major, minor = (int(part) for part in capability.split("."))
+    if (major, minor) == (7, 5):
+        return 6
+    if (major, minor) == (8, 9):
+        return 8
+    return _NVML_ARCHITECTURES.get(major, 0xFFFFFFFF)
+
+
+def _nvml_cuda_version(text):
+    major, minor = (int(part) for part in text.split("."))
+    return major * 1000 + minor * 10
+
+
+def _mig_slices(profile):
+    """GPU-instance and compute-instance slices of a MIG profile name: 1g.10gb -> (1, 1), 1c.3g.20gb -> (3, 1)."""
+    match = _MIG_PROFILE.match(profile)
+    if not match:
+        return 1, 1
+    gi = int(match.group("gi"))
+    return gi, int(match.group("ci") or gi)
+
+
+def mock_nvml_state_text(spec):
+    """The mock NVML library's state for a spec (as parse_spec returns it): one `key value` line each.
+
+    The library serves exactly this; everything it knows of the GPUs comes from here, so the spec reader
+    stays the one reader of the spec format.
+    """
+    by_uuid = dict((gpu["uuid"], gpu["index"]) for gpu in spec["gpus"])
+    cuda = spec["cuda_driver_version"]
+    lines = [
+        "# Written from a simulated-GPU spec for the mock libnvidia-ml.so.1 (labs and CI only).",
+        "format " + MOCK_NVML_FORMAT,
+        "driver_version " + spec["driver_version"],
+        "nvml_version {}.{}".format(cuda.split(".")[0], spec["driver_version"]),
+        "cuda_driver_version {}".format(_nvml_cuda_version(cuda)),
+    ]
+    for gpu in spec["gpus"]:
+        device_id = _PCI_DEVICE_IDS.get(gpu["name"], 0)
+        numa = gpu["numa_node"]
+        affinity = (0xFFFFFFFF << (32 * numa)) if numa is not None and numa < 2 else 0xFFFFFFFFFFFFFFFF
+        lines += [
+            "gpu {}".format(gpu["index"]),
+            "uuid " + gpu["uuid"],
+            "name " + gpu["name"],
+            "serial 1{:012d}".format(int(gpu["uuid"].replace("-", "")[-8:], 16) % 10**12),
+            "pci_bus_id " + gpu["pci_bus_id"],
+            "pci_device_id 0x{:08x}".format((device_id << 16) | 0x10DE if device_id else 0),
+            "pci_subsystem_id 0x{:08x}".format((device_id << 16) | 0x10DE if device_id else 0),
+            "memory_mib {}".format(gpu["memory_mib"]),
+            "compute_capability " + gpu["compute_capability"],
+            "numa_node {}".format(-1 if numa is None else numa),
+            "cpu_affinity {:x} 0 0 0".format(affinity & 0xFFFFFFFFFFFFFFFF),
+            "persistence_mode {}".format(int(gpu["persistence_mode"])),
+            "minor_number {}".format(gpu["minor_number"]),
+            "mig_mode " + gpu["mig_mode"],
+            "architecture {}".format(_nvml_architecture(gpu["compute_capability"])),
+            "brand {}".format(_NVML_BRAND_TESLA if gpu["name"].startswith("Tesla") else _NVML_BRAND_NVIDIA),
+            "xid {}".format(gpu["xid"] or 0),
+            "lost {}".format(int(gpu["lost"])),
+        ]
+        if gpu["pcie_switch"] is not None:
+            lines.append("pcie_switch " + gpu["pcie_switch"])
+        lines += ["nvlink_peer {}".format(by_uuid[peer]) for peer in gpu["nvlink_peers"]]
+        lines += ["{} {}".format(key, value) for key, value in MOCK_NVML_READINGS.items()]
+        for slot, mig in enumerate(gpu["mig_devices"]):
+            gi, ci = _mig_slices(mig["profile"])
+            lines.append("mig {} {} {} {} {} {} 0".format(mig["uuid"], mig["memory_mib"], mig["profile"], gi, ci, slot + 1))
+    return "".join(line + "\n" for line in lines)
