@@ -334,7 +334,7 @@ def mock_nvml_state_text(spec):
         "format " + MOCK_NVML_FORMAT,
         "driver_version " + spec["driver_version"],
         "nvml_version {}.{}".format(cuda.split(".")[0], spec["driver_version"]),
-        "cuda_driver_version {}".format(_nvml_cuda_version(cuda)),
+        f"cuda_driver_version {_nvml_cuda_version(cuda)}",
     ]
     for gpu in spec["gpus"]:
         device_id = _PCI_DEVICE_IDS.get(gpu["name"], 0)
@@ -346,12 +346,12 @@ def mock_nvml_state_text(spec):
             "name " + gpu["name"],
             "serial 1{:012d}".format(int(gpu["uuid"].replace("-", "")[-8:], 16) % 10**12),
             "pci_bus_id " + gpu["pci_bus_id"],
-            "pci_device_id 0x{:08x}".format((device_id << 16) | 0x10DE if device_id else 0),
-            "pci_subsystem_id 0x{:08x}".format((device_id << 16) | 0x10DE if device_id else 0),
+            f"pci_device_id 0x{(device_id << 16) | 0x10DE if device_id else 0:08x}",
+            f"pci_subsystem_id 0x{(device_id << 16) | 0x10DE if device_id else 0:08x}",
             "memory_mib {}".format(gpu["memory_mib"]),
             "compute_capability " + gpu["compute_capability"],
-            "numa_node {}".format(-1 if numa is None else numa),
-            "cpu_affinity {:x} 0 0 0".format(affinity & 0xFFFFFFFFFFFFFFFF),
+            f"numa_node {-1 if numa is None else numa}",
+            f"cpu_affinity {affinity & 0xFFFFFFFFFFFFFFFF:x} 0 0 0",
             "persistence_mode {}".format(int(gpu["persistence_mode"])),
             "minor_number {}".format(gpu["minor_number"]),
             "mig_mode " + gpu["mig_mode"],
@@ -362,9 +362,10 @@ def mock_nvml_state_text(spec):
         ]
         if gpu["pcie_switch"] is not None:
             lines.append("pcie_switch " + gpu["pcie_switch"])
-        lines += ["nvlink_peer {}".format(by_uuid[peer]) for peer in gpu["nvlink_peers"]]
-        lines += ["{} {}".format(key, value) for key, value in MOCK_NVML_READINGS.items()]
+        lines += [f"nvlink_peer {by_uuid[peer]}" for peer in gpu["nvlink_peers"]]
+        lines += [f"{key} {value}" for key, value in MOCK_NVML_READINGS.items()]
         for slot, mig in enumerate(gpu["mig_devices"]):
             gi, ci = _mig_slices(mig["profile"])
-            lines.append("mig {} {} {} {} {} {} 0".format(mig["uuid"], mig["memory_mib"], mig["profile"], gi, ci, slot + 1))
+            # mig UUID MEMORY_MIB PROFILE GPU-INSTANCE_SLICES COMPUTE-INSTANCE_SLICES GI_ID CI_ID
+            lines.append(f"mig {mig['uuid']} {mig['memory_mib']} {mig['profile']} {gi} {ci} {slot + 1} 0")
     return "".join(line + "\n" for line in lines)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "module_utils"))
 
-import _simulated_spec  # noqa: E402  (found through the path above)
+import _simulated_spec
 
 
 def state_text(spec_path: str | os.PathLike[str]) -> str:

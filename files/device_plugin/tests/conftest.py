@@ -69,3 +69,16 @@ def dra(tmp_path):
     node = DraNodeFixture(tmp_path)
     yield node
     node.close()
+
+
+@pytest.fixture
+def mock_nvml(tmp_path):
+    """The real pynvml on the mock libnvidia-ml.so.1, whose state follows a copy of h100x8 (mock_nvml.py)."""
+    from harness import fixture, write_spec
+    from mock_nvml import MockNvml
+
+    spec = str(tmp_path / "nvml-gpus.yaml")
+    write_spec(spec, fixture("h100x8.yaml"))
+    library = MockNvml(spec, str(tmp_path / "nvml.state"))
+    yield library
+    library.close()

@@ -340,17 +340,21 @@ class Daemon:
         await self._reconcile_locked()
 
     def healthz(self) -> tuple[bool, dict[str, Any]]:
+        # A dead XID watcher is a daemon that cannot see GPU faults: not ready, whatever else works.
+        events = self._events
+        watcher_error = events.failed if events is not None else None
         if self.dra is not None:
-            serving = self.dra.serving()
+            serving = self.dra.serving() and watcher_error is None
             return serving, {
                 "serving": serving,
                 "backend_error": self.backend_error,
+                "health_watcher_error": watcher_error,
                 "allocation_mode": "dra",
                 "registered": self.dra.registrar.registered,
                 "prepared_claims": len(self.dra.preparer.claims),
             }
         servers = dict(self.servers)  # called from the HTTP thread: work on a copy
-        serving = bool(servers) and all(s.socket_is_ours() for s in servers.values())
+        serving = bool(servers) and all(s.socket_is_ours() for s in servers.values()) and watcher_error is None
         resources = {
             name: {
                 "devices": len(self.state.listing(name)),
@@ -359,4 +363,9 @@ class Daemon:
             }
             for name in servers
         }
-        return serving, {"serving": serving, "backend_error": self.backend_error, "resources": resources}
+        return serving, {
+            "serving": serving,
+            "backend_error": self.backend_error,
+            "health_watcher_error": watcher_error,
+            "resources": resources,
+        }

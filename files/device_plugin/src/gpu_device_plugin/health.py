@@ -7,6 +7,7 @@ on the bus; in a simulated spec, its `xid`/`lost` entry is gone), it is Healthy 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import threading
 import time
@@ -153,10 +154,23 @@ class HealthTracker:
         return recovered, next_check
 
 
+def handle_key(handle: Any) -> int:
+    """What identifies an NVML device handle. The real bindings hand out ctypes pointers, which are
+    unhashable, and two of them for the same GPU never compare equal: the address they point at is
+    the identity. Anything else (a test double's object) is keyed by the object itself."""
+    try:
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+    return address if address is not None else id(handle)
+
+
 class NvmlEventWatcher(threading.Thread):
     """Waits on an NVML event set for XID events, in its own thread so gRPC never waits on NVML.
 
-    `report(uuid, xid)` and `lost(uuid)` are called from this thread; they must be thread-safe."""
+    `report(uuid, xid)` and `lost(uuid)` are called from this thread; they must be thread-safe. The
+    thread never ends silently: whatever stops it early is logged as an error and kept in `failure`,
+    which the daemon's /healthz reports as not ready."""
 
     def __init__(
         self,
@@ -169,28 +183,48 @@ class NvmlEventWatcher(threading.Thread):
         super().__init__(name="nvml-events", daemon=True)
         self.nvml, self.uuids, self.report, self.lost, self.wait_ms = nvml, uuids, report, lost, wait_ms
         self._stop_requested = threading.Event()
+        self.failure: Optional[str] = None
 
     def stop(self) -> None:
         self._stop_requested.set()
 
+    @property
+    def failed(self) -> Optional[str]:
+        """Why the watcher stopped without being asked to; None while it works (or before it starts)."""
+        if self.failure is not None:
+            return self.failure
+        if self.ident is not None and not self.is_alive() and not self._stop_requested.is_set():
+            return "the NVML event watcher stopped"
+        return None
+
     def run(self) -> None:
+        try:
+            self._watch()
+        except Exception as exc:  # the thread must never die unseen
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.exception("the NVML event watcher failed; XID health checks are off", extra={"reason": self.failure})
+
+    def _watch(self) -> None:
         nvml = self.nvml
         try:
             event_set = nvml.nvmlEventSetCreate()
         except nvml.NVMLError as exc:
+            self.failure = f"cannot create an NVML event set: {exc}"
             log.error("cannot create an NVML event set; XID health checks are off", extra={"reason": str(exc)})
             return
-        handles: dict[Any, str] = {}
+        # Keyed by the handle's address, never by the handle (see handle_key).
+        handles: dict[int, tuple[Any, str]] = {}
         for uuid in self.uuids:
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
                 nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
-                handles[handle] = uuid
+                handles[handle_key(handle)] = (handle, uuid)
             except nvml.NVMLError as exc:
                 if _is_lost(nvml, exc):
                     self.lost(uuid)
                 else:
                     log.warning("XID events unavailable for this GPU", extra={"device": uuid, "reason": str(exc)})
+        log.info("watching NVML events", extra={"devices": [uuid for _handle, uuid in handles.values()]})
         try:
             while not self._stop_requested.is_set():
                 try:
@@ -204,17 +238,27 @@ class NvmlEventWatcher(threading.Thread):
                     log.error("waiting for NVML events failed", extra={"reason": str(exc)})
                     self._stop_requested.wait(1.0)
                     continue
-                hit = handles.get(data.device)
-                if hit is None:
-                    continue
-                if data.eventType == nvml.nvmlEventTypeXidCriticalError:
+                hit = self._event_uuid(handles, data.device)
+                if hit is not None and data.eventType == nvml.nvmlEventTypeXidCriticalError:
                     self.report(hit, int(data.eventData))
         finally:
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlEventSetFree(event_set)
 
-    def _probe_all(self, handles: dict[Any, str]) -> None:
-        for handle, uuid in handles.items():
+    def _event_uuid(self, handles: dict[int, tuple[Any, str]], device: Any) -> Optional[str]:
+        """The UUID of the GPU an event names: by the handle's address, else by asking NVML."""
+        hit = handles.get(handle_key(device))
+        if hit is not None:
+            return hit[1]
+        try:
+            uuid = self.nvml.nvmlDeviceGetUUID(device)
+        except self.nvml.NVMLError:
+            return None
+        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        return uuid if uuid in self.uuids else None
+
+    def _probe_all(self, handles: dict[int, tuple[Any, str]]) -> None:
+        for handle, uuid in handles.values():
             try:
                 self.nvml.nvmlDeviceGetUUID(handle)
             except self.nvml.NVMLError as exc:

@@ -1,0 +1,140 @@
+"""A guard: no NVML path of the project is exercised only against the Python double of pynvml.
+
+Every NVML function the project's code names (the daemon, the DRA driver, and the collection's
+modules and module_utils) must be reached through the real nvidia-ml-py bindings on the mock
+libnvidia-ml.so.1 (mock_nvml.py): the project's own paths run here with the library's call trace on,
+and each function's C symbol must be in that trace. And the Python double may be used only by the
+test files named below, each with the reason the library cannot serve it."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import time
+
+from gpu_device_plugin._shared import gpu_discovery
+from gpu_device_plugin.health import NvmlEventWatcher
+from harness import FIXTURES, H100, REPO, fixture, write_spec
+from mock_nvml import LIBRARY, MockNvml, library_dir
+
+SOURCES = [
+    os.path.join(REPO, "plugins", "modules"),
+    os.path.join(REPO, "plugins", "module_utils"),
+    os.path.join(REPO, "files", "device_plugin", "src", "gpu_device_plugin"),
+]
+# Names the code calls only where the bindings lack the newer function (older nvidia-ml-py releases).
+FALLBACKS = {
+    "nvmlDeviceGetPciInfo": "nvmlDeviceGetPciInfo_v3",
+    "nvmlSystemGetCudaDriverVersion": "nvmlSystemGetCudaDriverVersion_v2",
+}
+# Test files that may use the Python double (tests/pynvml_double.py, tests/doubles/pynvml.py), and why.
+DOUBLE_ALLOWED = {
+    "test_health.py": "the double's own behaviour next to the spec-driven health tests; every NVML path it "
+    "drives also runs through the library in test_nvml_library.py",
+    "test_one_source.py": "the collection's and the daemon's readers compared on one spec; the library's "
+    "facts are compared with the spec in test_nvml_library.py",
+    "dra_harness.py": "imports the spec helpers the double's module shares, not the double",
+    "conftest.py": "names the fixtures, runs no NVML",
+    "mock_nvml.py": "asserts the real pynvml is loaded, not the double",
+    "api_server_double.py": "a double of the API server, not of NVML",
+}
+_NAME = re.compile(r"\bnvml[A-Z][A-Za-z0-9_]*")
+_POINTER = re.compile(r'_nvmlGetFunctionPointer\("([A-Za-z0-9_]+)"\)')
+
+
+def referenced_functions(pynvml) -> set[str]:
+    """The pynvml functions the project's code names (constants such as nvmlEventTypeXid... are left out)."""
+    names: set[str] = set()
+    for root in SOURCES:
+        for directory, _dirs, files in os.walk(root):
+            for name in files:
+                if name.endswith(".py") and "_pb2" not in name:
+                    with open(os.path.join(directory, name), encoding="utf-8") as handle:
+                        names.update(_NAME.findall(handle.read()))
+    return {name for name in names if callable(getattr(pynvml, name, None))}
+
+
+def c_symbols(pynvml, function: str) -> set[str]:
+    """The library symbols a pynvml function resolves (nvmlInit -> nvmlInitWithFlags, ...)."""
+    import inspect
+
+    found = set(_POINTER.findall(inspect.getsource(getattr(pynvml, function))))
+    if function == "nvmlInit":
+        found |= c_symbols(pynvml, "nvmlInitWithFlags")
+    return found
+
+
+def run_the_project_paths(library: MockNvml, tmp_path) -> None:
+    """Discovery (the module's and the daemon's) and the XID watcher, with an XID and a lost GPU."""
+    nvml = library.pynvml
+    gpu_discovery.nvml_discover(nvml, str(tmp_path))
+    nvml.nvmlInit()
+    seen: list[str] = []
+    watcher = NvmlEventWatcher(nvml, list(H100), lambda uuid, xid: seen.append(uuid), seen.append, wait_ms=50)
+    watcher.start()
+    try:
+        time.sleep(0.2)
+        spec = fixture("h100x8.yaml")
+        spec["gpus"][3]["xid"] = 79
+        write_spec(library.spec, spec)
+        deadline = time.monotonic() + 3
+        while H100[3] not in seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        spec["gpus"][5]["lost"] = True
+        write_spec(library.spec, spec)
+        while H100[5] not in seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watcher.stop()
+        watcher.join(3)
+        nvml.nvmlShutdown()
+    assert H100[3] in seen and H100[5] in seen and watcher.failed is None
+
+
+def test_every_nvml_function_the_project_calls_runs_through_the_library(tmp_path, monkeypatch):
+    trace = tmp_path / "trace"
+    monkeypatch.setenv("GPUOPS_MOCK_NVML_TRACE", str(trace))
+    spec = tmp_path / "gpus.yaml"
+    write_spec(str(spec), fixture("h100x8.yaml"))
+    library = MockNvml(str(spec), str(tmp_path / "state"))
+    try:
+        run_the_project_paths(library, tmp_path)
+        mig = MockNvml(os.path.join(FIXTURES, "a100-mig.yaml"), str(tmp_path / "mig-state"))
+        try:
+            gpu_discovery.nvml_discover(mig.pynvml, str(tmp_path))
+        finally:
+            mig.close()
+    finally:
+        library.close()
+    called = set(trace.read_text().split())
+    pynvml = library.pynvml
+    functions = referenced_functions(pynvml)
+    assert "nvmlEventSetWait_v2" in functions and "nvmlDeviceGetMigDeviceHandleByIndex" in functions
+    missing = {}
+    for function in sorted(functions):
+        if function in FALLBACKS and callable(getattr(pynvml, FALLBACKS[function], None)):
+            continue
+        symbols = c_symbols(pynvml, function)
+        assert symbols, f"pynvml.{function} resolves no library symbol"
+        if not symbols & called:
+            missing[function] = sorted(symbols)
+    assert not missing, f"NVML functions the project calls that no test ran through the library: {missing}"
+
+
+def test_the_fallbacks_are_exported_for_older_bindings():
+    lib = ctypes.CDLL(os.path.join(library_dir(), LIBRARY))
+    for old in FALLBACKS:
+        assert hasattr(lib, old), old
+
+
+def test_only_the_named_test_files_use_the_python_double():
+    here = os.path.dirname(os.path.abspath(__file__))
+    users = set()
+    for name in os.listdir(here):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), encoding="utf-8") as handle:
+                if re.search(r"pynvml_double|PynvmlDouble|doubles", handle.read()):
+                    users.add(name)
+    users -= {"test_nvml_guard.py", "pynvml_double.py"}
+    assert users <= set(DOUBLE_ALLOWED), f"new users of the pynvml double: {sorted(users - set(DOUBLE_ALLOWED))}"

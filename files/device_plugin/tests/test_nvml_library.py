@@ -1,0 +1,189 @@
+"""NVML as a driver serves it: the real pynvml (nvidia-ml-py) on the mock libnvidia-ml.so.1 (a TEST
+DOUBLE of the driver's library, tests/mock_nvml at the repository's top), driving the daemon's nvml
+backend, its XID watcher, the device-plugin API, the DRA driver and a daemon process."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+
+import pytest
+from api_server_double import DRIVER
+from gpu_device_plugin._shared import gpu_discovery, simulated_spec
+from gpu_device_plugin.discovery import NvmlBackend
+from gpu_device_plugin.health import NvmlEventWatcher, handle_key
+from harness import FIXTURES, H100, DaemonThread, fixture, make_config, start_subprocess, wait_until, write_spec
+from mock_nvml import MockNvml
+
+GPU = "nvidia.com/gpu"
+
+
+def edit(spec_path: str, index: int, **changes: object) -> None:
+    spec = fixture("h100x8.yaml")
+    spec["gpus"][index].update(changes)
+    write_spec(spec_path, spec)
+
+
+def health(node, index):
+    return node.kubelet.health(GPU).get(H100[index])
+
+
+@pytest.mark.parametrize("name", ["h100x8.yaml", "a100-mig.yaml", "t4x1.yaml"])
+def test_nvml_facts_equal_the_spec_field_by_field(tmp_path, name):
+    path = os.path.join(FIXTURES, name)
+    library = MockNvml(path, str(tmp_path / "state"))
+    try:
+        found = gpu_discovery.nvml_discover(library.pynvml, str(tmp_path))
+    finally:
+        library.close()
+    expected = gpu_discovery.facts_from_spec(simulated_spec.load_spec(path))
+    assert (found["driver_version"], found["cuda_driver_version"]) == (
+        expected["driver_version"],
+        expected["cuda_driver_version"],
+    )
+    assert len(found["gpus"]) == len(expected["gpus"])
+    for got, want in zip(found["gpus"], expected["gpus"]):
+        for key in gpu_discovery.GPU_FACT_KEYS:
+            if key == "xid":  # NVML reports XIDs as events, never as a fact
+                continue
+            assert got[key] == want[key], f"{name} GPU {want['index']}: {key}"
+
+
+def test_real_handles_are_unhashable_and_never_equal_and_keyed_by_address(mock_nvml):
+    nvml = mock_nvml.pynvml
+    nvml.nvmlInit()
+    try:
+        first, again = nvml.nvmlDeviceGetHandleByIndex(3), nvml.nvmlDeviceGetHandleByUUID(H100[3])
+        with pytest.raises(TypeError):
+            hash(first)
+        assert first != again
+        assert handle_key(first) == handle_key(again) != handle_key(nvml.nvmlDeviceGetHandleByIndex(4))
+        assert handle_key(first) == ctypes.addressof(first.contents)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def test_an_xid_marks_exactly_that_gpu_unhealthy_within_a_second(node, mock_nvml):
+    daemon = DaemonThread(make_config(node.kubelet_socket, None), nvml=mock_nvml.pynvml).start()
+    try:
+        assert node.kubelet.wait(lambda: [d["id"] for d in node.kubelet.devices(GPU) or []] == H100)
+        edit(mock_nvml.spec, 1, xid=31)  # ignored by default
+        time.sleep(0.3)
+        started = time.monotonic()
+        edit(mock_nvml.spec, 6, xid=94)
+        assert node.kubelet.wait(lambda: health(node, 6) == "Unhealthy", timeout=1.0)
+        print(f"XID to Unhealthy in ListAndWatch: {time.monotonic() - started:.2f} s")
+        assert [d["id"] for d in node.kubelet.devices(GPU) if d["health"] != "Healthy"] == [H100[6]]
+        ok, detail = daemon.daemon.healthz()
+        assert ok and detail["resources"][GPU]["unhealthy"] == 1 and detail["health_watcher_error"] is None
+        text = daemon.daemon.metrics.render().decode()
+        assert f'gpu_device_plugin_xid_events_total{{critical="true",device="{H100[6]}",xid="94"}} 1.0' in text
+        assert f'gpu_device_plugin_xid_events_total{{critical="false",device="{H100[1]}",xid="31"}} 1.0' in text
+    finally:
+        daemon.stop()
+
+
+def test_a_lost_gpu_is_unhealthy_within_a_second(node, mock_nvml):
+    daemon = DaemonThread(make_config(node.kubelet_socket, None), nvml=mock_nvml.pynvml).start()
+    try:
+        assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU) or []) == 8)
+        edit(mock_nvml.spec, 0, lost=True)
+        assert node.kubelet.wait(lambda: health(node, 0) == "Unhealthy", timeout=1.0)
+        assert [d["id"] for d in node.kubelet.devices(GPU) if d["health"] != "Healthy"] == [H100[0]]
+    finally:
+        daemon.stop()
+
+
+def test_a_watcher_that_cannot_start_is_an_error_and_a_not_ready_healthz(node, mock_nvml, monkeypatch, caplog):
+    monkeypatch.setenv("GPUOPS_MOCK_NVML_FAIL", "nvmlEventSetCreate:999")
+    caplog.set_level(logging.ERROR)
+    daemon = DaemonThread(make_config(node.kubelet_socket, None), nvml=mock_nvml.pynvml).start()
+    try:
+        assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU) or []) == 8)
+        assert wait_until(lambda: daemon.daemon.healthz()[1]["health_watcher_error"] is not None, timeout=2)
+        ok, detail = daemon.daemon.healthz()
+        assert not ok and "Unknown Error" in detail["health_watcher_error"]
+        assert any("cannot create an NVML event set" in r.getMessage() for r in caplog.records)
+    finally:
+        daemon.stop()
+
+
+def test_a_watcher_that_dies_is_an_error_and_a_not_ready_healthz(mock_nvml, caplog):
+    def broken(uuid: str, xid: int) -> None:
+        raise RuntimeError("the report failed")
+
+    caplog.set_level(logging.ERROR)
+    nvml = mock_nvml.pynvml
+    nvml.nvmlInit()
+    watcher = NvmlEventWatcher(nvml, list(H100), broken, lambda uuid: None, wait_ms=50)
+    try:
+        watcher.start()
+        time.sleep(0.2)
+        assert watcher.failed is None
+        edit(mock_nvml.spec, 2, xid=79)
+        watcher.join(3)
+        assert not watcher.is_alive()
+        assert watcher.failed == "RuntimeError: the report failed"
+        assert any("event watcher failed" in r.getMessage() for r in caplog.records)
+    finally:
+        watcher.stop()
+        nvml.nvmlShutdown()
+
+
+@pytest.mark.parametrize("version", ["v1"])
+def test_dra_an_xid_through_nvml_reaches_the_health_stream_and_the_slice(dra, mock_nvml, version):
+    dra.start(backend="nvml", simulated_spec=None)
+    watch = dra.kubelet.watch_health(DRIVER, version)
+    everything = [f"gpu-{i}" for i in range(8)]
+    assert watch.wait(lambda u: sorted(u) == everything and {h for h, _m in u.values()} == {"HEALTHY"})
+    started = time.monotonic()
+    edit(mock_nvml.spec, 2, xid=79)
+    assert watch.wait(lambda u: u["gpu-2"][0] == "UNHEALTHY", timeout=1.0)
+    print(f"XID to UNHEALTHY in the DRA health stream: {time.monotonic() - started:.2f} s")
+    last = watch.updates[-1]
+    assert [n for n, (h, _m) in last.items() if h != "HEALTHY"] == ["gpu-2"]
+    assert wait_until(lambda: dra.publisher.last() == (everything, frozenset({"gpu-2"})), timeout=10)
+    edit(mock_nvml.spec, 5, lost=True)
+    assert watch.wait(lambda u: u["gpu-5"][0] == "UNHEALTHY", timeout=1.0)
+
+
+def test_the_daemon_process_loads_the_library_by_its_soname(node, mock_nvml):
+    env = mock_nvml.env()
+    proc = start_subprocess(["--kubelet-socket", node.kubelet_socket, "--metrics-address", ""], env_extra=env)
+    try:
+        assert node.kubelet.wait(lambda: [d["id"] for d in node.kubelet.devices(GPU) or []] == H100, timeout=20)
+        edit(mock_nvml.spec, 4, xid=48)
+        assert node.kubelet.wait(lambda: health(node, 4) == "Unhealthy", timeout=2.0)
+    finally:
+        proc.terminate()
+        out, _err = proc.communicate(timeout=20)
+    assert "Traceback" not in out, out
+    assert "watching NVML events" in out
+
+
+def test_without_the_state_the_library_says_the_driver_is_not_loaded(node, tmp_path):
+    env = {"LD_LIBRARY_PATH": __import__("mock_nvml").library_dir(), "GPUOPS_MOCK_NVML_STATE": str(tmp_path / "none")}
+    proc = start_subprocess(["--kubelet-socket", node.kubelet_socket, "--metrics-address", ""], env_extra=env)
+    out, _err = proc.communicate(timeout=20)
+    assert proc.returncode == 1
+    assert "cannot discover GPUs; exiting" in out and "Driver Not Loaded" in out
+    assert "Traceback" not in out
+
+
+def test_the_nvml_backend_reads_mig_devices_through_the_library(tmp_path):
+    library = MockNvml(os.path.join(FIXTURES, "a100-mig.yaml"), str(tmp_path / "state"))
+    backend = NvmlBackend(library.pynvml)
+    try:
+        backend.init()
+        mig_gpu, whole = backend.snapshot().gpus
+    finally:
+        backend.stop()
+        library.close()
+    assert mig_gpu.mig_mode == "enabled" and whole.mig_mode == "disabled"
+    assert [(m.profile, m.memory_mib) for m in mig_gpu.mig_devices] == [
+        ("3g.20gb", 19968),
+        ("1g.5gb", 4864),
+        ("1g.5gb", 4864),
+    ]
