@@ -188,11 +188,8 @@ def _ansible_env(**more):
     )
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    """dra-daemonset.yml.j2 as Ansible renders it with the role's defaults and vars, in dra mode with the
-    simulated backend: {kind: object}."""
-    work = tmp_path_factory.mktemp("render")
+def _render(work, template, values):
+    """A template of the role as Ansible renders it with the role's defaults and vars: its objects in order."""
     out = work / "objects.json"
     playbook = work / "render.yml"
     playbook.write_text(
@@ -208,7 +205,7 @@ def rendered(tmp_path_factory):
                             "ansible.builtin.copy": {
                                 "dest": str(out),
                                 "content": "{{ lookup('ansible.builtin.template', '"
-                                + str(ROLE / "templates/dra-daemonset.yml.j2")
+                                + str(ROLE / "templates" / template)
                                 + "') | from_yaml_all | list | to_json }}",
                             }
                         },
@@ -217,12 +214,7 @@ def rendered(tmp_path_factory):
             ]
         )
     )
-    extra = {
-        "ansible_python_interpreter": sys.executable,
-        "device_plugin_allocation_mode": "dra",
-        "device_plugin_backend": "simulated",
-        "device_plugin_simulated_spec": f"{SPEC_DIR}/gpus.yaml",
-    }
+    extra = {"ansible_python_interpreter": sys.executable, **values}
     run = subprocess.run(
         ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", json.dumps(extra)],
         capture_output=True,
@@ -232,7 +224,19 @@ def rendered(tmp_path_factory):
         check=False,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    objects = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """dra-daemonset.yml.j2 as Ansible renders it with the role's defaults and vars, in dra mode with the
+    simulated backend: {kind: object}."""
+    values = {
+        "device_plugin_allocation_mode": "dra",
+        "device_plugin_backend": "simulated",
+        "device_plugin_simulated_spec": f"{SPEC_DIR}/gpus.yaml",
+    }
+    objects = _render(tmp_path_factory.mktemp("render"), "dra-daemonset.yml.j2", values)
     assert [o["kind"] for o in objects] == [
         "Namespace",
         "ServiceAccount",
@@ -242,6 +246,32 @@ def rendered(tmp_path_factory):
         "DaemonSet",
     ]
     return {o["kind"]: o for o in objects}
+
+
+@pytest.mark.parametrize(("template", "mode"), [("dra-daemonset.yml.j2", "dra"), ("daemonset.yml.j2", "device-plugin")])
+@pytest.mark.parametrize("visible", ["all", ""])
+def test_with_the_nvml_backend_the_pod_sees_the_driver_root_and_asks_for_the_devices(
+    tmp_path_factory, template, mode, visible
+):
+    values = {
+        "device_plugin_allocation_mode": mode,
+        "device_plugin_backend": "nvml",
+        "device_plugin_daemonset_visible_devices": visible,
+    }
+    objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-nvml"), template, values)}
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][-2:] == ["--container-driver-root", "/driver-root"]
+    assert {
+        "name": "driver-root",
+        "mountPath": "/driver-root",
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    } in container["volumeMounts"]
+    assert {"name": "driver-root", "hostPath": {"path": "/", "type": "Directory"}} in pod["volumes"]
+    asked = [e for e in container.get("env", []) if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
+    assert asked == ([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}] if visible else [])
+    assert not any(m["name"] == "simulated-spec" for m in container["volumeMounts"])
 
 
 def _apply(apiserver, obj, **kwargs):

@@ -187,3 +187,64 @@ def test_the_nvml_backend_reads_mig_devices_through_the_library(tmp_path):
         ("1g.5gb", 4864),
         ("1g.5gb", 4864),
     ]
+
+
+def _driver_root(tmp_path, mock_nvml) -> str:
+    """A host as a DaemonSet pod sees it at /driver-root: the driver's library (the mock, with its state
+    beside it, where the library looks for it) and the device nodes (plain files stand in for them here)."""
+    import shutil
+
+    from mock_nvml import LIBRARY, library_dir
+
+    root = tmp_path / "driver-root"
+    lib = root / "usr" / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    shutil.copy(os.path.join(library_dir(), LIBRARY), lib / "libnvidia-ml.so.580.95.05")
+    (lib / LIBRARY).symlink_to("libnvidia-ml.so.580.95.05")
+    (lib / "gpuops-mock-nvml.state").symlink_to(mock_nvml.state)
+    dev = root / "dev"
+    dev.mkdir()
+    for name in [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm"]:
+        (dev / name).write_text("")
+    return str(root)
+
+
+def test_a_daemon_in_a_pod_reaches_nvml_and_the_device_nodes_through_the_driver_root(node, mock_nvml, tmp_path):
+    from gpu_device_plugin.api import api_pb2
+
+    root = _driver_root(tmp_path, mock_nvml)
+    # Neither the library search path nor the state variable: only the driver root leads to NVML.
+    env = {"GPUOPS_MOCK_NVML_STATE": "", "LD_LIBRARY_PATH": ""}
+    args = ["--kubelet-socket", node.kubelet_socket, "--metrics-address", "", "--pass-device-specs"]
+    proc = start_subprocess([*args, "--container-driver-root", root], env_extra=env)
+    try:
+        assert node.kubelet.wait(lambda: [d["id"] for d in node.kubelet.devices(GPU) or []] == H100, timeout=20)
+        request = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[H100[3]])])
+        reply = node.kubelet.stub(GPU).Allocate(request, timeout=5).container_responses[0]
+        # The kubelet and the runtime get the host's paths, not the pod's.
+        assert [(d.container_path, d.host_path) for d in reply.devices] == [
+            ("/dev/nvidia3", "/dev/nvidia3"),
+            ("/dev/nvidiactl", "/dev/nvidiactl"),
+            ("/dev/nvidia-uvm", "/dev/nvidia-uvm"),
+        ]
+        edit(mock_nvml.spec, 3, xid=79)
+        assert node.kubelet.wait(lambda: health(node, 3) == "Unhealthy", timeout=2.0)
+    finally:
+        proc.terminate()
+        out, _err = proc.communicate(timeout=20)
+    assert "NVML library from the driver root" in out and f"{root}/usr/lib/x86_64-linux-gnu" in out, out
+    assert "Traceback" not in out
+
+
+def test_dra_cdi_specs_name_the_host_device_nodes_seen_through_the_driver_root(dra, mock_nvml, tmp_path):
+    from gpu_device_plugin.config import MountsSettings
+
+    root = _driver_root(tmp_path, mock_nvml)
+    dra.start(backend="nvml", simulated_spec=None, mounts=MountsSettings(container_driver_root=root))
+    claim = dra.allocate("pod-claim", "5d0c2f7a-1b3e-4c5d-8e9f-0a1b2c3d4e5f", ["gpu-6"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["5d0c2f7a-1b3e-4c5d-8e9f-0a1b2c3d4e5f"].error == ""
+    spec = dra.spec_of("5d0c2f7a-1b3e-4c5d-8e9f-0a1b2c3d4e5f")
+    assert spec is not None
+    nodes = [n["hostPath"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])]
+    nodes += [n["hostPath"] for n in spec["containerEdits"]["deviceNodes"]]
+    assert nodes == ["/dev/nvidia6", "/dev/nvidiactl", "/dev/nvidia-uvm"]

@@ -84,7 +84,7 @@ class ResponseBuilder:
         paths = [os.path.join(dev_root, f"nvidia{m}") for m in dict.fromkeys(d.minor_number for d in devices)]
         paths += list(driver.control_devices) if driver is not None else []
         for host_path in paths:
-            if os.path.exists(host_path):
+            if os.path.exists(self.mounts.local(host_path)):
                 container_path = "/dev/" + os.path.basename(host_path)
                 response.devices.add(container_path=container_path, host_path=host_path, permissions="rw")
 

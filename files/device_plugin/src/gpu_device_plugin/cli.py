@@ -72,6 +72,10 @@ def parser() -> argparse.ArgumentParser:
         type=_seconds,
         help="make an Unhealthy GPU Healthy after this many quiet seconds (default off)",
     )
+    p.add_argument(
+        "--container-driver-root",
+        help="where the host's driver root is mounted in this container (a DaemonSet pod: /driver-root)",
+    )
     p.add_argument("--metrics-address", help="HOST:PORT for /metrics and /healthz; empty turns it off")
     p.add_argument(
         "--allocation-mode",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 import yaml
@@ -56,6 +56,18 @@ class MountsSettings:
     )
     container_lib_dir: str = "/usr/local/nvidia/lib64"
     container_bin_dir: str = "/usr/local/nvidia/bin"
+    # Where the host's driver root is mounted in this daemon's container (a DaemonSet pod: /driver-root);
+    # empty when the daemon runs on the host itself. Paths given to the kubelet and the runtime stay the host's.
+    container_driver_root: str = ""
+
+    def local(self, host_path: str) -> str:
+        """Where this daemon sees a path of the host's (the host's own path when it runs on the host)."""
+        if not self.container_driver_root:
+            return host_path
+        relative = os.path.relpath(host_path, os.path.normpath(self.driver_root))
+        if relative == ".." or relative.startswith("../"):
+            return host_path
+        return os.path.normpath(os.path.join(self.container_driver_root, relative))
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,7 @@ _ENV = (
     ("cdi_dir", "GPU_DEVICE_PLUGIN_CDI_DIR", "str"),
     ("node_name", "NODE_NAME", "str"),
     ("kubeconfig", "GPU_DEVICE_PLUGIN_KUBECONFIG", "str"),
+    ("container_driver_root", "CONTAINER_DRIVER_ROOT", "str"),
 )
 
 
@@ -294,6 +307,7 @@ class _FileReader:
             "binaries": ("binaries", "list"),
             "containerLibDir": ("container_lib_dir", "str"),
             "containerBinDir": ("container_bin_dir", "str"),
+            "containerDriverRoot": ("container_driver_root", "str"),
         }
         for key, value in self.mapping(section.get("mounts") or {}, "gpuops.mounts", set(mount_keys)).items():
             attr, kind = mount_keys[key]
@@ -312,6 +326,10 @@ def resolve(
     for attr, value in flags.items():
         if value is not None:
             merged[attr] = value
+    # A flag or variable of its own, kept with the other host paths in the mounts settings.
+    inside = merged.pop("container_driver_root", None)
+    if inside is not None:
+        merged["mounts"] = replace(merged.get("mounts") or MountsSettings(), container_driver_root=inside)
     config = Config(**merged)
     _validate(config)
     return config

@@ -148,7 +148,7 @@ class Daemon:
         return allocation.ResponseBuilder(config, hostdriver.find(config.mounts) if needs_host else None)
 
     async def _start_backend(self) -> bool:
-        self._backend = make_backend(self.config.backend, self.config.simulated_spec, self.nvml)
+        self._backend = make_backend(self.config.backend, self.config.simulated_spec, self.nvml, self.config.mounts)
         try:
             self._backend.init()
         except BackendError as exc:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import importlib
 import logging
 import os
 from typing import Any, Callable, Optional
 
-from gpu_device_plugin import simspec, watch
+from gpu_device_plugin import hostdriver, simspec, watch
 from gpu_device_plugin._shared import gpu_discovery
+from gpu_device_plugin.config import MountsSettings
 from gpu_device_plugin.inventory import EMPTY, Inventory, from_facts
 
 log = logging.getLogger(__name__)
@@ -84,7 +86,24 @@ class SimulatedBackend:
             self._inotify = None
 
 
-def load_pynvml() -> Any:
+def load_pynvml(mounts: Optional[MountsSettings] = None) -> Any:
+    """pynvml, bound to the host driver's library where the driver root is mounted into this container.
+
+    pynvml opens libnvidia-ml.so.1 by that name; a library already loaded by its full path answers to
+    its soname, so loading the driver root's copy first is all it takes."""
+    if mounts is not None and mounts.container_driver_root:
+        path = hostdriver.nvml_library(mounts)
+        if path is None:
+            log.warning(
+                "no libnvidia-ml.so.1 under the driver root; relying on the library search path",
+                extra={"driver_root": mounts.driver_root, "container_driver_root": mounts.container_driver_root},
+            )
+        else:
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError as exc:
+                raise BackendError(f"cannot load the driver's NVML library {path}: {exc}") from None
+            log.info("NVML library from the driver root", extra={"library": path})
     try:
         return importlib.import_module("pynvml")
     except ImportError as exc:
@@ -96,16 +115,17 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, nvml: Any = None, sysfs: str = "/sys") -> None:
+    def __init__(self, nvml: Any = None, sysfs: str = "/sys", mounts: Optional[MountsSettings] = None) -> None:
         self._nvml_module = nvml
         self.sysfs = sysfs
+        self.mounts = mounts
         self._inventory: Inventory = EMPTY
         self.initialized = False
 
     @property
     def nvml(self) -> Any:
         if self._nvml_module is None:
-            self._nvml_module = load_pynvml()
+            self._nvml_module = load_pynvml(self.mounts)
         return self._nvml_module
 
     def init(self) -> None:
@@ -136,11 +156,13 @@ class NvmlBackend:
             raise BackendError(str(exc)) from None
 
 
-def make_backend(kind: str, simulated_spec: Optional[str], nvml: Any = None) -> Any:
+def make_backend(
+    kind: str, simulated_spec: Optional[str], nvml: Any = None, mounts: Optional[MountsSettings] = None
+) -> Any:
     if kind == "simulated":
         if not simulated_spec:
             raise BackendError("--backend simulated needs --simulated-spec FILE.")
         return SimulatedBackend(simulated_spec)
     if kind == "nvml":
-        return NvmlBackend(nvml)
+        return NvmlBackend(nvml, mounts=mounts)
     raise BackendError(f"unknown backend {kind!r}: choose nvml or simulated.")

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from gpu_device_plugin.config import MountsSettings
 
@@ -42,20 +43,37 @@ class HostDriver:
         return os.path.join(self.dev_root, f"nvidia{minor}")
 
 
+def nvml_library(settings: MountsSettings) -> Optional[str]:
+    """Where this daemon finds the host driver's libnvidia-ml.so.1 (under the mounted driver root), or None."""
+    for lib_dir in _library_dirs(settings):
+        path = settings.local(os.path.join(lib_dir, "libnvidia-ml.so.1"))
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _library_dirs(settings: MountsSettings) -> list[str]:
+    """The driver's library directories, as host paths: the configured ones, else the one with libnvidia-ml.so.1."""
+    root = settings.driver_root
+    if settings.library_dirs:
+        return [os.path.join(root, d.lstrip("/")) for d in settings.library_dirs]
+    found = (os.path.join(root, c) for c in _LIB_DIRS)
+    return [d for d in found if os.path.exists(settings.local(os.path.join(d, "libnvidia-ml.so.1")))][:1]
+
+
 def find(settings: MountsSettings) -> HostDriver:
+    """The driver's files, found where this daemon sees them and named by their host paths."""
     root = settings.driver_root
     controls = tuple(
         os.path.join(settings.dev_root, name)
         for name in CONTROL_DEVICES
-        if os.path.exists(os.path.join(settings.dev_root, name))
+        if os.path.exists(settings.local(os.path.join(settings.dev_root, name)))
     )
-    lib_dirs = [os.path.join(root, d.lstrip("/")) for d in settings.library_dirs] or [
-        d for d in (os.path.join(root, c) for c in _LIB_DIRS) if os.path.exists(os.path.join(d, "libnvidia-ml.so.1"))
-    ][:1]
+    lib_dirs = _library_dirs(settings)
     libraries: list[tuple[str, str]] = []
     for lib_dir in lib_dirs:
         try:
-            names = sorted(os.listdir(lib_dir))
+            names = sorted(os.listdir(settings.local(lib_dir)))
         except OSError:
             continue
         libraries.extend((os.path.join(lib_dir, n), n) for n in names if _LIBRARY.match(n))
@@ -63,7 +81,7 @@ def find(settings: MountsSettings) -> HostDriver:
     for name in settings.binaries:
         for bin_dir in _BIN_DIRS:
             path = os.path.join(root, bin_dir, name)
-            if os.path.isfile(path):
+            if os.path.isfile(settings.local(path)):
                 binaries.append((path, name))
                 break
     found = HostDriver(settings.dev_root, controls, tuple(libraries), tuple(binaries))

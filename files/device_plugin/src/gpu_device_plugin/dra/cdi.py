@@ -93,7 +93,7 @@ class SpecWriter:
         self.host_driver = host_driver
 
     def _node(self, host_path: str) -> Optional[dict[str, str]]:
-        if not os.path.exists(host_path):
+        if not os.path.exists(self.mounts.local(host_path)):
             return None
         return {"path": "/dev/" + os.path.basename(host_path), "hostPath": host_path, "permissions": "rw"}
 
