@@ -94,3 +94,43 @@ def test_real_nvml_and_real_sysfs_end_to_end(ansible_env, check):
         assert result["source"] == "nvml"
         assert result["nvml_available"] is True
         assert result["gpu_count"] == len(result["gpus"])
+
+
+@pytest.fixture(scope="module")
+def mock_nvml_dir():
+    """The lab's mock libnvidia-ml.so.1 (tests/mock_nvml; a TEST DOUBLE of the driver's library)."""
+    built = subprocess.run(
+        [os.path.join(REPO, "scripts", "build-mock-nvml.sh")], stdout=subprocess.PIPE, text=True, check=True
+    )
+    return built.stdout.strip()
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_run_id)
+def test_nvml_through_the_real_bindings_equals_the_spec(ansible_env, mock_nvml_dir, tmp_path, spec):
+    """The module's NVML path: the real pynvml loads the mock library by its soname and reads the GPUs the
+    spec describes; every fact equals what simulate_from reports, but xid (NVML reports XIDs as events)."""
+    state = tmp_path / "nvml.state"
+    subprocess.run([sys.executable, os.path.join(REPO, "tests", "mock_nvml", "nvml_state.py"), spec, state], check=True)
+    env = dict(ansible_env, LD_LIBRARY_PATH=mock_nvml_dir, GPUOPS_MOCK_NVML_STATE=str(state))
+    rc, result, stats = run_adhoc(env, f"sysfs_root={tmp_path}", "--check")
+    assert rc == 0, result
+    assert stats["changed"] == 0
+    assert result["source"] == "nvml" and result["nvml_available"] is True
+    _rc, simulated, _stats = run_adhoc(ansible_env, f"simulate_from={spec}")
+    assert (result["driver_version"], result["cuda_driver_version"]) == (
+        simulated["driver_version"],
+        simulated["cuda_driver_version"],
+    )
+    assert result["gpu_count"] == simulated["gpu_count"]
+    for got, want in zip(result["gpus"], simulated["gpus"]):
+        assert {k: v for k, v in got.items() if k != "xid"} == {k: v for k, v in want.items() if k != "xid"}
+
+
+def test_nvml_without_a_driver_falls_back_to_sysfs_with_the_reason(ansible_env, mock_nvml_dir, tmp_path):
+    env = dict(ansible_env, LD_LIBRARY_PATH=mock_nvml_dir, GPUOPS_MOCK_NVML_STATE=str(tmp_path / "absent"))
+    rc, result, _stats = run_adhoc(env, f"sysfs_root={tmp_path}")
+    assert rc == 0, result
+    assert result["source"] == "sysfs" and result["nvml_available"] is False
+    assert result["nvml_unavailable_reason"] == (
+        "NVML could not be initialised (Driver Not Loaded), so the GPUs were read from the PCI bus in sysfs."
+    )
