@@ -28,16 +28,19 @@ FALLBACKS = {
     "nvmlDeviceGetPciInfo": "nvmlDeviceGetPciInfo_v3",
     "nvmlSystemGetCudaDriverVersion": "nvmlSystemGetCudaDriverVersion_v2",
 }
-# Test files that may use the Python double (tests/pynvml_double.py, tests/doubles/pynvml.py), and why.
+# Test files that may use a Python double of pynvml, and why: this tier's (tests/pynvml_double.py,
+# tests/doubles/pynvml.py) and the module's unit tier's (tests/unit/plugins/modules/nvml_test_double.py).
 DOUBLE_ALLOWED = {
+    "tests/unit/plugins/modules/test_nvidia_gpu_info.py": "an older pynvml (bytes, no _v2/_v3 functions), "
+    "NVSwitch links and NVML errors mid-discovery: shapes of other bindings and hardware the library does not "
+    "play; the module's own path runs through the library in tests/integration/test_nvidia_gpu_info_adhoc.py",
+    "tests/unit/plugins/modules/test_nvml_test_double.py": "checks that double against the installed nvidia-ml-py",
+    "tests/unit/plugins/modules/nvml_test_double.py": "the unit tier's double itself",
     "test_health.py": "the double's own behaviour next to the spec-driven health tests; every NVML path it "
     "drives also runs through the library in test_nvml_library.py",
     "test_one_source.py": "the collection's and the daemon's readers compared on one spec; the library's "
     "facts are compared with the spec in test_nvml_library.py",
-    "dra_harness.py": "imports the spec helpers the double's module shares, not the double",
-    "conftest.py": "names the fixtures, runs no NVML",
     "mock_nvml.py": "asserts the real pynvml is loaded, not the double",
-    "api_server_double.py": "a double of the API server, not of NVML",
 }
 _NAME = re.compile(r"\bnvml[A-Z][A-Za-z0-9_]*")
 _POINTER = re.compile(r'_nvmlGetFunctionPointer\("([A-Za-z0-9_]+)"\)')
@@ -131,10 +134,14 @@ def test_the_fallbacks_are_exported_for_older_bindings():
 def test_only_the_named_test_files_use_the_python_double():
     here = os.path.dirname(os.path.abspath(__file__))
     users = set()
-    for name in os.listdir(here):
-        if name.endswith(".py"):
-            with open(os.path.join(here, name), encoding="utf-8") as handle:
-                if re.search(r"pynvml_double|PynvmlDouble|doubles", handle.read()):
-                    users.add(name)
-    users -= {"test_nvml_guard.py", "pynvml_double.py"}
-    assert users <= set(DOUBLE_ALLOWED), f"new users of the pynvml double: {sorted(users - set(DOUBLE_ALLOWED))}"
+    for tree, label in ((here, lambda path: os.path.relpath(path, here)), (os.path.join(REPO, "tests"), None)):
+        for directory, _dirs, files in os.walk(tree):
+            for name in files:
+                path = os.path.join(directory, name)
+                if not name.endswith(".py") or (label is None and path.startswith(here)):
+                    continue
+                with open(path, encoding="utf-8") as handle:
+                    if re.search(r"pynvml_double|PynvmlDouble|nvml_test_double|doubles[./]pynvml", handle.read()):
+                        users.add(label(path) if label else os.path.relpath(path, REPO))
+    users -= {"test_nvml_guard.py", "pynvml_double.py", "doubles/pynvml.py"}
+    assert users == set(DOUBLE_ALLOWED), f"users of a pynvml double, and the files named here: {sorted(users)}"
