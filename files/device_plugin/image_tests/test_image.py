@@ -206,3 +206,100 @@ def test_the_oci_archive_imports_into_containerd_and_runs_there_as_non_root(tmp_
         containerd.wait(30)
         subprocess.run(["umount", "-R", os.path.join(work, "root")], capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_image_reaches_nvml_and_the_device_nodes_through_a_mounted_driver_root(tmp_path):
+    """The nvml backend as a DaemonSet pod runs it: the host's driver root read-only at /driver-root, with the
+    lab's mock libnvidia-ml.so.1 (a TEST DOUBLE of the driver's library, docs/mock-nvml.md) where the driver
+    puts it and its state beside it; nothing else leads the image's pynvml to NVML."""
+    from gpu_device_plugin.api import api_pb2
+
+    image = build_image(tmp_path / "gpu-device-plugin.oci.tar").stdout.strip().splitlines()[-1]
+    repo = os.path.abspath(os.path.join(PLUGIN, "..", ".."))
+    library = subprocess.run(
+        [os.path.join(repo, "scripts", "build-mock-nvml.sh")], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    work = tempfile.mkdtemp(prefix="gdp-nvml-")
+    plugin_dir, root = os.path.join(work, "dp"), os.path.join(work, "root")
+    lib = os.path.join(root, "usr", "lib", "x86_64-linux-gnu")
+    os.makedirs(plugin_dir)
+    os.makedirs(lib)
+    os.makedirs(os.path.join(root, "dev"))
+    shutil.copy(os.path.join(library, "libnvidia-ml.so.1"), os.path.join(lib, "libnvidia-ml.so.580.95.05"))
+    os.symlink("libnvidia-ml.so.580.95.05", os.path.join(lib, "libnvidia-ml.so.1"))
+    for name in [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm"]:
+        open(os.path.join(root, "dev", name), "w").close()
+    spec = os.path.join(work, "gpus.yaml")
+    shutil.copy(SPEC, spec)
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.join(repo, "tests", "mock_nvml", "nvml_state.py"),
+            "--watch",
+            spec,
+            os.path.join(lib, "gpuops-mock-nvml.state"),
+        ]
+    )
+    kubelet = KubeletDouble(os.path.join(plugin_dir, "kubelet.sock"))
+    kubelet.start()
+    name = f"gdp-image-nvml-{os.getpid()}"
+    try:
+        subprocess.run(
+            [
+                "podman",
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--network",
+                "none",
+                "--user",
+                "0",
+                "--read-only",
+                "--cap-drop",
+                "ALL",
+                "--security-opt",
+                "no-new-privileges",
+                "-v",
+                f"{plugin_dir}:/var/lib/kubelet/device-plugins",
+                "-v",
+                f"{root}:/driver-root:ro",
+                image,
+                "--backend",
+                "nvml",
+                "--container-driver-root",
+                "/driver-root",
+                "--pass-device-specs",
+                "--metrics-address",
+                "",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        registered = kubelet.wait(lambda: len(kubelet.devices(GPU) or []) == 8, timeout=30)
+        logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, check=False)
+        assert registered, logs.stdout + logs.stderr
+        assert "library=/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in logs.stdout + logs.stderr
+        request = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[kubelet.devices(GPU)[5]["id"]])]
+        )
+        reply = kubelet.stub(GPU).Allocate(request, timeout=5).container_responses[0]
+        assert [(d.container_path, d.host_path) for d in reply.devices] == [
+            ("/dev/nvidia5", "/dev/nvidia5"),
+            ("/dev/nvidiactl", "/dev/nvidiactl"),
+            ("/dev/nvidia-uvm", "/dev/nvidia-uvm"),
+        ]
+        with open(spec) as handle:
+            text = handle.read()
+        with open(spec + ".tmp", "w") as handle:
+            handle.write(text.replace("  numa_node: 0\n", "  numa_node: 0\n  xid: 79\n", 1))
+        os.replace(spec + ".tmp", spec)
+        first = kubelet.devices(GPU)[0]["id"]
+        assert kubelet.wait(lambda: kubelet.health(GPU).get(first) == "Unhealthy", 5)
+    finally:
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True, check=False)
+        writer.kill()
+        writer.wait()
+        kubelet.stop()
+        shutil.rmtree(work, ignore_errors=True)
