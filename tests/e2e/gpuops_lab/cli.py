@@ -13,6 +13,10 @@
                                    It connects over SSH as the unprivileged user gpuops with become,
                                    pipelining and ControlPersist (GPUOPS_LAB_CONNECTION=podman: as root
                                    through podman exec instead, for debugging)
+  tests/e2e/lab.py simulate [SPEC...]  give the nodes simulated GPUs only (SPEC as for inventory): the
+                                   spec, the mock NVML library and its state, the NVIDIA device nodes,
+                                   PyYAML and pynvml; what inventory also does, without serving the
+                                   toolkit repository and the wheels, and printing nothing
   tests/e2e/lab.py ssh N [CMD]     ssh to node N as that user, the way the inventory does
   tests/e2e/lab.py spec-path N     print where node N's simulated-GPU spec lives on this machine
 
@@ -27,6 +31,8 @@ GPUOPS_LAB_INSTANCE=I (1-4) runs another lab beside the default one (0): names g
 bridges gpuopslabIN, ports +1000*I, subnets 10.(231+I).N.0/24, state under $GPUOPS_CACHE/labI.
 `inventory` serves the container toolkit repository and the device plugin's wheels on
 127.0.0.1:31000+I, and gives node N's device plugin the metrics port 31010+10*I+N.
+`inventory` and `simulate` start the process nvml-state, which rewrites each node's mock NVML state
+whenever its spec changes.
 `down` removes only this instance's processes, containers, volumes, bridges and cgroups.
 """
 
@@ -44,7 +50,7 @@ from pathlib import Path
 from . import LabError
 from .config import HERE, MAX_NODES, PROCESSES, REPO, LabConfig
 from .controlplane import kubectl, running_pid, start_control_plane, stop
-from .inventory import inventory
+from .inventory import inventory, nvml_state_up, simulate, specs_given
 from .nodes import (
     build_images,
     detect_node_ip,
@@ -107,6 +113,9 @@ def cmd_up(cfg: LabConfig, args: Sequence[str]) -> int:
     for index in range(1, count + 1):
         prepare_node(cfg, index)
     wait_nodes_ready(cfg, bin_dir, count)
+    if specs_given(cfg, count):
+        # The nodes were given simulated GPUs before (a lab brought up again): keep their NVML following the specs.
+        nvml_state_up(cfg, count)
     log(f"lab up with {count} node(s) in {int(time.monotonic() - start)}s; kubeconfig: {cfg.admin_kubeconfig}")
     return 0
 
@@ -180,6 +189,9 @@ def dispatch(cfg: LabConfig, command: str, args: list[str]) -> int:
     if command == "inventory":
         text = inventory(cfg, args)
         sys.stdout.write(text)
+        return 0
+    if command == "simulate":
+        simulate(cfg, args)
         return 0
     if command == "spec-path":
         if not args or not re.fullmatch(r"[1-9]", args[0]):

@@ -22,9 +22,12 @@ SSH_USER = "gpuops"
 # Where a node's simulated-GPU spec is, inside the node (the node's config directory is mounted at
 # /etc/gpuops-lab, so an edit on this machine is an edit on the node, seen by inotify there).
 NODE_SPEC_PATH = "/etc/gpuops-lab/simulated/gpus.yaml"
+# The mock NVML library's state, written next to the spec (tests/mock_nvml/nvml_state.py) and found by the
+# library through a relative symlink beside it in the node (docs/lab.md).
+NVML_STATE_NAME = "mock-nvml.state"
 MAX_NODES = 9
 # The control-plane processes, in the order `status` lists them and the reverse of how `down` stops them.
-PROCESSES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "serve")
+PROCESSES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "serve", "nvml-state")
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,14 @@ class LabConfig:
     def spec_path(self, index: int) -> Path:
         """Node ``index``'s simulated-GPU spec on this machine."""
         return self.node_dir(index) / "simulated" / "gpus.yaml"
+
+    def nvml_state_path(self, index: int) -> Path:
+        """Node ``index``'s mock NVML state on this machine, next to its spec."""
+        return self.spec_path(index).with_name(NVML_STATE_NAME)
+
+    def nvidia_devices_script(self, index: int) -> Path:
+        """The script that makes node ``index``'s NVIDIA device nodes (/etc/gpuops-lab/nvidia-devices.sh there)."""
+        return self.node_dir(index) / "nvidia-devices.sh"
 
     def pid_file(self, process: str) -> Path:
         return self.run_dir / f"{process}.pid"

@@ -4,23 +4,113 @@ Nothing NVIDIA's servers or a package index would give a real node is fetched at
 toolkit comes from the signed local repository (scripts/build-toolkit-repo.sh) and the device plugin's
 pinned wheels from a wheelhouse, both served on 127.0.0.1 (the nodes share the machine's network).
 Debian's own packages come from the node's apt sources.
+
+A node given a simulated-GPU spec is also shaped like a node with NVIDIA's driver installed: the mock
+``libnvidia-ml.so.1`` (a TEST DOUBLE, tests/mock_nvml) where the driver puts its library, the device nodes
+the driver makes, and NVML's state written from the spec on this machine by a background process
+(``nvml-state``) that follows every edit of the spec.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 from . import LabError
-from .config import NODE_SPEC_PATH, REPO, SSH_USER, LabConfig
+from .config import NODE_SPEC_PATH, NVML_STATE_NAME, REPO, SSH_USER, LabConfig
 from .controlplane import curl, start_bg
 from .nodes import node_exec_argv
 from .util import log, run, succeeds, wait_for
 
 SPECS = REPO / "tests" / "fixtures" / "simulated"
 DEFAULT_SPEC = "h100x8"
+NVML_STATE = REPO / "tests" / "mock_nvml" / "nvml_state.py"
+# Where NVIDIA's driver packages put libnvidia-ml on Debian (amd64).
+NODE_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+# Device numbers as the driver makes them: major 195 for the GPUs (minor: the GPU's minor number) and
+# nvidiactl (minor 255). nvidia-uvm's major is dynamic on a real host (the kernel gives it one when the
+# module loads); 511 is the lab's choice.
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+UVM_MAJOR = 511
+DEVICES_UNIT = "gpuops-lab-nvidia-devices.service"
+# Debian's python3-pynvml depends on `libnvidia-ml1 | ... | libnvidia-ml.so.1`; without a package that
+# provides libnvidia-ml.so.1, apt would install Debian's libnvidia-ml1 (NVIDIA's real library, 535) over the
+# mock. An empty package of this name provides it, at the spec's driver version.
+PROVIDES_PACKAGE = "gpuops-lab-mock-nvml"
+
+# Run with the lab's Python: write the node's mock NVML state from its spec once (the collection's spec
+# reader validates the spec), and print what the node's driver files depend on.
+_STATE_ONCE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nvml_state, _simulated_spec
+try:
+    nvml_state.write_state(sys.argv[2], sys.argv[3])
+    spec = _simulated_spec.load_spec(sys.argv[2])
+except _simulated_spec.SpecError as exc:
+    sys.exit(str(exc))
+print(json.dumps({"driver_version": spec["driver_version"], "minors": [g["minor_number"] for g in spec["gpus"]]}))
+"""
+
+# Run in the node as root with the mock library on stdin: install it as the driver's
+# libnvidia-ml.so.<version> (replacing another version's; renamed into place, so a process that has the old
+# one loaded keeps it), point it at its state, record the package that provides it, and make the device
+# nodes now and at every start of the node container, whose /dev is made anew each time.
+_DRIVER_FILES = f"""set -eu
+lib={NODE_LIB_DIR} version=$1
+cat >"$lib/.libnvidia-ml.so.new"
+chmod 0644 "$lib/.libnvidia-ml.so.new"
+if cmp -s "$lib/.libnvidia-ml.so.new" "$lib/libnvidia-ml.so.$version"; then
+  rm -f "$lib/.libnvidia-ml.so.new"
+else
+  mv -f "$lib/.libnvidia-ml.so.new" "$lib/libnvidia-ml.so.$version"
+fi
+for old in "$lib"/libnvidia-ml.so.*.*; do
+  [ "$old" = "$lib/libnvidia-ml.so.$version" ] || rm -f "$old"
+done
+ln -sfn "libnvidia-ml.so.$version" "$lib/libnvidia-ml.so.1"
+ln -sfn ../../../etc/gpuops-lab/simulated/{NVML_STATE_NAME} "$lib/gpuops-mock-nvml.state"
+ldconfig
+if [ "$(dpkg-query -W -f '${{Version}}' {PROVIDES_PACKAGE} 2>/dev/null)" != "$version" ]; then
+  deb=$(mktemp -d)
+  mkdir "$deb/DEBIAN"
+  cat >"$deb/DEBIAN/control" <<CONTROL
+Package: {PROVIDES_PACKAGE}
+Version: $version
+Architecture: amd64
+Maintainer: gpuops.k8s lab <lab@gpuops.invalid>
+Provides: libnvidia-ml.so.1 (= $version)
+Section: misc
+Priority: optional
+Description: the gpuops.k8s lab's mock libnvidia-ml.so.1 (labs only)
+ Written by tests/e2e/lab.py: a test double of NVIDIA's library, not NVIDIA software.
+CONTROL
+  dpkg-deb -Zgzip --build "$deb" "$deb.deb" >/dev/null
+  dpkg -i "$deb.deb" >/dev/null
+  rm -rf "$deb" "$deb.deb"
+fi
+cat >/etc/systemd/system/{DEVICES_UNIT} <<'UNIT'
+[Unit]
+Description=The NVIDIA device nodes of this lab node's simulated GPUs (tests/e2e/lab.py)
+ConditionPathExists=/etc/gpuops-lab/nvidia-devices.sh
+Before=containerd.service kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh /etc/gpuops-lab/nvidia-devices.sh
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+mkdir -p /etc/systemd/system/multi-user.target.wants
+ln -sfn ../{DEVICES_UNIT} /etc/systemd/system/multi-user.target.wants/{DEVICES_UNIT}
+sh /etc/gpuops-lab/nvidia-devices.sh
+"""
 
 
 def resolve_spec(spec: str, specs: Path = SPECS) -> Path:
@@ -89,24 +179,108 @@ def serve_up(cfg: LabConfig) -> None:
     )
 
 
-def prepare_node_for_site(cfg: LabConfig, index: int, spec: Path) -> None:
-    """The node's simulated-GPU spec, and what a fresh Debian node has and the lab's image lacks: apt's
-    package lists; plus PyYAML, with which nvidia_gpu_info reads the spec."""
+def mock_nvml_library() -> Path:
+    """The mock libnvidia-ml.so.1, built once (and cached) by scripts/build-mock-nvml.sh."""
+    built = run([REPO / "scripts" / "build-mock-nvml.sh"], what="scripts/build-mock-nvml.sh").stdout.strip()
+    return Path(built) / "libnvidia-ml.so.1"
+
+
+def nvidia_devices_script(minors: list[int]) -> str:
+    """A shell script that makes the device nodes the driver makes for GPUs of these minor numbers
+    (nvidiactl, nvidia-uvm, nvidia-uvm-tools, and nvidia<minor> for each GPU), mode 0666, and removes the
+    /dev/nvidia<N> of GPUs the spec no longer has."""
+    devices = [
+        ("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
+        ("/dev/nvidia-uvm", UVM_MAJOR, 0),
+        ("/dev/nvidia-uvm-tools", UVM_MAJOR, 1),
+    ] + [(f"/dev/nvidia{minor}", NVIDIA_MAJOR, minor) for minor in minors]
+    lines = [
+        "#!/bin/sh",
+        "# Written by tests/e2e/lab.py from this node's simulated-GPU spec (labs only): the device nodes",
+        "# NVIDIA's driver makes. Run when the spec is given to the node, and at each start of the node.",
+        "set -eu",
+        "device() {",
+        """  if [ "$(stat -c '%F %t:%T' "$1" 2>/dev/null)" != "character special file $2" ]; then""",
+        '    rm -f "$1"',
+        '    mknod -m 0666 "$1" c "$3" "$4"',
+        "  fi",
+        '  chmod 0666 "$1"',
+        "}",
+        *(f"device {path} {major:x}:{minor:x} {major} {minor}" for path, major, minor in devices),
+        f'keep=" {" ".join(str(minor) for minor in minors)} "',
+        "for gpu in /dev/nvidia[0-9]*; do",
+        '  case "$keep" in *" ${gpu#/dev/nvidia} "*) ;; *) rm -f "$gpu" ;; esac',
+        "done",
+    ]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def install_mock_driver(cfg: LabConfig, index: int, library: Path) -> None:
+    """Shape node ``index`` like a node with NVIDIA's driver installed, for the spec it was given: its NVML
+    state written from the spec now (the ``nvml-state`` process keeps it current), the mock library where
+    the driver installs libnvidia-ml, and the driver's device nodes."""
+    name = cfg.node_name(index)
+    done = subprocess.run(
+        [
+            cfg.python,
+            "-c",
+            _STATE_ONCE,
+            str(NVML_STATE.parent),
+            str(cfg.spec_path(index)),
+            str(cfg.nvml_state_path(index)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise LabError(f"{name}: cannot write the mock NVML state: {lines[-1] if lines else done.returncode}")
+    facts = json.loads(done.stdout)
+    script = cfg.nvidia_devices_script(index)
+    script.write_text(nvidia_devices_script(facts["minors"]))
+    script.chmod(0o755)
+    with open(library, "rb") as stdin:
+        run(
+            ["podman", "exec", "-i", name, "sh", "-c", _DRIVER_FILES, "sh", facts["driver_version"]],
+            what=f"{name}: installing the mock NVML library and the NVIDIA device nodes",
+            stdin=stdin,
+            stdout=subprocess.DEVNULL,
+        )
+
+
+def nvml_state_up(cfg: LabConfig, count: int) -> None:
+    """The ``nvml-state`` process (tests/mock_nvml/nvml_state.py --watch): rewrites a node's mock NVML
+    state whenever its spec changes, for every node."""
+    pairs = [path for index in range(1, count + 1) for path in (cfg.spec_path(index), cfg.nvml_state_path(index))]
+    start_bg(cfg, "nvml-state", [cfg.python, NVML_STATE, "--watch", *pairs])
+
+
+def specs_given(cfg: LabConfig, count: int) -> bool:
+    """Whether every node of the lab has been given a simulated-GPU spec."""
+    return count > 0 and all(cfg.spec_path(index).is_file() for index in range(1, count + 1))
+
+
+def prepare_node_for_site(cfg: LabConfig, index: int, spec: Path, library: Path) -> None:
+    """The node's simulated-GPU spec and the mock driver that serves it (install_mock_driver), and what a
+    fresh Debian node has and the lab's image lacks: apt's package lists; plus PyYAML, with which
+    nvidia_gpu_info reads the spec, and pynvml (Debian's python3-pynvml), with which it reads NVML."""
     name = cfg.node_name(index)
     target = cfg.spec_path(index)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Written in place: the node sees the same file, and the plugin's watch sees the write.
     with open(target, "wb") as handle:
         handle.write(spec.read_bytes())
-    if not succeeds(node_exec_argv(cfg, index, "python3", "-c", "import yaml")):
-        log(f"{name}: fetching apt's package lists and installing python3-yaml")
+    install_mock_driver(cfg, index, library)
+    if not succeeds(node_exec_argv(cfg, index, "python3", "-c", "import yaml, pynvml")):
+        log(f"{name}: fetching apt's package lists and installing python3-yaml and python3-pynvml")
         install = (
             "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends"
-            " python3-yaml >/dev/null"
+            " python3-yaml python3-pynvml >/dev/null"
         )
         done = subprocess.run(node_exec_argv(cfg, index, "sh", "-c", install), stdout=sys.stderr, check=False)
         if done.returncode != 0:
-            raise LabError(f"{name}: apt-get could not install python3-yaml")
+            raise LabError(f"{name}: apt-get could not install python3-yaml and python3-pynvml")
 
 
 def inventory_text(cfg: LabConfig, count: int) -> str:
@@ -181,11 +355,20 @@ def check_inventory_args(cfg: LabConfig, specs: list[str]) -> int:
     return count
 
 
-def inventory(cfg: LabConfig, specs: list[str]) -> str:
-    """Prepare the running lab's nodes for site.yml (spec i on node i, h100x8 on the rest); the inventory."""
+def simulate(cfg: LabConfig, specs: list[str]) -> int:
+    """Give the running lab's nodes simulated GPUs (spec i on node i, h100x8 on the rest) and the mock
+    driver that serves them; returns the node count."""
     count = check_inventory_args(cfg, specs)
-    serve_up(cfg)
+    library = mock_nvml_library()
     for index in range(1, count + 1):
         spec = resolve_spec(specs[index - 1] if index <= len(specs) else DEFAULT_SPEC)
-        prepare_node_for_site(cfg, index, spec)
-    return inventory_text(cfg, count)
+        prepare_node_for_site(cfg, index, spec, library)
+    nvml_state_up(cfg, count)
+    return count
+
+
+def inventory(cfg: LabConfig, specs: list[str]) -> str:
+    """Prepare the running lab's nodes for site.yml (spec i on node i, h100x8 on the rest); the inventory."""
+    check_inventory_args(cfg, specs)
+    serve_up(cfg)
+    return inventory_text(cfg, simulate(cfg, specs))
