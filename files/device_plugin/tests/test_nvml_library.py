@@ -96,6 +96,24 @@ def test_a_lost_gpu_is_unhealthy_within_a_second(node, mock_nvml):
         daemon.stop()
 
 
+def test_a_lost_gpu_that_answers_again_recovers_when_recovery_is_on(node, mock_nvml):
+    settings = make_config(node.kubelet_socket, None, health_recovery_seconds=0.3)
+    daemon = DaemonThread(settings, nvml=mock_nvml.pynvml).start()
+    try:
+        assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU) or []) == 8)
+        edit(mock_nvml.spec, 7, lost=True)
+        assert node.kubelet.wait(lambda: health(node, 7) == "Unhealthy", timeout=1.0)
+        time.sleep(0.6)  # longer than the quiet period: a GPU still off the bus stays Unhealthy
+        assert health(node, 7) == "Unhealthy"
+        edit(mock_nvml.spec, 7, lost=False)
+        assert node.kubelet.wait(lambda: health(node, 7) == "Healthy", timeout=3.0)
+        # It is watched again: a new XID on it is seen.
+        edit(mock_nvml.spec, 7, xid=79)
+        assert node.kubelet.wait(lambda: health(node, 7) == "Unhealthy", timeout=1.0)
+    finally:
+        daemon.stop()
+
+
 def test_a_watcher_that_cannot_start_is_an_error_and_a_not_ready_healthz(node, mock_nvml, monkeypatch, caplog):
     monkeypatch.setenv("GPUOPS_MOCK_NVML_FAIL", "nvmlEventSetCreate:999")
     caplog.set_level(logging.ERROR)

@@ -199,6 +199,7 @@ class Daemon:
                 [g.uuid for g in backend.snapshot().gpus],
                 lambda uuid, xid: loop.call_soon_threadsafe(state.on_xid, uuid, xid),
                 lambda uuid: loop.call_soon_threadsafe(state.on_lost, uuid),
+                back=lambda uuid: loop.call_soon_threadsafe(state.on_back, uuid),
             )
             self._events.start()
 

@@ -179,11 +179,19 @@ class NvmlEventWatcher(threading.Thread):
         report: Callable[[str, int], object],
         lost: Callable[[str], object],
         wait_ms: int = 1000,
+        back: Callable[[str], object] = lambda uuid: None,
     ) -> None:
         super().__init__(name="nvml-events", daemon=True)
-        self.nvml, self.uuids, self.report, self.lost, self.wait_ms = nvml, uuids, report, lost, wait_ms
+        self.nvml, self.uuids, self.report, self.wait_ms = nvml, uuids, report, wait_ms
+        self._lost_callback, self.back = lost, back
         self._stop_requested = threading.Event()
         self.failure: Optional[str] = None
+        self._lost: set[str] = set()  # GPUs off the bus, asked after on every wait until they answer again
+
+    def lost(self, uuid: str) -> None:
+        if uuid not in self._lost:
+            self._lost.add(uuid)
+            self._lost_callback(uuid)
 
     def stop(self) -> None:
         self._stop_requested.set()
@@ -215,18 +223,15 @@ class NvmlEventWatcher(threading.Thread):
         # Keyed by the handle's address, never by the handle (see handle_key).
         handles: dict[int, tuple[Any, str]] = {}
         for uuid in self.uuids:
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
-                handles[handle_key(handle)] = (handle, uuid)
-            except nvml.NVMLError as exc:
-                if _is_lost(nvml, exc):
-                    self.lost(uuid)
-                else:
-                    log.warning("XID events unavailable for this GPU", extra={"device": uuid, "reason": str(exc)})
+            self._register(event_set, handles, uuid)
         log.info("watching NVML events", extra={"devices": [uuid for _handle, uuid in handles.values()]})
         try:
             while not self._stop_requested.is_set():
+                for uuid in sorted(self._lost):
+                    if self._register(event_set, handles, uuid, quiet=True):
+                        self._lost.discard(uuid)
+                        log.info("GPU answers NVML again", extra={"device": uuid})
+                        self.back(uuid)
                 try:
                     data = nvml.nvmlEventSetWait_v2(event_set, self.wait_ms)
                 except nvml.NVMLError as exc:
@@ -244,6 +249,21 @@ class NvmlEventWatcher(threading.Thread):
         finally:
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlEventSetFree(event_set)
+
+    def _register(self, event_set: Any, handles: dict[int, tuple[Any, str]], uuid: str, quiet: bool = False) -> bool:
+        """Listen for the GPU's XIDs; False when it cannot be reached (a lost GPU is reported as lost)."""
+        nvml = self.nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+        except nvml.NVMLError as exc:
+            if _is_lost(nvml, exc):
+                self.lost(uuid)
+            elif not quiet:
+                log.warning("XID events unavailable for this GPU", extra={"device": uuid, "reason": str(exc)})
+            return False
+        handles[handle_key(handle)] = (handle, uuid)
+        return True
 
     def _event_uuid(self, handles: dict[int, tuple[Any, str]], device: Any) -> Optional[str]:
         """The UUID of the GPU an event names: by the handle's address, else by asking NVML."""

@@ -65,6 +65,11 @@ class DeviceState:
         self.tracker.set_standing_fault(uuid, "fell off the bus")
         self.publish()
 
+    def on_back(self, uuid: str) -> None:
+        """A lost GPU answers again (after a reset); it is Healthy once the recovery policy allows."""
+        self.tracker.set_standing_fault(uuid, None)
+        self.publish()
+
     def replace_config(self, config: Config, tracker: HealthTracker) -> None:
         self.config, self.tracker = config, tracker
         self._last_xid.clear()
