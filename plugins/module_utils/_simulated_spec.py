@@ -295,7 +295,16 @@ MOCK_NVML_READINGS = {
     "clocks_mhz": "345 345 2619 765",
     "ecc_errors": "0 0",
 }
-_MIG_PROFILE = re.compile(r"^(?:(?P<ci>[0-9]+)c\.)?(?P<gi>[0-9]+)g\.")
+_MIG_PROFILE = re.compile(r"^(?:(?P<ci>[0-9]+)c\.)?(?P<gi>[0-9]+)g\.[0-9]+gb(?P<suffix>\+me\.all|\+me|\+gfx|-me)?$")
+# NVML's GPU-instance profile IDs (NVML_GPU_INSTANCE_PROFILE_*) by (slices, suffix), and its
+# compute-instance profile IDs by slices: what NVIDIA's libraries name a MIG profile from.
+_GI_PROFILE_IDS = {
+    (1, ""): 0, (2, ""): 1, (3, ""): 2, (4, ""): 3, (7, ""): 4, (8, ""): 5, (6, ""): 6,
+    (1, "+me"): 7, (2, "+me"): 8, (1, "+gfx"): 10, (2, "+gfx"): 11, (4, "+gfx"): 12,
+    (1, "-me"): 13, (2, "-me"): 14, (1, "+me.all"): 15, (2, "+me.all"): 16,
+}  # fmt: skip
+_GI_PROFILE_1_SLICE_REV2 = 9  # 1g.20gb on an H100 80GB: a second one-slice profile with more memory
+_CI_PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 
 
 def _nvml_architecture(capability):
@@ -312,13 +321,25 @@ def _nvml_cuda_version(text):
     return major * 1000 + minor * 10
 
 
-def _mig_slices(profile):
-    """GPU-instance and compute-instance slices of a MIG profile name: 1g.10gb -> (1, 1), 1c.3g.20gb -> (3, 1)."""
-    match = _MIG_PROFILE.match(profile)
-    if not match:
-        return 1, 1
-    gi = int(match.group("gi"))
-    return gi, int(match.group("ci") or gi)
+def _mig_profiles(gpu):
+    """Per MIG device of a GPU: (GPU-instance slices, compute-instance slices, NVML GPU-instance profile ID,
+    NVML compute-instance profile ID), from its profile's name: 1g.10gb -> (1, 1, 0, 0), 1c.3g.20gb -> (3, 1, 2, 0).
+    A name that is not NVIDIA's pattern counts as one slice of the first profile."""
+    parsed = []
+    for mig in gpu["mig_devices"]:
+        match = _MIG_PROFILE.match(mig["profile"])
+        gi = int(match.group("gi")) if match else 1
+        ci = int(match.group("ci") or gi) if match else 1
+        suffix = (match.group("suffix") or "") if match else ""
+        parsed.append((gi, ci, suffix, mig["memory_mib"]))
+    smallest_one_slice = min((m for gi, _ci, sfx, m in parsed if gi == 1 and not sfx), default=None)
+    result = []
+    for gi, ci, suffix, memory in parsed:
+        profile = _GI_PROFILE_IDS.get((gi, suffix), 0)
+        if (gi, suffix) == (1, "") and memory > smallest_one_slice:
+            profile = _GI_PROFILE_1_SLICE_REV2
+        result.append((gi, ci, profile, _CI_PROFILE_IDS.get(ci, 0)))
+    return result
 
 
 def mock_nvml_state_text(spec):
@@ -364,8 +385,8 @@ def mock_nvml_state_text(spec):
             lines.append("pcie_switch " + gpu["pcie_switch"])
         lines += [f"nvlink_peer {by_uuid[peer]}" for peer in gpu["nvlink_peers"]]
         lines += [f"{key} {value}" for key, value in MOCK_NVML_READINGS.items()]
-        for slot, mig in enumerate(gpu["mig_devices"]):
-            gi, ci = _mig_slices(mig["profile"])
-            # mig UUID MEMORY_MIB PROFILE GPU-INSTANCE_SLICES COMPUTE-INSTANCE_SLICES GI_ID CI_ID
-            lines.append(f"mig {mig['uuid']} {mig['memory_mib']} {mig['profile']} {gi} {ci} {slot + 1} 0")
+        # mig UUID MEMORY_MIB PROFILE GI_SLICES CI_SLICES GI_ID CI_ID GI_PROFILE_ID CI_PROFILE_ID
+        for slot, (mig, (gi, ci, gi_profile, ci_profile)) in enumerate(zip(gpu["mig_devices"], _mig_profiles(gpu))):
+            fields = (mig["uuid"], mig["memory_mib"], mig["profile"], gi, ci, slot + 1, 0, gi_profile, ci_profile)
+            lines.append("mig " + " ".join(str(field) for field in fields))
     return "".join(line + "\n" for line in lines)

@@ -85,7 +85,6 @@ enum {
 #define NVML_EVENT_TYPE_CLOCK 0x10ULL
 #define NVML_SUPPORTED_EVENTS (NVML_EVENT_TYPE_SINGLE_BIT_ECC | NVML_EVENT_TYPE_DOUBLE_BIT_ECC | \
                                NVML_EVENT_TYPE_PSTATE | NVML_EVENT_TYPE_XID_CRITICAL_ERROR | NVML_EVENT_TYPE_CLOCK)
-#define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12
 
 typedef struct {
     char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
@@ -132,12 +131,18 @@ struct mock_device {
     int parent;       /* MIG: the parent GPU's index */
 };
 
+/* A GPU instance or compute instance handle: which MIG device of which GPU it stands for. */
+struct mock_instance {
+    int gpu, mig, compute;
+};
+
 typedef struct {
     struct mock_device handle;
     char uuid[TEXT];
     char profile[32];
     unsigned long long memory_mib;
-    unsigned int gi_slices, ci_slices, gi_id, ci_id;
+    unsigned int gi_slices, ci_slices, gi_id, ci_id, gi_profile, ci_profile;
+    struct mock_instance gpu_instance, compute_instance;
 } mock_mig_t;
 
 typedef struct {
@@ -335,16 +340,19 @@ static int parse_state(FILE *file, mock_state_t *out)
         } else if (strcmp(key, "ecc_errors") == 0) {
             sscanf(value, "%llu %llu", &gpu->ecc_corrected, &gpu->ecc_uncorrected);
         } else if (strcmp(key, "mig") == 0) {
-            /* mig <uuid> <memory MiB> <profile> <GPU-instance slices> <compute-instance slices> <GI id> <CI id> */
+            /* mig <uuid> <memory MiB> <profile> <GI slices> <CI slices> <GI id> <CI id> <GI profile> <CI profile> */
             if (gpu->mig_count >= MAX_MIG)
                 return -1;
             mock_mig_t *mig = &gpu->mig[gpu->mig_count];
-            if (sscanf(value, "%95s %llu %31s %u %u %u %u", mig->uuid, &mig->memory_mib, mig->profile,
-                       &mig->gi_slices, &mig->ci_slices, &mig->gi_id, &mig->ci_id) != 7)
+            if (sscanf(value, "%95s %llu %31s %u %u %u %u %u %u", mig->uuid, &mig->memory_mib, mig->profile,
+                       &mig->gi_slices, &mig->ci_slices, &mig->gi_id, &mig->ci_id, &mig->gi_profile,
+                       &mig->ci_profile) != 9)
                 return -1;
             mig->handle.is_mig = 1;
             mig->handle.index = gpu->mig_count;
             mig->handle.parent = gpu->handle.index;
+            mig->gpu_instance = (struct mock_instance){gpu->handle.index, gpu->mig_count, 0};
+            mig->compute_instance = (struct mock_instance){gpu->handle.index, gpu->mig_count, 1};
             gpu->mig_count++;
         }
     }
@@ -1278,7 +1286,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttri
     return nvmlDeviceGetAttributes_v2(device, attributes);
 }
 
-/* GPU- and compute-instance management belongs to MIG layouts (nvidia_mig); until then, Not Supported. */
+/* Changing MIG layouts (GPU- and compute-instance management) belongs to nvidia_mig; until then, Not Supported. */
 #define NOT_SUPPORTED_FUNCTION(name, ...)                \
     EXPORT nvmlReturn_t name(__VA_ARGS__)                \
     {                                                    \
@@ -1288,21 +1296,199 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttri
         return end(rc ? rc : NVML_ERROR_NOT_SUPPORTED);  \
     }
 
-NOT_SUPPORTED_FUNCTION(nvmlDeviceGetGpuInstanceProfileInfo, nvmlDevice_t d, unsigned int p, void *info)
 NOT_SUPPORTED_FUNCTION(nvmlDeviceGetGpuInstanceProfileInfoV, nvmlDevice_t d, unsigned int p, void *info)
 NOT_SUPPORTED_FUNCTION(nvmlDeviceGetGpuInstances, nvmlDevice_t d, unsigned int p, void *gi, unsigned int *n)
-NOT_SUPPORTED_FUNCTION(nvmlDeviceGetGpuInstanceById, nvmlDevice_t d, unsigned int id, void *gi)
 NOT_SUPPORTED_FUNCTION(nvmlDeviceCreateGpuInstance, nvmlDevice_t d, unsigned int p, void *gi)
 NOT_SUPPORTED_FUNCTION(nvmlDeviceSetMigMode, nvmlDevice_t d, unsigned int mode, nvmlReturn_t *activation)
-NOT_SUPPORTED_FUNCTION(nvmlGpuInstanceGetInfo, void *gi, void *info)
 NOT_SUPPORTED_FUNCTION(nvmlGpuInstanceGetComputeInstances, void *gi, unsigned int p, void *ci, unsigned int *n)
-NOT_SUPPORTED_FUNCTION(nvmlGpuInstanceGetComputeInstanceProfileInfo, void *gi, unsigned int p, unsigned int e,
-                       void *info)
 NOT_SUPPORTED_FUNCTION(nvmlGpuInstanceGetComputeInstanceProfileInfoV, void *gi, unsigned int p, unsigned int e,
                        void *info)
-NOT_SUPPORTED_FUNCTION(nvmlComputeInstanceGetInfo_v2, void *ci, void *info)
 NOT_SUPPORTED_FUNCTION(nvmlDeviceGetComputeRunningProcesses_v3, nvmlDevice_t d, unsigned int *n, void *infos)
 NOT_SUPPORTED_FUNCTION(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlDevice_t d, unsigned int *n, void *infos)
+
+/*
+ * The existing layout's GPU and compute instances, read-only: what NVIDIA's libraries ask to name a MIG
+ * device's profile. Each MIG device of the state is one compute instance in a GPU instance of its own;
+ * the profiles a GPU offers are those its MIG devices use (the spec reader gives their NVML profile IDs).
+ */
+typedef struct mock_instance *nvmlGpuInstance_t;
+typedef struct mock_instance *nvmlComputeInstance_t;
+
+typedef struct {
+    unsigned int start, size;
+} nvmlPlacement_t;
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount;
+    unsigned int decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    nvmlPlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount;
+    unsigned int sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlPlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+/* The MIG device an instance handle stands for, with the lock held; NULL for a stale or foreign handle. */
+static mock_mig_t *instance_mig(struct mock_instance *instance, int compute)
+{
+    if (instance == NULL || instance->gpu < 0 || instance->gpu >= state.count)
+        return NULL;
+    mock_gpu_t *gpu = &state.gpu[instance->gpu];
+    if (instance->mig < 0 || instance->mig >= gpu->mig_count)
+        return NULL;
+    mock_mig_t *mig = &gpu->mig[instance->mig];
+    return instance == (compute ? &mig->compute_instance : &mig->gpu_instance) ? mig : NULL;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                        nvmlGpuInstanceProfileInfo_t *info)
+{
+    ENTER("nvmlDeviceGetGpuInstanceProfileInfo");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_device(device, &gpu);
+    if (rc)
+        return rc;
+    if (info == NULL || as_mig(device))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    for (int m = 0; gpu->mig_mode >= 0 && m < gpu->mig_count; m++) {
+        mock_mig_t *mig = &gpu->mig[m];
+        if (mig->gi_profile != profile)
+            continue;
+        memset(info, 0, sizeof *info);
+        info->id = profile;
+        info->sliceCount = mig->gi_slices;
+        info->instanceCount = mig->gi_slices ? 7 / mig->gi_slices : 0;
+        info->multiprocessorCount = 132 * mig->gi_slices / 7;
+        info->copyEngineCount = mig->gi_slices;
+        info->decoderCount = mig->gi_slices;
+        info->jpegCount = mig->gi_slices;
+        info->memorySizeMB = mig->memory_mib;
+        return end(NVML_SUCCESS);
+    }
+    return end(NVML_ERROR_NOT_SUPPORTED);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *instance)
+{
+    ENTER("nvmlDeviceGetGpuInstanceById");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_device(device, &gpu);
+    if (rc)
+        return rc;
+    if (instance == NULL || as_mig(device))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpu->mig_mode != 1)
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    for (int m = 0; m < gpu->mig_count; m++) {
+        if (gpu->mig[m].gi_id == id) {
+            *instance = &gpu->mig[m].gpu_instance;
+            return end(NVML_SUCCESS);
+        }
+    }
+    return end(NVML_ERROR_NOT_FOUND);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t instance, nvmlGpuInstanceInfo_t *info)
+{
+    ENTER("nvmlGpuInstanceGetInfo");
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t rc = ready_locked();
+    if (rc)
+        return end(rc);
+    mock_mig_t *mig = instance_mig(instance, 0);
+    if (mig == NULL || info == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    info->device = &state.gpu[instance->gpu].handle;
+    info->id = mig->gi_id;
+    info->profileId = mig->gi_profile;
+    info->placement = (nvmlPlacement_t){0, mig->gi_slices};
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t instance, unsigned int id,
+                                                          nvmlComputeInstance_t *compute)
+{
+    ENTER("nvmlGpuInstanceGetComputeInstanceById");
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t rc = ready_locked();
+    if (rc)
+        return end(rc);
+    mock_mig_t *mig = instance_mig(instance, 0);
+    if (mig == NULL || compute == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (mig->ci_id != id)
+        return end(NVML_ERROR_NOT_FOUND);
+    *compute = &mig->compute_instance;
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t instance, unsigned int profile,
+                                                                 unsigned int engine_profile,
+                                                                 nvmlComputeInstanceProfileInfo_t *info)
+{
+    ENTER("nvmlGpuInstanceGetComputeInstanceProfileInfo");
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t rc = ready_locked();
+    if (rc)
+        return end(rc);
+    mock_mig_t *mig = instance_mig(instance, 0);
+    if (mig == NULL || info == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (profile != mig->ci_profile || engine_profile != 0)
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    memset(info, 0, sizeof *info);
+    info->id = profile;
+    info->sliceCount = mig->ci_slices;
+    info->instanceCount = mig->ci_slices ? mig->gi_slices / mig->ci_slices : 0;
+    info->multiprocessorCount = 132 * mig->ci_slices / 7;
+    info->sharedCopyEngineCount = mig->gi_slices;
+    info->sharedDecoderCount = mig->gi_slices;
+    info->sharedJpegCount = mig->gi_slices;
+    return end(NVML_SUCCESS);
+}
+
+static nvmlReturn_t compute_instance_info(nvmlComputeInstance_t instance, nvmlComputeInstanceInfo_t *info)
+{
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t rc = ready_locked();
+    if (rc)
+        return end(rc);
+    mock_mig_t *mig = instance_mig(instance, 1);
+    if (mig == NULL || info == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    info->device = &state.gpu[instance->gpu].handle;
+    info->gpuInstance = &mig->gpu_instance;
+    info->id = mig->ci_id;
+    info->profileId = mig->ci_profile;
+    info->placement = (nvmlPlacement_t){0, mig->ci_slices};
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t instance, nvmlComputeInstanceInfo_t *info)
+{
+    ENTER("nvmlComputeInstanceGetInfo_v2");
+    return compute_instance_info(instance, info);
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t instance, nvmlComputeInstanceInfo_t *info)
+{
+    ENTER("nvmlComputeInstanceGetInfo");
+    return compute_instance_info(instance, info);
+}
 
 /* ---- events --------------------------------------------------------------------------------------- */
 typedef struct {

@@ -266,3 +266,75 @@ def test_dra_cdi_specs_name_the_host_device_nodes_seen_through_the_driver_root(d
     nodes = [n["hostPath"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])]
     nodes += [n["hostPath"] for n in spec["containerEdits"]["deviceNodes"]]
     assert nodes == ["/dev/nvidia6", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+
+
+# How NVIDIA's go-nvlib names a MIG device's profile from NVML (its loop indices, not the returned IDs).
+_GI_SLICES = {0: 1, 7: 1, 9: 1, 10: 1, 13: 1, 15: 1, 1: 2, 8: 2, 11: 2, 14: 2, 16: 2, 2: 3, 3: 4, 12: 4, 6: 6, 4: 7}
+_GI_SLICES[5] = 8
+_CI_SLICES = {0: 1, 7: 1, 1: 2, 2: 3, 3: 4, 6: 6, 4: 7, 5: 8}
+_SUFFIX = {7: "+me", 8: "+me", 15: "+me.all", 16: "+me.all", 10: "+gfx", 11: "+gfx", 12: "+gfx", 13: "-me", 14: "-me"}
+
+
+def _nvidia_profile_name(nvml, mig) -> str:
+    import math
+
+    skip = (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_INVALID_ARGUMENT)
+    parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)
+    total = nvml.nvmlDeviceGetMemoryInfo(parent).total
+    memory_mb = nvml.nvmlDeviceGetAttributes_v2(mig).memorySizeMB
+    gi = nvml.nvmlDeviceGetGpuInstanceById(parent, nvml.nvmlDeviceGetGpuInstanceId(mig))
+    ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, nvml.nvmlDeviceGetComputeInstanceId(mig))
+    gi_profile = nvml.nvmlGpuInstanceGetInfo(gi).profileId
+    ci_profile = nvml.nvmlComputeInstanceGetInfo_v2(ci).profileId
+
+    def first(ask, count, wanted):
+        for index in range(count):
+            try:
+                if ask(index).id == wanted:
+                    return index
+            except nvml.NVMLError as exc:
+                if exc.value not in skip:
+                    raise
+        raise AssertionError(f"no profile with ID {wanted}")
+
+    i = first(lambda p: nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, p, version=1), 17, gi_profile)
+    j = first(lambda p: nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, p, 0, version=1), 8, ci_profile)
+    g, c = _GI_SLICES[i], _CI_SLICES[j]
+    gigabytes = round(math.ceil(memory_mb * 2**20 / total * 8) / 8 * math.ceil(total / 2**30))
+    name = f"{g}g.{gigabytes}gb" if c == g else f"{c}c.{g}g.{gigabytes}gb"
+    return name + _SUFFIX.get(i, "")
+
+
+@pytest.mark.parametrize(
+    "profiles",
+    [
+        [("3g.20gb", 19968), ("1g.5gb", 4864), ("1g.5gb", 4864)],
+        [("1g.5gb+me", 4864), ("1c.3g.20gb", 19968), ("2g.10gb", 9856), ("1g.10gb", 9856)],
+    ],
+    ids=["fixture", "suffixes"],
+)
+def test_mig_profiles_are_named_as_nvidias_libraries_name_them(tmp_path, profiles):
+    spec = fixture("a100-mig.yaml")
+    spec["gpus"][0]["mig_devices"] = [
+        {"uuid": f"MIG-0a5e1c00-0000-4000-8000-0000000000b{n}", "profile": p, "memory_mib": m}
+        for n, (p, m) in enumerate(profiles)
+    ]
+    path = str(tmp_path / "gpus.yaml")
+    write_spec(path, spec)
+    library = MockNvml(path, str(tmp_path / "state"))
+    nvml = library.pynvml
+    nvml.nvmlInit()
+    try:
+        gpu = nvml.nvmlDeviceGetHandleByIndex(0)
+        names = [
+            _nvidia_profile_name(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot))
+            for slot in range(len(profiles))
+        ]
+        whole = nvml.nvmlDeviceGetHandleByIndex(1)
+        with pytest.raises(nvml.NVMLError) as raised:
+            nvml.nvmlDeviceGetGpuInstanceById(whole, 1)
+        assert raised.value.value == nvml.NVML_ERROR_NOT_SUPPORTED
+    finally:
+        nvml.nvmlShutdown()
+        library.close()
+    assert names == [p for p, _m in profiles]
