@@ -7,8 +7,8 @@
 2. gives each node a simulated-GPU spec and writes an Ansible inventory for them (``lab.py inventory``);
 3. runs ``playbooks/site.yml`` on both nodes, one progress line per stage;
 4. waits until every node advertises allocatable ``nvidia.com/gpu``;
-5. runs ``playbooks/validate.yml`` and prints its table (node, GPU model, count, allocatable, labels,
-   taint, plugin status).
+5. runs ``playbooks/validate.yml`` through each node's NVML (the lab's mock libnvidia-ml.so.1, not the
+   spec) and prints its table (node, GPU model, count, allocatable, labels, taint, plugin status).
 
 The lab instance is GPUOPS_LAB_INSTANCE (0 unless set); ``make demo-clean`` (``lab.py down``) removes
 everything. Logs of every run are kept under the lab's state directory, in ``demo/``.
@@ -146,9 +146,18 @@ def wait_allocatable(nodes: list[str], wanted: dict[str, int]) -> dict[str, int]
 def run_validate(inventory: Path, log: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
     """validate.yml with JSON output into ``log``: (the table's lines, messages of failed checks)."""
     say("validate.yml: checking driver, runtime, plugin, allocatable, labels and taint on every node")
+    # Without the simulated spec: the table's GPUs come from each node's NVML (the lab's mock
+    # libnvidia-ml.so.1, docs/mock-nvml.md), as on a node with a driver.
     with log.open("w") as out:
         done = subprocess.run(
-            ["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / "validate.yml")],
+            [
+                "ansible-playbook",
+                "-i",
+                str(inventory),
+                str(REPO / "playbooks" / "validate.yml"),
+                "-e",
+                "gpuops_simulate_from=",
+            ],
             stdout=out,
             stderr=subprocess.PIPE,
             text=True,

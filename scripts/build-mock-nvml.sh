@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the lab's mock libnvidia-ml.so.1 (tests/mock_nvml/mock_nvml.c; a TEST DOUBLE of NVIDIA's
-# driver library, docs/mock-nvml.md) with the machine's C compiler. Cached by content under
+# driver library, docs/mock-nvml.md), and an empty libcuda.so.1 beside it, with the machine's C compiler. Cached by content under
 # $GPUOPS_CACHE/mock-nvml/<hash>/: an unchanged source builds nothing.
 #   scripts/build-mock-nvml.sh   -> prints the directory that holds libnvidia-ml.so.1
 set -euo pipefail
@@ -16,6 +16,9 @@ if [ ! -f "$out/.complete" ]; then
   "$cc" -std=c11 -O2 -g0 -Wall -Wextra -Wno-unused-parameter -Werror -fPIC -fvisibility=hidden -shared \
     -Wl,-soname,libnvidia-ml.so.1 -o "$out/libnvidia-ml.so.1.tmp" "$source" -ldl -lpthread
   mv "$out/libnvidia-ml.so.1.tmp" "$out/libnvidia-ml.so.1"
+  # An empty libcuda.so.1, also a TEST DOUBLE: a driver installs the CUDA driver library beside NVML, and
+  # NVIDIA's CDI generator (nvidia-ctk cdi generate) refuses a driver without it. Nothing calls into it.
+  "$cc" -shared -Wl,-soname,libcuda.so.1 -o "$out/libcuda.so.1" -x c /dev/null
   touch "$out/.complete"
   printf '[mock-nvml] built %s\n' "$out/libnvidia-ml.so.1" >&2
 fi

@@ -124,11 +124,71 @@ def nvlink_peers(spec: Path) -> dict[str, set[str]]:
     return peers
 
 
+def container_environment(lab: Lab, node: str, container_id: str) -> dict[str, str]:
+    """The environment of the container's process, read from /proc in the node."""
+    raw = lab.node_exec(node, "cat", f"/proc/{container_pid(lab, node, container_id)}/environ").stdout
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def container_pid(lab: Lab, node: str, container_id: str) -> str:
+    """The PID, in the node, of the container's process."""
+    for line in lab.node_exec(node, "ctr", "-n", "k8s.io", "tasks", "ls").stdout.splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == container_id:
+            return fields[1]
+    raise AssertionError(f"container {container_id} is not running in {node}")
+
+
+def container_nvidia_devices(lab: Lab, node: str, container_id: str) -> list[str]:
+    """The NVIDIA device nodes in the container's /dev, as 'name major:minor' (hex, as stat prints them)."""
+    pid = container_pid(lab, node, container_id)
+    listed = lab.node_exec(
+        node, "sh", "-c", f"cd /proc/{pid}/root/dev && stat -c '%n %t:%T' nvidia* 2>/dev/null", check=False
+    ).stdout
+    return sorted(listed.split("\n")[:-1]) if listed else []
+
+
+def gpu_device_nodes(spec: Path, uuids: list[str]) -> list[str]:
+    """What a container given these GPUs of the spec must see in its /dev: their nodes (195:minor, the minor
+    being the GPU's index) and the control nodes as the lab makes them (nvidia-uvm's major is the lab's 511)."""
+    minors = {gpu["uuid"]: index for index, gpu in enumerate(yaml.safe_load(spec.read_text())["gpus"])}
+    wanted = [f"nvidia{minors[u]} c3:{minors[u]:x}" for u in uuids]
+    wanted += ["nvidiactl c3:ff", "nvidia-uvm 1ff:0", "nvidia-uvm-tools 1ff:1"]
+    return sorted(wanted)
+
+
+def ensure_runc_runtime_class(lab: Lab) -> str:
+    """The runc RuntimeClass: a GPU container on the lab's nvidia runtime in its default mode goes to the
+    stand-in nvidia-container-cli, which refuses it (test_site.py says why); pods that must run ask for runc."""
+    try:
+        client.NodeV1Api(lab.api).create_runtime_class(
+            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "runc"}, "handler": "runc"}
+        )
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+    return "runc"
+
+
+def running_pod(lab: Lab, name: str, timeout: float = 120, namespace: str = "default") -> client.V1Pod:
+    """Wait for the pod to run; return it."""
+    return lab.wait_until(
+        f"pod {name} Running",
+        lambda: (p := lab.core.read_namespaced_pod(name, namespace)).status.phase == "Running" and p,
+        timeout=timeout,
+    )
+
+
 def recovery_vars(path: Path) -> Path:
     """Write site.yml's extra vars for the GPU flows to ``path``: the plugin's config with health recovery on
     (off by default, as in NVIDIA's plugin) after 1 quiet second, so that a GPU an XID marked unhealthy can
-    come back within a test."""
-    config = {"version": "v1", "flags": {"migStrategy": "none"}, "gpuops": {"healthRecoverySeconds": 1}}
+    come back within a test; and the device nodes passed to the kubelet (passDeviceSpecs), so that a pod on
+    the runc runtime gets the /dev/nvidiaN of its GPUs (the lab's nvidia runtime cannot inject them)."""
+    config = {
+        "version": "v1",
+        "flags": {"migStrategy": "none", "plugin": {"passDeviceSpecs": True}},
+        "gpuops": {"healthRecoverySeconds": 1},
+    }
     path.write_text(yaml.safe_dump({"device_plugin_config": config}))
     return path
 

@@ -2,8 +2,9 @@
 shared by test_site_daemonset.py and test_upgrade_driver.py (run once per test session).
 
 The plugin image is built locally (files/device_plugin/build-image.sh) and handed to the role as an OCI
-archive, which the role imports into the node's containerd; the DaemonSet's pod mounts the node's
-simulated-GPU spec directory. The node is the lab's last one (the systemd-mode flow uses the first), with
+archive, which the role imports into the node's containerd; the DaemonSet's pod reads the GPUs through
+NVML, the node's mock libnvidia-ml.so.1 (docs/mock-nvml.md), found under the node's root mounted at
+/driver-root. The node is the lab's last one (the systemd-mode flow uses the first), with
 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml).
 """
 
@@ -78,7 +79,7 @@ def daemonset_node(lab: Lab, work: Path) -> DaemonsetNode:
                     # can come back.
                     "device_plugin_config": {
                         "version": "v1",
-                        "flags": {"migStrategy": "none"},
+                        "flags": {"migStrategy": "none", "plugin": {"passDeviceSpecs": True}},
                         "gpuops": {"healthRecoverySeconds": 1},
                     },
                 }

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import PAUSE_IMAGE
+from conftest import PAUSE_IMAGE, Lab
+from kubernetes import client
 
 GPU = "nvidia.com/gpu"
 DRIVER = "gpu.gpuops.k8s"
@@ -65,3 +66,15 @@ def claim_template(name: str, count: int, memory_at_least: str) -> dict[str, Any
             }
         },
     }
+
+
+def slices(lab: Lab, node: str) -> list[dict[str, Any]]:
+    """The node's ResourceSlices of our driver."""
+    return client.CustomObjectsApi(lab.api).list_cluster_custom_object(
+        *RESOURCE, "resourceslices", field_selector=f"spec.nodeName={node},spec.driver={DRIVER}"
+    )["items"]
+
+
+def published(lab: Lab, node: str) -> dict[str, dict[str, Any]]:
+    """Device name -> device, over the node's slices of our driver."""
+    return {d["name"]: d for s in slices(lab, node) for d in s["spec"].get("devices", [])}

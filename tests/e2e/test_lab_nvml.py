@@ -182,7 +182,7 @@ def adhoc_module(inventory: Path, node: str, *module_args: str) -> dict[str, Any
     env = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS), "ANSIBLE_NOCOLOR": "1"}
     done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     # The ad-hoc output: "NODE | SUCCESS => {...}".
-    head, _, body = done.stdout.partition(" => ")
+    head, _sep, body = done.stdout.partition(" => ")
     assert done.returncode == 0 and head.endswith("| SUCCESS"), f"{' '.join(argv)}:\n{done.stdout}\n{done.stderr}"
     return json.loads(body)
 
@@ -241,7 +241,7 @@ def test_an_edit_of_the_spec_shows_in_the_nodes_nvml(lab: Lab, node: str) -> Non
         written = time.time()
         write_in_place(spec_path, edited)
         out, err = watcher.communicate(timeout=90)
-        word, _, when = out.strip().partition(" ")
+        word, _sep, when = out.strip().partition(" ")
         assert word == "seen", f"{node}'s NVML never reported {renamed!r}: {out} {err}"
         took = float(when) - written
         assert took <= PROPAGATION_SECONDS, f"the edit took {took:.2f}s to reach {node}'s NVML"

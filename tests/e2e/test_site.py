@@ -2,7 +2,9 @@
 real kube-apiserver, kubelet and containerd of the lab (tests/e2e/lab.py).
 
 The node has 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml: two NVLink islands of four, NUMA
-nodes 0 and 1); the simulated spec is the only stand-in, everything else is the real product: the
+nodes 0 and 1), served by the lab's mock NVIDIA driver (its libnvidia-ml.so.1 and device nodes,
+docs/mock-nvml.md), which the plugin reads through the real NVML bindings; the spec and that driver are the
+only stand-ins, everything else is the real product: the
 roles install the container toolkit from a signed (local) repository, configure the node's containerd,
 install the plugin into a venv with a hardened unit, and label and taint the node through the API.
 
@@ -19,7 +21,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, nvlink_peers, recovery_vars, run_lab, write_in_place
+from conftest import (
+    PAUSE_IMAGE,
+    Lab,
+    container_environment,
+    container_nvidia_devices,
+    container_pid,
+    ensure_runc_runtime_class,
+    gpu_device_nodes,
+    nvlink_peers,
+    recovery_vars,
+    run_lab,
+    running_pod,
+    write_in_place,
+)
 from kubernetes import client
 from playbook_run import REPO, PlaybookRun, inventory_hostvars, lab_inventory, run_playbook
 
@@ -191,16 +206,6 @@ def test_runtime_class_nvidia(lab: Lab, flow: SiteFlow) -> None:
     assert "/usr/bin/nvidia-container-runtime" in dump
 
 
-def container_environment(lab: Lab, node: str, container_id: str) -> dict[str, str]:
-    """The environment of the container's process, read from /proc in the node."""
-    for line in lab.node_exec(node, "ctr", "-n", "k8s.io", "tasks", "ls").stdout.splitlines()[1:]:
-        fields = line.split()
-        if fields and fields[0] == container_id:
-            raw = lab.node_exec(node, "cat", f"/proc/{fields[1]}/environ").stdout
-            return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-    raise AssertionError(f"container {container_id} is not running in {node}")
-
-
 def gpu_pod(name: str, node: str, runtime_class: str | None) -> dict:
     spec: dict = {
         "nodeName": node,
@@ -235,27 +240,22 @@ def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow) -> None:
     lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(flow.node).get(GPU) == "8")
     # The runc RuntimeClass: see docs/lab.md. The nvidia runtime hands a GPU container to
     # nvidia-container-cli, which cannot exist on a node without a GPU (the lab's is a stand-in that fails).
-    if "runc" not in runtime_classes(lab):
-        client.NodeV1Api(lab.api).create_runtime_class(
-            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "runc"}, "handler": "runc"}
-        )
+    ensure_runc_runtime_class(lab)
     name = f"gpu-pair-{uuid.uuid4().hex[:8]}"
     lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, "runc"))
     try:
-        pod = lab.wait_until(
-            f"pod {name} Running",
-            lambda: (p := lab.core.read_namespaced_pod(name, "default")).status.phase == "Running" and p,
-            timeout=120,
-        )
+        pod = running_pod(lab, name)
         # The kubelet called Allocate: its checkpoint names two devices for this pod...
         devices = lab.checkpoint_devices(flow.node, pod.metadata.uid)
         assert len(devices) == 2, devices
         # ...which the plugin's preferred allocation took from one NVLink island.
         assert devices[1] in nvlink_peers(SPEC)[devices[0]], devices
-        # The container sees them as NVIDIA_VISIBLE_DEVICES (the envvar strategy).
+        # The container sees them as NVIDIA_VISIBLE_DEVICES (the envvar strategy)...
         container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
         visible = container_environment(lab, flow.node, container_id)["NVIDIA_VISIBLE_DEVICES"]
         assert sorted(visible.split(",")) == sorted(devices)
+        # ...and, the plugin passing device specs, their device nodes and no other GPU's.
+        assert container_nvidia_devices(lab, flow.node, container_id) == gpu_device_nodes(SPEC, devices)
     finally:
         delete_pod(lab, name)
 
@@ -285,28 +285,79 @@ def test_gpu_pod_on_the_default_runtime_fails_for_want_of_a_gpu(lab: Lab, flow: 
         delete_pod(lab, name)
 
 
+def test_gpu_pod_runs_on_the_nvidia_runtime_in_cdi_mode(lab: Lab, flow: SiteFlow) -> None:
+    """The nvidia runtime class usable by a GPU pod on a node shaped like one with a driver: NVIDIA's own
+    nvidia-ctk writes the CDI spec from the node's NVML (the mock library, docs/mock-nvml.md), and
+    nvidia-container-runtime in its CDI mode (which needs no nvidia-container-cli) gives the container the
+    device nodes of exactly its GPUs and the driver's NVML library. The mode and the spec are set here by
+    hand, as an operator would, and removed afterwards: the roles leave the runtime in its default mode."""
+    config = "/etc/nvidia-container-runtime/config.toml"
+    generated = lab.node_exec(
+        flow.node, "nvidia-ctk", "cdi", "generate", "--output=/var/run/cdi/nvidia.yaml", check=False
+    )
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    cdi = yaml.safe_load(lab.node_exec(flow.node, "cat", "/var/run/cdi/nvidia.yaml").stdout)
+    spec_gpus = yaml.safe_load(SPEC.read_text())["gpus"]
+    assert {gpu["uuid"] for gpu in spec_gpus} <= {device["name"] for device in cdi["devices"]}
+    lab.node_exec(flow.node, "cp", config, f"{config}.gpuops-test")
+    lab.node_exec(flow.node, "nvidia-ctk", "config", "--in-place", "--set", "nvidia-container-runtime.mode=cdi")
+    name = f"gpu-nvidia-{uuid.uuid4().hex[:8]}"
+    lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, "nvidia"))
+    try:
+        pod = running_pod(lab, name)
+        container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
+        devices = lab.checkpoint_devices(flow.node, pod.metadata.uid)
+        nodes = container_nvidia_devices(lab, flow.node, container_id)
+        wanted = gpu_device_nodes(SPEC, devices)
+        gpu_nodes = [n for n in nodes if re.match(r"nvidia[0-9]+ ", n)]
+        assert gpu_nodes == [n for n in wanted if re.match(r"nvidia[0-9]+ ", n)], nodes
+        assert {"nvidiactl c3:ff", "nvidia-uvm 1ff:0"} <= set(nodes), nodes
+        pid = container_pid(lab, flow.node, container_id)
+        version = yaml.safe_load(SPEC.read_text())["driver_version"]
+        library = f"/proc/{pid}/root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"
+        assert lab.node_exec(flow.node, "test", "-f", library, check=False).returncode == 0
+    finally:
+        delete_pod(lab, name)
+        lab.node_exec(flow.node, "mv", f"{config}.gpuops-test", config)
+        lab.node_exec(flow.node, "rm", "-f", "/var/run/cdi/nvidia.yaml")
+
+
 def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, flow: SiteFlow) -> None:
     spec_path = Path(run_lab("spec-path", flow.node.rsplit("-", 1)[1]).strip())
     original = spec_path.read_text()
     spec = yaml.safe_load(original)
-    spec["gpus"][7]["xid"] = 79  # fell off the bus
+    # XID 79, the GPU fell off the bus: the mock NVML library delivers the XID event, then answers
+    # GPU_IS_LOST for that GPU until the spec says otherwise (docs/mock-nvml.md).
+    spec["gpus"][7].update(xid=79, lost=True)
     try:
         write_in_place(spec_path, yaml.safe_dump(spec, sort_keys=False))
         lab.wait_until(
             f"{GPU}=7 with one GPU unhealthy", lambda: lab.allocatable(flow.node).get(GPU) == "7", timeout=30
         )
+        # The plugin heard the XID through NVML.
+        uuid_7 = spec["gpus"][7]["uuid"]
+        assert metric(flow, "gpu_device_plugin_xid_events_total", device=uuid_7, xid="79", critical="true") == 1.0
     finally:
         write_in_place(spec_path, original)
     lab.wait_until(f"{GPU}=8 after recovery", lambda: lab.allocatable(flow.node).get(GPU) == "8", timeout=30)
 
 
-def registrations(flow: SiteFlow) -> float:
-    """The plugin's count of successful registrations with the kubelet (its Prometheus endpoint)."""
+def metric(flow: SiteFlow, name: str, **labels: str) -> float | None:
+    """A sample of the plugin's Prometheus endpoint whose labels include ``labels``; None when there is none."""
     address = inventory_hostvars(flow.inventory, flow.node)["device_plugin_metrics_address"]
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    match = re.search(r'^gpu_device_plugin_registrations_total\{[^}]*result="ok"[^}]*\} (\S+)$', text, re.MULTILINE)
-    assert match, text
-    return float(match[1])
+    for found in re.finditer(rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$", text, re.MULTILINE):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', found[1]))
+        if all(pairs.get(key) == value for key, value in labels.items()):
+            return float(found[2])
+    return None
+
+
+def registrations(flow: SiteFlow) -> float:
+    """The plugin's count of successful registrations with the kubelet (its Prometheus endpoint)."""
+    count = metric(flow, "gpu_device_plugin_registrations_total", result="ok")
+    assert count is not None
+    return count
 
 
 def test_kubelet_restart_plugin_registers_again(lab: Lab, flow: SiteFlow) -> None:

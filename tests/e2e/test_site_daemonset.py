@@ -2,9 +2,11 @@
 kube-controller-manager (the DaemonSet controller), kube-scheduler, kubelet and containerd.
 
 The plugin image is built here and imported into the node's containerd by the role (no registry); the
-DaemonSet's pod serves 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml, the only stand-in) and
-registers with the node's kubelet. Then a node switches to systemd mode and back: the role removes the
-other mode's deployment each time, and only one plugin serves the node.
+DaemonSet's pod serves 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml) and registers with the
+node's kubelet. The pod reads them through NVML: the node's mock libnvidia-ml.so.1 (docs/mock-nvml.md,
+with the spec the only stand-ins), found under the node's root mounted read-only at /driver-root. Then a
+node switches to systemd mode and back: the role removes the other mode's deployment each time, and only
+one plugin serves the node.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, nvlink_peers, run_lab, write_in_place
+from conftest import PAUSE_IMAGE, Lab, ensure_runc_runtime_class, nvlink_peers, run_lab, write_in_place
 from daemonset_node import DAEMONSET, GPU, MODE_LABEL, NAMESPACE, POD_SELECTOR, SPEC, DaemonsetNode, daemonset_node
 from kubernetes import client
 
@@ -83,18 +85,6 @@ def test_node_advertises_eight_gpus(lab: Lab, ds: DaemonsetNode) -> None:
     assert registrations(lab, pod) >= 1
 
 
-def ensure_runc_runtime_class(lab: Lab) -> None:
-    """A GPU container on the nvidia runtime needs a real GPU and driver (nvidia-container-cli); the pod
-    asks for plain runc instead, so that it runs here and its environment can be read."""
-    try:
-        client.NodeV1Api(lab.api).create_runtime_class(
-            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "runc"}, "handler": "runc"}
-        )
-    except client.ApiException as error:
-        if error.status != 409:
-            raise
-
-
 def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> None:
     lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(ds.node).get(GPU) == "8")
     ensure_runc_runtime_class(lab)
@@ -136,10 +126,15 @@ def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, ds: Daemonset
     spec_path = Path(run_lab("spec-path", ds.node.rsplit("-", 1)[1]).strip())
     original = spec_path.read_text()
     spec = yaml.safe_load(original)
-    spec["gpus"][5]["xid"] = 79
+    # XID 79, the GPU fell off the bus: an XID event through NVML, then GPU_IS_LOST (docs/mock-nvml.md).
+    spec["gpus"][5].update(xid=79, lost=True)
     try:
         write_in_place(spec_path, yaml.safe_dump(spec, sort_keys=False))
         lab.wait_until(f"{GPU}=7 with one GPU unhealthy", lambda: lab.allocatable(ds.node).get(GPU) == "7", timeout=30)
+        # The pod's daemon heard the XID through NVML, from the library under /driver-root.
+        log = lab.core.read_namespaced_pod_log(running_plugin_pod(lab, ds.node).metadata.name, NAMESPACE)
+        assert f'"msg": "XID event", "device": "{spec["gpus"][5]["uuid"]}", "xid": 79' in log, log[-3000:]
+        assert '"msg": "NVML library from the driver root"' in log
     finally:
         write_in_place(spec_path, original)
     lab.wait_until(f"{GPU}=8 after recovery", lambda: lab.allocatable(ds.node).get(GPU) == "8", timeout=30)

@@ -2,12 +2,13 @@
 kube-apiserver, kube-scheduler, kube-controller-manager (the ResourceClaim controller), kubelet and
 containerd 1.7 (which reads CDI specs).
 
-The node has 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml), the only stand-in: the daemon
-publishes them in a ResourceSlice, the scheduler allocates claims from it, the kubelet asks the daemon to
-prepare them over its DRA socket, and containerd injects the per-claim CDI spec into the container. A
-simulated GPU has no device node, so what a container sees of its devices is the NVIDIA_VISIBLE_DEVICES
-that the CDI spec sets. Pods ask for the runc RuntimeClass: the lab's nvidia-container-cli is a stand-in
-that refuses every GPU container (test_site.py says why).
+The node has 8 simulated GPUs (tests/fixtures/simulated/h100x8.yaml) served by the lab's mock NVIDIA
+driver (its libnvidia-ml.so.1 and device nodes, docs/mock-nvml.md), the only stand-ins: the daemon reads
+them through the real NVML bindings and publishes them in a ResourceSlice, the scheduler allocates claims
+from it, the kubelet asks the daemon to prepare them over its DRA socket, and containerd injects the
+per-claim CDI spec into the container: NVIDIA_VISIBLE_DEVICES and the device nodes of exactly its GPUs.
+Pods ask for the runc RuntimeClass: the lab's nvidia-container-cli is a stand-in that refuses every GPU
+container (test_site.py says why).
 
 The module runs after test_site.py, which leaves the first node in device_plugin mode, and leaves it so.
 """
@@ -24,12 +25,21 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import Lab, recovery_vars, run_lab, write_in_place
-from dra_objects import DEVICE_CLASS, DRIVER, GPU, RESOURCE, claim_template, pod_manifest
+from conftest import (
+    Lab,
+    container_environment,
+    container_nvidia_devices,
+    gpu_device_nodes,
+    recovery_vars,
+    run_lab,
+    write_in_place,
+)
+from dra_objects import DEVICE_CLASS, DRIVER, GPU, RESOURCE, claim_template, pod_manifest, published, slices
 from kubernetes import client
-from playbook_run import PlaybookRun, lab_inventory, run_playbook
+from playbook_run import REPO, PlaybookRun, lab_inventory, run_playbook
 
 SERVICE = "gpuops-device-plugin"
+SPEC = REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
 CDI_DIR = "/var/run/cdi"
 CHECKPOINT = f"/var/lib/kubelet/plugins/{DRIVER}/checkpoint.json"
 REGISTRATION_SOCKET = f"/var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
@@ -44,17 +54,6 @@ class DraFlow:
     allocatable_after_check: str | None
     slices_after_check: int
     first: PlaybookRun
-
-
-def slices(lab: Lab, node: str) -> list[dict[str, Any]]:
-    return client.CustomObjectsApi(lab.api).list_cluster_custom_object(
-        *RESOURCE, "resourceslices", field_selector=f"spec.nodeName={node},spec.driver={DRIVER}"
-    )["items"]
-
-
-def published(lab: Lab, node: str) -> dict[str, dict[str, Any]]:
-    """Device name -> device, over the node's slices of our driver."""
-    return {d["name"]: d for s in slices(lab, node) for d in s["spec"].get("devices", [])}
 
 
 def run_site(flow_vars: Path, inventory: Path, node: str, mode: str, *args: str) -> PlaybookRun:
@@ -146,13 +145,13 @@ def allocated_devices(claim: dict[str, Any]) -> list[str]:
 def visible_devices(lab: Lab, node: str, pod: client.V1Pod) -> list[str]:
     """NVIDIA_VISIBLE_DEVICES of the container's process, read from /proc in the node (set by the CDI spec)."""
     container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
-    for line in lab.node_exec(node, "ctr", "-n", "k8s.io", "tasks", "ls").stdout.splitlines()[1:]:
-        fields = line.split()
-        if fields and fields[0] == container_id:
-            raw = lab.node_exec(node, "cat", f"/proc/{fields[1]}/environ").stdout
-            env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-            return sorted(env.get("NVIDIA_VISIBLE_DEVICES", "").split(","))
-    raise AssertionError(f"container {container_id} is not running in {node}")
+    return sorted(container_environment(lab, node, container_id).get("NVIDIA_VISIBLE_DEVICES", "").split(","))
+
+
+def device_nodes(lab: Lab, node: str, pod: client.V1Pod) -> list[str]:
+    """The NVIDIA device nodes in the container's /dev (the CDI spec's deviceNodes)."""
+    container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
+    return container_nvidia_devices(lab, node, container_id)
 
 
 def node_file(lab: Lab, node: str, path: str) -> str | None:
@@ -239,8 +238,9 @@ def test_claim_with_a_cel_selector_gets_exactly_two_gpus(
         uid = claim["metadata"]["uid"]
         assert uid in checkpoint_claims(lab, flow.node)
         assert f"gpuops.k8s-gpu_{uid}.json" in cdi_specs(lab, flow.node)
-        # ...and containerd injected it: the container sees exactly the claim's two GPUs.
+        # ...and containerd injected it: the container sees exactly the claim's two GPUs, and their device nodes.
         assert visible_devices(lab, flow.node, pod) == uuids_of(lab, flow.node, devices)
+        assert device_nodes(lab, flow.node, pod) == gpu_device_nodes(SPEC, uuids_of(lab, flow.node, devices))
     finally:
         delete_pod(lab, name)
     # Deleting the pod unprepares the claim: its spec and checkpoint entry go.
@@ -340,7 +340,7 @@ def test_xid_on_an_allocated_gpu_shows_in_the_pod_and_the_slice(
         resource_id = f"gpuops.k8s/gpu={claim['metadata']['uid']}-{device}"
         index = int(device.removeprefix("gpu-"))
         spec = yaml.safe_load(original)
-        spec["gpus"][index]["xid"] = 79  # fell off the bus
+        spec["gpus"][index].update(xid=79, lost=True)  # fell off the bus: an XID, then GPU_IS_LOST
         write_in_place(spec_path, yaml.safe_dump(spec, sort_keys=False))
 
         def pod_health() -> dict[str, str] | None:

@@ -262,16 +262,29 @@ def test_with_the_nvml_backend_the_pod_sees_the_driver_root_and_asks_for_the_dev
     pod = objects["DaemonSet"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["args"][-2:] == ["--container-driver-root", "/driver-root"]
-    assert {
-        "name": "driver-root",
-        "mountPath": "/driver-root",
-        "readOnly": True,
-        "mountPropagation": "HostToContainer",
-    } in container["volumeMounts"]
+    # No mount propagation: a node whose / is a private mount (a container's, the lab's nodes) would refuse
+    # the pod, and the device nodes appear in the mounted /dev without it.
+    assert {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True} in container["volumeMounts"]
     assert {"name": "driver-root", "hostPath": {"path": "/", "type": "Directory"}} in pod["volumes"]
     asked = [e for e in container.get("env", []) if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
     assert asked == ([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}] if visible else [])
     assert not any(m["name"] == "simulated-spec" for m in container["volumeMounts"])
+
+
+def test_with_node_credentials_the_pod_uses_the_nodes_kubeconfig_on_the_hosts_network(tmp_path_factory):
+    values = {
+        "device_plugin_allocation_mode": "dra",
+        "device_plugin_backend": "nvml",
+        "device_plugin_dra_daemonset_node_credentials": True,
+        "device_plugin_dra_kubeconfig": "/etc/kubernetes/kubelet.conf",
+    }
+    objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-node"), "dra-daemonset.yml.j2", values)}
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["hostNetwork"] is True and pod["automountServiceAccountToken"] is False
+    assert container["args"][-2:] == ["--kubeconfig", "/etc/kubernetes/kubelet.conf"]
+    assert {"name": "node-credentials", "mountPath": "/etc/kubernetes", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "node-credentials", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}} in pod["volumes"]
 
 
 def _apply(apiserver, obj, **kwargs):

@@ -161,8 +161,11 @@ def test_ssh_inventory(tmp_path: Path) -> None:
     )
     assert "ControlPersist=300s" in variables["ansible_ssh_args"]
     assert variables["gpuops_simulate_from"] == "/etc/gpuops-lab/simulated/gpus.yaml"
-    assert variables["device_plugin_simulated_spec"] == "/etc/gpuops-lab/simulated/gpus.yaml"
-    assert variables["device_plugin_backend"] == "simulated"
+    # The plugin reads the spec's GPUs through NVML, the node's mock libnvidia-ml.so.1; the lab's nvidia
+    # runtime cannot inject devices into the plugin's pod.
+    assert "device_plugin_simulated_spec" not in variables
+    assert variables["device_plugin_backend"] == "nvml"
+    assert variables["device_plugin_daemonset_visible_devices"] == ""
     assert variables["container_toolkit_repo_base_url"] == "http://127.0.0.1:31002/toolkit"
     assert variables["device_plugin_pip_extra_args"] == "--no-index --find-links http://127.0.0.1:31002/wheels/"
     assert variables["gpu_node_labels_kubeconfig"] == variables["device_plugin_kubeconfig"] == f"{lab}/admin.kubeconfig"

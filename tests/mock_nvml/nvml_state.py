@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Write the mock NVML library's state from simulated-GPU specs (labs and CI only; docs/mock-nvml.md).
 
     nvml_state.py SPEC STATE                  write STATE once from SPEC

@@ -35,6 +35,31 @@ def build_image(archive):
     return built
 
 
+def run_as_the_daemonset_does(name, image, volumes, args):
+    """The image in the background the way the DaemonSet runs it: UID 0, read-only root, no capabilities,
+    no privilege escalation, no network; ``volumes`` are podman ``-v`` values."""
+    mounts = [flag for volume in volumes for flag in ("-v", volume)]
+    confined = ["--network", "none", "--user", "0", "--read-only", "--cap-drop", "ALL"]
+    subprocess.run(
+        [
+            "podman",
+            "run",
+            "-d",
+            "--name",
+            name,
+            *confined,
+            "--security-opt",
+            "no-new-privileges",
+            *mounts,
+            image,
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
 def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
     archive = tmp_path / "gpu-device-plugin.oci.tar"
     built = build_image(archive)
@@ -65,37 +90,11 @@ def test_the_image_registers_follows_spec_edits_and_stops_cleanly(tmp_path):
     kubelet.start()
     name = f"gdp-image-test-{os.getpid()}"
     try:
-        subprocess.run(
-            [
-                "podman",
-                "run",
-                "-d",
-                "--name",
-                name,
-                "--network",
-                "none",
-                "--user",
-                "0",
-                "--read-only",
-                "--cap-drop",
-                "ALL",
-                "--security-opt",
-                "no-new-privileges",
-                "-v",
-                f"{plugin_dir}:/var/lib/kubelet/device-plugins",
-                "-v",
-                f"{spec_dir}:/spec:ro",
-                image,
-                "--backend",
-                "simulated",
-                "--simulated-spec",
-                "/spec/gpus.yaml",
-                "--metrics-address",
-                "",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
+        run_as_the_daemonset_does(
+            name,
+            image,
+            [f"{plugin_dir}:/var/lib/kubelet/device-plugins", f"{spec_dir}:/spec:ro"],
+            ["--backend", "simulated", "--simulated-spec", "/spec/gpus.yaml", "--metrics-address", ""],
         )
         assert kubelet.wait(lambda: kubelet.devices(GPU) is not None, timeout=30)
         assert len(kubelet.devices(GPU)) == 8
@@ -244,27 +243,11 @@ def test_the_image_reaches_nvml_and_the_device_nodes_through_a_mounted_driver_ro
     kubelet.start()
     name = f"gdp-image-nvml-{os.getpid()}"
     try:
-        subprocess.run(
+        run_as_the_daemonset_does(
+            name,
+            image,
+            [f"{plugin_dir}:/var/lib/kubelet/device-plugins", f"{root}:/driver-root:ro"],
             [
-                "podman",
-                "run",
-                "-d",
-                "--name",
-                name,
-                "--network",
-                "none",
-                "--user",
-                "0",
-                "--read-only",
-                "--cap-drop",
-                "ALL",
-                "--security-opt",
-                "no-new-privileges",
-                "-v",
-                f"{plugin_dir}:/var/lib/kubelet/device-plugins",
-                "-v",
-                f"{root}:/driver-root:ro",
-                image,
                 "--backend",
                 "nvml",
                 "--container-driver-root",
@@ -273,9 +256,6 @@ def test_the_image_reaches_nvml_and_the_device_nodes_through_a_mounted_driver_ro
                 "--metrics-address",
                 "",
             ],
-            check=True,
-            capture_output=True,
-            timeout=60,
         )
         registered = kubelet.wait(lambda: len(kubelet.devices(GPU) or []) == 8, timeout=30)
         logs = subprocess.run(["podman", "logs", name], capture_output=True, text=True, check=False)

@@ -56,6 +56,20 @@ except _simulated_spec.SpecError as exc:
 print(json.dumps({"driver_version": spec["driver_version"], "minors": [g["minor_number"] for g in spec["gpus"]]}))
 """
 
+# The CUDA driver library a driver installs beside NVML: the build's empty libcuda.so.1 (a TEST DOUBLE that
+# nothing calls), as libcuda.so.<version> with its soname link, for NVIDIA's CDI generator.
+_CUDA_FILES = f"""set -eu
+lib={NODE_LIB_DIR} version=$1
+cat >"$lib/.libcuda.so.new"
+chmod 0644 "$lib/.libcuda.so.new"
+mv -f "$lib/.libcuda.so.new" "$lib/libcuda.so.$version"
+for old in "$lib"/libcuda.so.*.*; do
+  [ "$old" = "$lib/libcuda.so.$version" ] || rm -f "$old"
+done
+ln -sfn "libcuda.so.$version" "$lib/libcuda.so.1"
+ldconfig
+"""
+
 # Run in the node as root with the mock library on stdin: install it as the driver's
 # libnvidia-ml.so.<version> (replacing another version's; renamed into place, so a process that has the old
 # one loaded keeps it), point it at its state, record the package that provides it, and make the device
@@ -247,6 +261,13 @@ def install_mock_driver(cfg: LabConfig, index: int, library: Path) -> None:
             stdin=stdin,
             stdout=subprocess.DEVNULL,
         )
+    with open(library.with_name("libcuda.so.1"), "rb") as stdin:
+        run(
+            ["podman", "exec", "-i", name, "sh", "-c", _CUDA_FILES, "sh", facts["driver_version"]],
+            what=f"{name}: installing the empty libcuda.so.1",
+            stdin=stdin,
+            stdout=subprocess.DEVNULL,
+        )
 
 
 def nvml_state_up(cfg: LabConfig, count: int) -> None:
@@ -330,8 +351,11 @@ def inventory_text(cfg: LabConfig, count: int) -> str:
         f"        # Simulated GPUs (labs and CI only): the spec at {NODE_SPEC_PATH} on each node,",
         f"        # {cfg.lab}/nodes/<node>/simulated/gpus.yaml on this machine.",
         f"        gpuops_simulate_from: {NODE_SPEC_PATH}",
-        "        device_plugin_backend: simulated",
-        f"        device_plugin_simulated_spec: {NODE_SPEC_PATH}",
+        "        # The plugin and the DRA driver read the GPUs through NVML: the node's mock libnvidia-ml.so.1 serves",
+        "        # the same spec. The lab's nvidia runtime cannot inject devices (its nvidia-container-cli is a",
+        "        # stand-in), so the plugin's pod asks it for none; it reaches NVML through /driver-root.",
+        "        device_plugin_backend: nvml",
+        '        device_plugin_daemonset_visible_devices: ""',
         f'        container_toolkit_repo_base_url: "http://127.0.0.1:{cfg.serve_port}/toolkit"',
         '        container_toolkit_version: "1.17.8"',
         f'        device_plugin_pip_extra_args: "--no-index --find-links http://127.0.0.1:{cfg.serve_port}/wheels/"',
