@@ -13,8 +13,14 @@ before/after diff that diff mode returns.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import time
 import contextlib
+
+# A runtime reads every file of its drop-in directories: CRI-O all of crio.conf.d in lexical order, containerd
+# and k3s every *.toml their imports name (conf.d, config-v3.toml.d). A backup there would be configuration.
+BACKUP_DIR_SUFFIX = ".gpuops-backup"
 
 
 def read_text(path):
@@ -55,6 +61,20 @@ def write_atomic(module, path, text, mode_for_new=0o644):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def backup_file(module, path):
+    """A timestamped copy of ``path`` (Ansible's name for it); beside it, or, where the file lives in a drop-in
+    directory (a name ending in .d), in ``<that directory>.gpuops-backup`` beside the directory."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not directory.endswith(".d"):
+        return module.backup_local(path)
+    target_dir = directory + BACKUP_DIR_SUFFIX
+    os.makedirs(target_dir, 0o700, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d@%H:%M:%S~", time.localtime())
+    target = os.path.join(target_dir, f"{os.path.basename(path)}.{os.getpid()}.{stamp}")
+    shutil.copy2(path, target)
+    return target
 
 
 def remove_file(path):

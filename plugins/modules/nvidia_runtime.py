@@ -143,7 +143,10 @@ options:
     default: present
   backup:
     description:
-      - Keep a timestamped copy of the original file when it changes.
+      - Keep a timestamped copy of the original file when it changes, beside it; for a file in a drop-in
+        directory (C(crio.conf.d), C(conf.d), C(config-v3.toml.d): a name ending in C(.d)), in
+        C(<that directory>.gpuops-backup) beside the directory instead, since the runtime reads every file
+        of its drop-in directory.
     type: bool
     default: false
 attributes:
@@ -268,6 +271,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpuops.k8s.plugins.module_utils import _runtime_containerd as ctd
 from ansible_collections.gpuops.k8s.plugins.module_utils._files import (
+    backup_file,
     file_diff,
     read_text,
     remove_file,
@@ -518,7 +522,7 @@ def run_module(module):
                 remove_file(change.path)
                 continue
             if module.params["backup"] and change.before is not None and not change.path.endswith(DOCKER_STATE_SUFFIX):
-                result["backup_file"] = module.backup_local(change.path)
+                result["backup_file"] = backup_file(module, change.path)
             write_atomic(module, change.path, change.after, change.mode)
         except OSError as exc:
             module.fail_json(msg=f"Cannot write {change.path}: {exc}.", **result)

@@ -397,3 +397,22 @@ def test_crio_operator_entry_and_cdi(tmp_path):
     }
     assert data["cdi_spec_dirs"] == ["/etc/cdi"]
     assert data["default_runtime"] == "nvidia"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "directory"),
+    [("crio", "crio.conf.d"), ("containerd", "conf.d"), ("containerd", "config-v3.toml.d")],
+)
+def test_a_backup_never_lands_in_a_directory_the_runtime_reads(tmp_path, runtime, directory):
+    """CRI-O applies every file of crio.conf.d in lexical order, and containerd and k3s import every *.toml of
+    their drop-in directories: a backup there (99-nvidia.toml.<pid>.<date>~ sorts after the drop-in) would
+    be read as configuration. It goes to a directory beside the drop-ins instead."""
+    path = tmp_path / directory / "99-nvidia.toml"
+    run({"runtime": runtime, "config_path": str(path)})
+    result = run({"runtime": runtime, "config_path": str(path), "state": "absent", "backup": True})
+    assert result["changed"]
+    backup = result["backup_file"]
+    assert os.path.dirname(backup) == str(tmp_path / f"{directory}.gpuops-backup")
+    assert os.path.basename(backup).startswith("99-nvidia.toml.")
+    assert sorted(os.listdir(tmp_path / directory)) == ["99-nvidia.toml"]
+    assert "nvidia" in open(backup).read()
