@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, ensure_runc_runtime_class, nvlink_peers, run_lab, write_in_place
+from conftest import (
+    PAUSE_IMAGE,
+    Lab,
+    container_nvidia_devices,
+    ensure_runc_runtime_class,
+    gpu_device_nodes,
+    nvlink_peers,
+    run_lab,
+    write_in_place,
+)
 from daemonset_node import DAEMONSET, GPU, MODE_LABEL, NAMESPACE, POD_SELECTOR, SPEC, DaemonsetNode, daemonset_node
 from kubernetes import client
 
@@ -114,6 +123,10 @@ def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> Non
         devices = lab.checkpoint_devices(ds.node, pod.metadata.uid)
         assert len(devices) == 2, devices
         assert devices[1] in nvlink_peers(SPEC)[devices[0]], devices
+        # The pod's daemon found the node's device nodes under /driver-root/dev and passed their host paths:
+        # the container has those of exactly its two GPUs.
+        container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
+        assert container_nvidia_devices(lab, ds.node, container_id) == gpu_device_nodes(SPEC, devices)
     finally:
         lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
         lab.wait_until(
