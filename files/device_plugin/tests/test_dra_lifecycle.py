@@ -16,51 +16,58 @@ from harness import DaemonThread, KubeletDouble, make_config, wait_until
 
 def test_restart_rewrites_the_cdi_specs_a_reboot_removed_and_drops_claims_that_are_gone(dra):
     dra.start()
-    kept = dra.allocate("kept", "uid-k", ["gpu-0", "gpu-1"])
-    gone = dra.allocate("gone", "uid-g", ["gpu-2"])
-    replaced = dra.allocate("replaced", "uid-r1", ["gpu-3"])
+    kept = dra.allocate("kept", "5e1f0000-0000-4000-8000-00000000006b", ["gpu-0", "gpu-1"])
+    gone = dra.allocate("gone", "5e1f0000-0000-4000-8000-000000000067", ["gpu-2"])
+    replaced = dra.allocate("replaced", "5e1f0000-0000-4000-8000-000000007231", ["gpu-3"])
     answers = dra.kubelet.prepare(DRIVER, [kept, gone, replaced])
-    assert {uid: a.error for uid, a in answers.items()} == {"uid-k": "", "uid-g": "", "uid-r1": ""}
-    spec_before = dra.spec_of("uid-k")
+    assert {uid: a.error for uid, a in answers.items()} == {
+        "5e1f0000-0000-4000-8000-00000000006b": "",
+        "5e1f0000-0000-4000-8000-000000000067": "",
+        "5e1f0000-0000-4000-8000-000000007231": "",
+    }
+    spec_before = dra.spec_of("5e1f0000-0000-4000-8000-00000000006b")
     dra.stop_daemons()
     # A reboot: /var/run/cdi is empty again. Meanwhile one claim was deleted, one replaced.
     shutil.rmtree(dra.cdi)
     os.mkdir(dra.cdi)
     dra.claims.delete("default", "gone")
-    dra.allocate("replaced", "uid-r2", ["gpu-3"])
+    dra.allocate("replaced", "5e1f0000-0000-4000-8000-000000007232", ["gpu-3"])
     dra.start()
-    assert sorted(os.listdir(dra.cdi)) == ["gpuops.k8s-gpu_uid-k.json"]
-    assert dra.spec_of("uid-k") == spec_before
+    assert sorted(os.listdir(dra.cdi)) == ["gpuops.k8s-gpu_5e1f0000-0000-4000-8000-00000000006b.json"]
+    assert dra.spec_of("5e1f0000-0000-4000-8000-00000000006b") == spec_before
     with open(dra.checkpoint, encoding="utf-8") as handle:
-        assert sorted(json.load(handle)["claims"]) == ["uid-k"]
+        assert sorted(json.load(handle)["claims"]) == ["5e1f0000-0000-4000-8000-00000000006b"]
     # The kept claim is still prepared (same IDs); its devices are still refused to others.
-    again = dra.kubelet.prepare(DRIVER, [kept])["uid-k"]
+    again = dra.kubelet.prepare(DRIVER, [kept])["5e1f0000-0000-4000-8000-00000000006b"]
     assert [list(d.cdi_device_ids) for d in again.devices] == [
-        ["gpuops.k8s/gpu=uid-k-gpu-0"],
-        ["gpuops.k8s/gpu=uid-k-gpu-1"],
+        ["gpuops.k8s/gpu=5e1f0000-0000-4000-8000-00000000006b-gpu-0"],
+        ["gpuops.k8s/gpu=5e1f0000-0000-4000-8000-00000000006b-gpu-1"],
     ]
-    thief = dra.allocate("thief", "uid-t", ["gpu-1"])
-    assert "already prepared for ResourceClaim default/kept" in dra.kubelet.prepare(DRIVER, [thief])["uid-t"].error
+    thief = dra.allocate("thief", "5e1f0000-0000-4000-8000-000000000074", ["gpu-1"])
+    assert (
+        "already prepared for ResourceClaim default/kept"
+        in dra.kubelet.prepare(DRIVER, [thief])["5e1f0000-0000-4000-8000-000000000074"].error
+    )
     # The device of the dropped claim is free again.
-    new = dra.allocate("new", "uid-n", ["gpu-2"])
-    assert dra.kubelet.prepare(DRIVER, [new])["uid-n"].error == ""
+    new = dra.allocate("new", "5e1f0000-0000-4000-8000-00000000006e", ["gpu-2"])
+    assert dra.kubelet.prepare(DRIVER, [new])["5e1f0000-0000-4000-8000-00000000006e"].error == ""
 
 
 def test_restart_keeps_claims_when_the_api_server_cannot_be_asked(dra):
     dra.start()
-    claim = dra.allocate("kept", "uid-k", ["gpu-0"])
-    assert dra.kubelet.prepare(DRIVER, [claim])["uid-k"].error == ""
+    claim = dra.allocate("kept", "5e1f0000-0000-4000-8000-00000000006b", ["gpu-0"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["5e1f0000-0000-4000-8000-00000000006b"].error == ""
     dra.stop_daemons()
     dra.claims.delete("default", "kept")
     dra.claims.unreachable = True
     dra.start()
-    assert os.listdir(dra.cdi) == ["gpuops.k8s-gpu_uid-k.json"]
-    assert dra.kubelet.unprepare(DRIVER, [claim]) == {"uid-k": ""}
+    assert os.listdir(dra.cdi) == ["gpuops.k8s-gpu_5e1f0000-0000-4000-8000-00000000006b.json"]
+    assert dra.kubelet.unprepare(DRIVER, [claim]) == {"5e1f0000-0000-4000-8000-00000000006b": ""}
     assert os.listdir(dra.cdi) == []
 
 
 def test_specs_of_no_prepared_claim_are_removed_at_start(dra):
-    with open(os.path.join(dra.cdi, "gpuops.k8s-gpu_uid-orphan.json"), "w") as handle:
+    with open(os.path.join(dra.cdi, "gpuops.k8s-gpu_5e1f0000-0000-4000-8000-6f727068616e.json"), "w") as handle:
         handle.write("{}")
     with open(os.path.join(dra.cdi, "other-vendor.json"), "w") as handle:
         handle.write("{}")
@@ -70,8 +77,8 @@ def test_specs_of_no_prepared_claim_are_removed_at_start(dra):
 
 def test_a_corrupt_checkpoint_is_set_aside_and_the_claims_are_rebuilt_from_the_cdi_specs(dra, caplog):
     dra.start()
-    claim = dra.allocate("held", "uid-h", ["gpu-4"])
-    assert dra.kubelet.prepare(DRIVER, [claim])["uid-h"].error == ""
+    claim = dra.allocate("held", "5e1f0000-0000-4000-8000-000000000068", ["gpu-4"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["5e1f0000-0000-4000-8000-000000000068"].error == ""
     dra.stop_daemons()
     with open(dra.checkpoint, "r+", encoding="utf-8") as handle:
         text = handle.read().replace("gpu-4", "gpu-5")  # edited by hand: the checksum no longer matches
@@ -84,9 +91,12 @@ def test_a_corrupt_checkpoint_is_set_aside_and_the_claims_are_rebuilt_from_the_c
     aside = [n for n in os.listdir(dra.plugin_dir) if n.startswith("checkpoint.json.corrupt-")]
     assert len(aside) == 1
     # Rebuilt from the spec: gpu-4 (not the edited gpu-5) is held by the claim.
-    thief = dra.allocate("thief", "uid-t", ["gpu-4"])
-    assert "default/held (UID uid-h)" in dra.kubelet.prepare(DRIVER, [thief])["uid-t"].error
-    assert dra.kubelet.unprepare(DRIVER, [claim]) == {"uid-h": ""}
+    thief = dra.allocate("thief", "5e1f0000-0000-4000-8000-000000000074", ["gpu-4"])
+    assert (
+        "default/held (UID 5e1f0000-0000-4000-8000-000000000068)"
+        in dra.kubelet.prepare(DRIVER, [thief])["5e1f0000-0000-4000-8000-000000000074"].error
+    )
+    assert dra.kubelet.unprepare(DRIVER, [claim]) == {"5e1f0000-0000-4000-8000-000000000068": ""}
     assert os.listdir(dra.cdi) == []
 
 
@@ -95,10 +105,10 @@ def test_garbage_in_the_checkpoint_still_lets_the_daemon_serve(dra):
     with open(dra.checkpoint, "w") as handle:
         handle.write("{not json")
     dra.start()
-    claim = dra.allocate("fresh", "uid-f", ["gpu-0"])
-    assert dra.kubelet.prepare(DRIVER, [claim])["uid-f"].error == ""
+    claim = dra.allocate("fresh", "5e1f0000-0000-4000-8000-000000000066", ["gpu-0"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["5e1f0000-0000-4000-8000-000000000066"].error == ""
     with open(dra.checkpoint, encoding="utf-8") as handle:
-        assert sorted(json.load(handle)["claims"]) == ["uid-f"]
+        assert sorted(json.load(handle)["claims"]) == ["5e1f0000-0000-4000-8000-000000000066"]
 
 
 def test_dra_mode_does_not_register_the_device_plugin(dra):
@@ -193,8 +203,8 @@ def test_the_slices_are_reconciled_periodically_and_a_failing_reconcile_keeps_th
     assert wait_until(lambda: dra.publisher.reconciles >= 2, timeout=10)
     assert "cannot reconcile the node's ResourceSlices" in caplog.text
     # Still serving: a claim is prepared while reconciles keep failing.
-    claim = dra.allocate("during", "uid-d", ["gpu-0"])
-    assert dra.kubelet.prepare(DRIVER, [claim])["uid-d"].error == ""
+    claim = dra.allocate("during", "5e1f0000-0000-4000-8000-000000000064", ["gpu-0"])
+    assert dra.kubelet.prepare(DRIVER, [claim])["5e1f0000-0000-4000-8000-000000000064"].error == ""
     dra.publisher.reconcile_error = None
     seen = dra.publisher.reconciles
     assert wait_until(lambda: dra.publisher.reconciles >= seen + 2, timeout=10)

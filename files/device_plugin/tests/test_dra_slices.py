@@ -179,7 +179,7 @@ class InMemoryApiDouble:
     device taints as a server with DRADeviceTaints off does, or failing the next update with 409."""
 
     def __init__(self, drop_taints=False):
-        self.node_uid = "node-uid-1"
+        self.node_uid = "node-5e1f0000-0000-4000-8000-000000000031"
         self.slices = {}
         self.drop_taints = drop_taints
         self.conflicts = 0
@@ -247,7 +247,13 @@ def test_the_generation_moves_on_every_change_and_only_then():
     stored = _only(api.slices.values())
     assert stored["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
     assert stored["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-uid-1", "controller": True}
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": "node-a",
+            "uid": "node-5e1f0000-0000-4000-8000-000000000031",
+            "controller": True,
+        }
     ]
     assert slices.publish(devices, frozenset(), inventory) is False and slices.writes == 1
     assert slices.reconcile() is False
@@ -270,9 +276,12 @@ def test_a_node_registered_again_gets_its_slices_owned_by_the_new_node_object():
     api = InMemoryApiDouble()
     slices = ResourceSlices(api, "node-a", DRIVER)
     slices.publish(dra_devices(inventory), frozenset(), inventory)
-    api.node_uid = "node-uid-2"
+    api.node_uid = "node-5e1f0000-0000-4000-8000-000000000032"
     assert slices.reconcile() is True
-    assert _only(api.slices.values())["metadata"]["ownerReferences"][0]["uid"] == "node-uid-2"
+    assert (
+        _only(api.slices.values())["metadata"]["ownerReferences"][0]["uid"]
+        == "node-5e1f0000-0000-4000-8000-000000000032"
+    )
 
 
 def test_a_pool_over_many_slices_is_counted_and_shrinks():

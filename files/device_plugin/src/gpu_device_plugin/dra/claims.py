@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any, Callable, Mapping, Optional
 
 from gpu_device_plugin.dra import cdi
@@ -19,6 +20,15 @@ log = logging.getLogger(__name__)
 
 class ClaimError(ValueError):
     """A claim this node refuses or cannot prepare; the message names the claim and what is wrong."""
+
+
+# Kubernetes gives every object an RFC 4122 UUID. A claim's UID names its CDI spec file, so nothing else passes.
+_UID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def check_uid(ref: str, uid: str) -> None:
+    if not _UID.match(uid):
+        raise ClaimError(f"ResourceClaim {ref} was refused: its UID {uid!r} is not a UUID, and it would name a file.")
 
 
 def _get(data: Any, *keys: str) -> Any:
@@ -52,6 +62,7 @@ class ClaimPreparer:
     def prepare(self, namespace: str, name: str, uid: str, claim: Optional[Mapping[str, Any]]) -> PreparedClaim:
         """Prepare a claim as read from the API server (None: it does not exist). Idempotent."""
         ref = f"{namespace}/{name} (UID {uid})"
+        check_uid(ref, uid)
         done = self.claims.get(uid)
         if done is not None:
             self._ensure_spec(done)
@@ -130,6 +141,7 @@ class ClaimPreparer:
     def unprepare(self, namespace: str, name: str, uid: str) -> None:
         """Undo prepare; a claim this node does not know is not an error (it is not prepared)."""
         ref = f"{namespace}/{name} (UID {uid})"
+        check_uid(ref, uid)
         done = self.claims.get(uid)
         if done is not None:
             rest = {k: v for k, v in self.claims.items() if k != uid}
