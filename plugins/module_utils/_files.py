@@ -6,8 +6,8 @@
 
 Reads as text, writes through a temporary file in the target's own directory and
 ``AnsibleModule.atomic_move`` (a rename, so readers see the old or the new file, never half of one;
-atomic_move keeps the mode, owner and SELinux context of a file it replaces), and builds the
-before/after diff that diff mode returns.
+atomic_move keeps the mode, owner and SELinux context of a file it replaces), then flushes the
+directory so the rename survives a power cut, and builds the before/after diff that diff mode returns.
 """
 
 from __future__ import annotations
@@ -61,6 +61,16 @@ def write_atomic(module, path, text, mode_for_new=0o644):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    sync_directory(directory)
+
+
+def sync_directory(directory):
+    """Flush a directory's entries to disk, so that a rename into it survives a power cut."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def backup_file(module, path):

@@ -266,3 +266,18 @@ def test_a_claim_whose_uid_is_not_a_uuid_is_refused_and_names_no_file(dra, uid):
     assert answers["5e1f0000-0000-4000-8000-0000000000aa"].error == ""
     assert os.listdir(dra.cdi) == ["gpuops.k8s-gpu_5e1f0000-0000-4000-8000-0000000000aa.json"]
     assert dra.kubelet.unprepare(DRIVER, [bad])[uid].startswith(f"ResourceClaim default/odd (UID {uid}) was refused")
+
+
+def test_a_cdi_spec_is_durable_its_directory_is_flushed_after_the_rename(tmp_path, monkeypatch):
+    from gpu_device_plugin.dra import cdi
+
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.path.isdir(f"/proc/self/fd/{fd}") and os.path.samefile(f"/proc/self/fd/{fd}", tmp_path))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    cdi.write_atomically(str(tmp_path / "spec.json"), "{}")
+    assert synced == [False, True]

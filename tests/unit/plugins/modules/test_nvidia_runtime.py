@@ -415,4 +415,19 @@ def test_a_backup_never_lands_in_a_directory_the_runtime_reads(tmp_path, runtime
     assert os.path.dirname(backup) == str(tmp_path / f"{directory}.gpuops-backup")
     assert os.path.basename(backup).startswith("99-nvidia.toml.")
     assert sorted(os.listdir(tmp_path / directory)) == ["99-nvidia.toml"]
-    assert "nvidia" in open(backup).read()
+    with open(backup, encoding="utf-8") as handle:
+        assert "nvidia" in handle.read()
+
+
+def test_the_directory_is_flushed_after_the_rename(config, monkeypatch):
+    """A rename is durable only once its directory is on disk: write_atomic fsyncs the directory after it."""
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode) and os.path.samefile(f"/proc/self/fd/{fd}", config.parent))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    run({"runtime": "containerd", "config_path": str(config)})
+    assert synced[-1] is True

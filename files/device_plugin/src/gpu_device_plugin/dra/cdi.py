@@ -176,7 +176,7 @@ def read_claim_from_spec(path: str) -> Optional[tuple[str, str, str, list[Prepar
 
 def write_atomically(path: str, text: str, mode: int = 0o600) -> None:
     """Write a new file beside `path`, flush it to disk and rename it over `path`: readers see the old
-    content or the new, never a part."""
+    content or the new, never a part. The directory is flushed too, so the rename survives a power cut."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
@@ -190,3 +190,13 @@ def write_atomically(path: str, text: str, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    sync_directory(directory)
+
+
+def sync_directory(directory: str) -> None:
+    """Flush a directory's entries (a rename or an unlink in it) to disk."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
