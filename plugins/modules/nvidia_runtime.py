@@ -144,7 +144,7 @@ options:
   backup:
     description:
       - Keep a timestamped copy of the original file when it changes, beside it; for a file in a drop-in
-        directory (C(crio.conf.d), C(conf.d), C(config-v3.toml.d): a name ending in C(.d)), in
+        directory (a name ending in C(.d), such as C(crio.conf.d), C(conf.d) or C(config-v3.toml.d)), in
         C(<that directory>.gpuops-backup) beside the directory instead, since the runtime reads every file
         of its drop-in directory.
     type: bool
