@@ -71,17 +71,25 @@ _value:
       elements: str
     apis:
       description:
-        - The distinct API settings (C(delegate_to), C(kubeconfig), C(context), C(api_host), C(api_key),
-          C(validate_certs)) of the batch's hosts. One batch is one module run, so a usable batch has exactly one.
+        - The distinct API settings (C(delegate_to), C(kubeconfig), C(context), C(api_host), C(validate_certs))
+          of the batch's hosts. One batch is one module run, so a usable batch has exactly one.
+        - The bearer token itself is never in the result, so that no fact or job event can show it. Each entry
+          says C(api_key_sha256), the SHA-256 of the token (empty when none is set), by which hosts with
+          different tokens are told apart, and C(api_key_from), the first host whose own
+          C(gpu_node_labels_api_key) holds it (empty when the hosts set none, and the role's value applies);
+          the task that calls the API reads the token from that host's variables.
       type: list
       elements: dict
 """
+
+import hashlib
 
 from ansible.errors import AnsibleFilterError
 
 PREFIX = "gpu_node_labels_"
 _LABEL_SETTINGS = ("user_labels", "taint", "taint_key", "taint_value", "taint_effect")
-_API_SETTINGS = ("delegate_to", "kubeconfig", "context", "api_host", "api_key", "validate_certs")
+_API_SETTINGS = ("delegate_to", "kubeconfig", "context", "api_host", "validate_certs")
+_API_KEY = PREFIX + "api_key"
 
 
 def _usable(result):
@@ -115,7 +123,10 @@ def node_label_requests(hosts, hostvars, defaults, gpu_info_var="gpu_node_labels
         node.update((name, setting(name)) for name in _LABEL_SETTINGS)
         nodes.append(node)
         api = {name: setting(name) for name in _API_SETTINGS}
-        if api not in apis:
+        token = setting("api_key") or ""
+        api["api_key_sha256"] = hashlib.sha256(token.encode("utf-8")).hexdigest() if token else ""
+        if not any(all(known[k] == v for k, v in api.items()) for known in apis):
+            api["api_key_from"] = host if token and _API_KEY in own else ""
             apis.append(api)
     return {"nodes": nodes, "no_facts": no_facts, "apis": apis}
 

@@ -17,6 +17,7 @@ nodes and must change nothing. Asserted on the job events and through the API se
 from __future__ import annotations
 
 import copy
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -154,19 +155,32 @@ def awx(lab: Any, tmp_path_factory: pytest.TempPathFactory) -> AwxSetup:
     )
 
 
-def job(ee_image: str, awx: AwxSetup, inventory: dict[str, Any], work: Path) -> JobResult:
+def job(ee_image: str, awx: AwxSetup, inventory: dict[str, Any], work: Path, **given: Any) -> JobResult:
+    """One job of playbooks/site.yml; ``given`` replaces what the job gets (envvars, extravars, cmdline)."""
     return run_job(
         ee_image,
         "playbooks/site.yml",
         playbooks=awx.playbooks,
         inventory=inventory,
-        envvars=awx.envvars,
         files=awx.files,
         ssh_key=awx.ssh_key,
         collection=awx.collection,
         work_dir=work,
         timeout=1500,
+        **{"envvars": awx.envvars, **given},
     )
+
+
+def token_leaks(result: JobResult, token: str) -> list[str]:
+    """Where the job's record holds ``token``: each job event (AWX stores all of it, the module results in
+    event_data included, whatever the verbosity) and the job's output. (ansible-runner's own ``command``
+    artifact records the job's environment, the K8S_AUTH_* variables included, as AWX keeps a job's
+    environment apart from its events and masks the credential's values there.)"""
+    found = [f"event {e.get('counter')} ({e.get('event')})" for e in result.events if token in json.dumps(e)]
+    stdout = result.artifact_dir / "stdout"
+    if token in result.stdout or (stdout.exists() and token in stdout.read_text(encoding="utf-8", errors="replace")):
+        found.append("the job's output")
+    return found
 
 
 @dataclass
@@ -241,3 +255,27 @@ def test_second_run_one_job_changes_nothing(ee_image: str, awx: AwxSetup, sliced
         assert result.stats[node]["failed"] == 0 and result.stats[node]["unreachable"] == 0
     first = max(one.result.seconds for one in sliced)
     print(f"AWX job: first run (two slices at once) {first:.0f}s, second run (one job) {result.seconds:.0f}s")
+
+
+def test_no_job_event_holds_the_bearer_token(awx: AwxSetup, sliced: list[Slice]) -> None:
+    token = awx.envvars["K8S_AUTH_API_KEY"]
+    for one in sliced:
+        assert token_leaks(one.result, token) == []
+
+
+def test_a_token_given_as_extra_variables_stays_out_of_the_job_record(
+    ee_image: str, awx: AwxSetup, sliced: list[Slice], tmp_path: Path
+) -> None:
+    """A custom credential type that injects the token as the roles' api_key variables, and a job run at
+    verbosity 3 (module arguments and results in every event): the token is used, and never recorded."""
+    token = awx.envvars["K8S_AUTH_API_KEY"]
+    envvars = {k: v for k, v in awx.envvars.items() if k != "K8S_AUTH_API_KEY"}
+    extravars = {"gpu_node_labels_api_key": token, "device_plugin_api_key": token}
+    result = job(ee_image, awx, awx.inventory, tmp_path, envvars=envvars, extravars=extravars, cmdline=("-vvv",))
+    assert result.status == "successful" and result.rc == 0, result.summary()
+    # The API was reached with that token (the labels were read back, nothing to change).
+    labels = "Write labels, taint and ownership, one merge patch per node that needs one (one LIST for the batch)"
+    assert [res for res in result.task_results(labels) if not res.get("failed")], result.summary()
+    for node in awx.nodes:
+        assert result.stats[node]["changed"] == 0, result.changed_tasks()
+    assert token_leaks(result, token) == []

@@ -32,7 +32,11 @@ def test_each_host_gets_its_own_facts_and_settings_and_the_defaults_fill_the_res
     assert second["name"] == "node-2.example" and second["taint"] is True
     assert first["gpu_info"] is FACTS
     assert out["apis"] == [
-        {k: DEFAULTS[k] for k in ("delegate_to", "kubeconfig", "context", "api_host", "api_key", "validate_certs")}
+        {
+            **{k: DEFAULTS[k] for k in ("delegate_to", "kubeconfig", "context", "api_host", "validate_certs")},
+            "api_key_sha256": "",
+            "api_key_from": "",
+        }
     ]
 
 
@@ -72,6 +76,27 @@ def test_hosts_with_different_api_settings_give_two_apis():
     }
     out = node_label_requests(["gpu-1", "gpu-2", "gpu-3"], hostvars, DEFAULTS)
     assert [api["context"] for api in out["apis"]] == ["", "other"]
+
+
+def test_no_token_is_in_the_result_and_hosts_with_other_tokens_give_two_apis():
+    """The batch becomes a fact, and a fact is in a job event whenever the task that sets it is not no_log:
+    the tokens must not be in it, wherever they come from (a host's own variables or the role's value)."""
+    first, second = "token-of-the-first-cluster-0123456789", "token-of-the-second-cluster-9876543210"
+    hostvars = {
+        "gpu-1": {"gpu_node_labels_gpu_info": FACTS},
+        "gpu-2": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_api_key": second},
+        "gpu-3": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_api_key": second},
+    }
+    out = node_label_requests(["gpu-1", "gpu-2", "gpu-3"], hostvars, {**DEFAULTS, "api_key": first})
+    assert first not in repr(out) and second not in repr(out)
+    assert [(api["api_key_from"], len(api["api_key_sha256"])) for api in out["apis"]] == [("", 64), ("gpu-2", 64)]
+
+
+def test_one_token_given_to_every_host_is_one_api_read_from_the_first_host():
+    hostvars = {f"gpu-{i}": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_api_key": "same"} for i in (1, 2)}
+    out = node_label_requests(["gpu-1", "gpu-2"], hostvars, DEFAULTS)
+    assert len(out["apis"]) == 1 and out["apis"][0]["api_key_from"] == "gpu-1"
+    assert "same" not in repr(out)
 
 
 @pytest.mark.parametrize(
