@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from gpu_device_plugin.dra.devices import DraDevice, SlicePublisher, dra_devices
 from gpu_device_plugin.state import DeviceState
@@ -31,8 +31,15 @@ class HealthRow:
 
 
 class DeviceHealthHub:
-    def __init__(self, state: DeviceState, pool: str, publisher: Optional[SlicePublisher]) -> None:
+    def __init__(
+        self,
+        state: DeviceState,
+        pool: str,
+        publisher: Optional[SlicePublisher],
+        devices: Optional[Callable[[], list[DraDevice]]] = None,
+    ) -> None:
         self.state = state
+        self._devices = devices or (lambda: dra_devices(self.state.inventory))
         self.pool = pool
         self.publisher = publisher
         self._rows: dict[str, HealthRow] = {}
@@ -55,7 +62,7 @@ class DeviceHealthHub:
         self.wake()
 
     def devices(self) -> list[DraDevice]:
-        return dra_devices(self.state.inventory)
+        return self._devices()
 
     def update(self) -> None:
         """Recompute every device's health from the tracker; wake the streams when something changed."""

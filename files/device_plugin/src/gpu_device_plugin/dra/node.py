@@ -21,6 +21,7 @@ from gpu_device_plugin.dra.checkpoint import Checkpoint
 from gpu_device_plugin.dra.claims import ClaimPreparer
 from gpu_device_plugin.dra.devicehealth import DeviceHealthHub
 from gpu_device_plugin.dra.devices import ClaimReader, DraDevice, SlicePublisher, by_name, dra_devices
+from gpu_device_plugin.dra.names import DeviceNumbers
 from gpu_device_plugin.state import DeviceState
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class DraNode:
             config.device_list_strategy,
             hostdriver.find(config.mounts) if needs_host else None,
         )
+        self.numbers = DeviceNumbers(config.dra_plugin_dir)
         self.preparer = ClaimPreparer(
             config.driver_name, config.node_name, Checkpoint(config.dra_plugin_dir), self.writer, self._devices
         )
@@ -71,8 +73,12 @@ class DraNode:
         self._task: Optional[asyncio.Task[None]] = None
         self._reconcile_task: Optional[asyncio.Task[None]] = None
 
+    def _device_list(self) -> list[DraDevice]:
+        inventory = self.state.inventory
+        return dra_devices(inventory, self.numbers.numbers(inventory))
+
     def _devices(self) -> dict[str, DraDevice]:
-        return by_name(dra_devices(self.state.inventory))
+        return by_name(self._device_list())
 
     async def start(self) -> bool:
         """False when the node cannot serve (the reason is logged)."""
@@ -90,9 +96,11 @@ class DraNode:
         except (OSError, ValueError) as exc:
             log.error("dra mode cannot reach the API server: %s", exc)
             return False
-        self.preparer.load()
+        # Before any device is named: the claims' devices bind the numbers in their names.
+        self.preparer.load(by_name(dra_devices(self.state.inventory)))
+        self.numbers.load(self.preparer.held())
         await loop.run_in_executor(None, self.preparer.reconcile, self.reader)
-        self.hub = DeviceHealthHub(self.state, self.config.node_name, self.publisher)
+        self.hub = DeviceHealthHub(self.state, self.config.node_name, self.publisher, self._device_list)
         self.hub.update()
         await loop.run_in_executor(None, self.hub.publish_now)
         self.hub.start()
