@@ -213,38 +213,51 @@ class ClaimPreparer:
         """Device UUID -> device name, for every device a prepared claim holds."""
         return {d.uuid: d.device for c in self.claims.values() for d in c.devices if d.uuid}
 
-    def reconcile(self, reader: ClaimReader) -> None:
-        """Drop the claims the API server no longer has (or has under another UID), rewrite the CDI specs a
-        reboot removed, and remove specs of ours that belong to no prepared claim."""
-        kept: dict[str, PreparedClaim] = {}
-        for uid, claim in self.claims.items():
-            try:
-                current = reader.get_resource_claim(claim.namespace, claim.name)
-            except OSError as exc:
-                log.warning(
-                    "cannot ask the API server about a prepared claim; keeping it",
-                    extra={"claim": claim.ref, "reason": str(exc)},
-                )
-                kept[uid] = claim
-                continue
-            if current is None or _get(current, "metadata", "uid") != uid:
-                log.info("prepared claim is gone from the API server; unpreparing it", extra={"claim": claim.ref})
-                self._remove_spec_quietly(uid)
-                continue
-            kept[uid] = claim
-        changed = kept.keys() != self.claims.keys()
-        self.claims = kept
+    def restore_specs(self) -> None:
+        """At start, before serving (nothing else touches the files then), without the API server: write
+        again the CDI specs a reboot removed, and remove specs of ours that belong to no prepared claim."""
         for uid, path in cdi.claim_uids_on_disk(self.writer.cdi_dir).items():
-            if uid not in kept:
+            if uid not in self.claims:
                 log.info("removing a CDI spec of no prepared claim", extra={"spec": path})
                 self._remove_spec_quietly(uid)
-        for claim in kept.values():
+        for claim in self.claims.values():
             try:
                 self._ensure_spec(claim)
             except ClaimError as exc:
                 log.error(str(exc), extra={"claim": claim.ref})
-        if changed:
-            self._save_quietly()
+
+    def gone_from_api_server(self, reader: ClaimReader, uids: list[str]) -> tuple[list[str], list[str]]:
+        """Ask the API server about these prepared claims: (the UIDs it no longer has, or has under another
+        UID; the UIDs it could not be asked about). Changes nothing. Stops at the first failure: when the
+        API server is away, each further read would only wait for its own timeout."""
+        gone: list[str] = []
+        for index, uid in enumerate(uids):
+            claim = self.claims.get(uid)
+            if claim is None:
+                continue
+            try:
+                current = reader.get_resource_claim(claim.namespace, claim.name)
+            except OSError as exc:
+                log.warning(
+                    "cannot ask the API server about the prepared claims; keeping them and asking again later",
+                    extra={"claim": claim.ref, "claims_not_asked": len(uids) - index, "reason": str(exc)},
+                )
+                return gone, uids[index:]
+            if current is None or _get(current, "metadata", "uid") != uid:
+                gone.append(uid)
+        return gone, []
+
+    def drop(self, uids: list[str]) -> None:
+        """Unprepare claims the API server no longer has (their pods are gone with them)."""
+        for uid in uids:
+            claim = self.claims.get(uid)
+            if claim is None:
+                continue
+            log.info("prepared claim is gone from the API server; unpreparing it", extra={"claim": claim.ref})
+            try:
+                self.unprepare(claim.namespace, claim.name, uid)
+            except ClaimError as exc:
+                log.error(str(exc), extra={"claim": claim.ref})
 
     # -- files ---------------------------------------------------------------------------------
     def _resolve(self, claim: PreparedClaim) -> list[tuple[DraDevice, cdi.PreparedDevice]]:

@@ -50,8 +50,10 @@ class DeviceHealthHub:
 
     # -- inputs --------------------------------------------------------------------------------
     def start(self) -> None:
+        """Publish the slice (in the background, retried until it works) and follow the health changes."""
         self.update()
         self.state.on_published.append(self.update)
+        self._publish_wanted.set()  # also a node without devices publishes its (empty) pool
         self._publisher_task = asyncio.ensure_future(self._publish_loop())
 
     def stop(self) -> None:
@@ -106,10 +108,6 @@ class DeviceHealthHub:
     def wake(self) -> None:
         old, self._changed = self._changed, asyncio.Event()
         old.set()
-
-    def publish_now(self) -> bool:
-        """Publish the slice(s) from this thread (at start, before registering). True when it worked."""
-        return self._publish()
 
     def _publish(self) -> bool:
         if self.publisher is None:
