@@ -263,3 +263,31 @@ def test_claims_the_api_server_could_not_be_asked_about_are_reconciled_when_it_i
     assert dra.spec_of(claims[2][2]) is None
     reads = len(dra.claims.reads)
     assert not wait_until(lambda: len(dra.claims.reads) > reads, timeout=0.5)  # done: not asked again
+
+
+def test_dra_readyz_waits_for_the_registration_and_the_published_slice(dra):
+    import threading
+    import urllib.error
+    import urllib.request
+
+    def get(url: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    hang = threading.Event()
+    dra.publisher.hang = hang  # the API server does not answer yet
+    try:
+        daemon = dra.start(metrics_address="127.0.0.1:0")
+        base = f"http://{daemon.daemon._http.address}"
+        assert get(base + "/healthz")[0] == 200  # alive and serving the kubelet
+        code, detail = get(base + "/readyz")
+        assert code == 503 and detail["ready"] is False
+        assert detail["not_ready"] == ["the ResourceSlice has not been published yet"], detail
+    finally:
+        hang.set()
+    assert wait_until(lambda: get(base + "/readyz")[0] == 200, timeout=10)
+    code, detail = get(base + "/readyz")
+    assert detail["registered"] is True and detail["slice_published"] is True and detail["not_ready"] == []

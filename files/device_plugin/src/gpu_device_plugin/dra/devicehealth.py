@@ -95,6 +95,11 @@ class DeviceHealthHub:
         self.wake()
         self._publish_wanted.set()
 
+    @property
+    def published(self) -> bool:
+        """Whether the ResourceSlice has been published (or found up to date) at least once."""
+        return self._published is not None
+
     def unhealthy(self) -> frozenset[str]:
         return frozenset(name for name, row in self._rows.items() if row.status == UNHEALTHY)
 
