@@ -255,6 +255,7 @@ def test_claims_the_api_server_could_not_be_asked_about_are_reconciled_when_it_i
     claims = _prepared_claims(dra, 3)
     dra.claims.delete("default", "c2")
     dra.claims.unreachable = True
+    dra.claims.reads.clear()
     dra.start()
     assert wait_until(lambda: len(dra.claims.reads) >= 2, timeout=10)  # asked, and asked again
     assert _checkpoint_uids(dra) == sorted(c[2] for c in claims)
