@@ -135,3 +135,70 @@ def test_an_upgrade_that_meets_a_shifted_gpu_set_takes_the_uuids_from_the_cdi_sp
     without_gpu_0(mock_nvml)
     dra.start(backend="nvml", simulated_spec=None)
     check_after_gpu_0_is_gone(dra)
+
+
+def _inventory(gpus):
+    from gpu_device_plugin.inventory import Gpu, Inventory, MigDevice
+
+    return Inventory(
+        gpus=tuple(
+            Gpu(
+                index,
+                uuid,
+                "NVIDIA A100",
+                40960,
+                f"0000:{index:02x}:00.0",
+                "8.0",
+                mig_mode="enabled" if migs else "disabled",
+                mig_devices=tuple(MigDevice(m, "1g.5gb", 4864, i) for i, m in enumerate(migs)),
+            )
+            for index, (uuid, migs) in enumerate(gpus)
+        )
+    )
+
+
+def test_a_gpu_seen_for_the_first_time_never_takes_the_number_of_one_that_went(tmp_path):
+    from gpu_device_plugin.dra.names import DeviceNumbers
+
+    numbers = DeviceNumbers(str(tmp_path))
+    numbers.load({})
+    assert numbers.numbers(_inventory([("GPU-a", ()), ("GPU-b", ()), ("GPU-c", ())])) == {
+        "GPU-a": 0,
+        "GPU-b": 1,
+        "GPU-c": 2,
+    }
+    # GPU-a is replaced by GPU-n in the same slot (NVML index 0): the new GPU gets a new number.
+    again = DeviceNumbers(str(tmp_path))
+    again.load({})
+    assert again.numbers(_inventory([("GPU-n", ()), ("GPU-b", ()), ("GPU-c", ())])) == {
+        "GPU-n": 3,
+        "GPU-b": 1,
+        "GPU-c": 2,
+    }
+    with open(tmp_path / "devices.json", encoding="utf-8") as handle:
+        assert json.load(handle) == {"version": 1, "gpus": {"GPU-a": 0, "GPU-b": 1, "GPU-c": 2, "GPU-n": 3}}
+
+
+def test_the_numbers_of_held_mig_devices_bind_their_gpu_and_a_corrupt_file_is_set_aside(tmp_path, caplog):
+    import logging
+
+    from gpu_device_plugin.dra.devices import dra_devices
+    from gpu_device_plugin.dra.names import DeviceNumbers
+
+    (tmp_path / "devices.json").write_text('{"version": 1, "gpus": {"GPU-x": 0, "GPU-y": 0}}')
+    numbers = DeviceNumbers(str(tmp_path))
+    with caplog.at_level(logging.ERROR, logger="gpu_device_plugin"):
+        # A claim holds a MIG device of the GPU that was number 1, now NVML index 0.
+        numbers.load({"MIG-b1": "gpu-1-mig-1"})
+    assert "gives one number to two GPUs" in caplog.text
+    assert [n for n in os.listdir(tmp_path) if n.startswith("devices.json.corrupt-")]
+    inventory = _inventory([("GPU-b", ("MIG-b0", "MIG-b1")), ("GPU-c", ())])
+    assert numbers.numbers(inventory) == {"GPU-b": 1, "GPU-c": 2}
+    assert [d.name for d in dra_devices(inventory, numbers.numbers(inventory))] == [
+        "gpu-1-mig-0",
+        "gpu-1-mig-1",
+        "gpu-2",
+    ]
+    reread = DeviceNumbers(str(tmp_path))
+    reread.load({})
+    assert reread.numbers(inventory) == {"GPU-b": 1, "GPU-c": 2}

@@ -66,7 +66,12 @@ class DeviceNumbers:
             for gpu in sorted(inventory.gpus, key=lambda g: g.index):
                 number = self._numbers.get(gpu.uuid)
                 if number is None:
-                    number = next((self._numbers[m.uuid] for m in gpu.mig_devices if m.uuid in self._numbers), None)
+                    # Bound through a MIG device a claim holds (load): the GPU's own UUID takes the number over.
+                    held = [m.uuid for m in gpu.mig_devices if m.uuid in self._numbers]
+                    if held:
+                        number = self._numbers[held[0]]
+                        for uuid in held:
+                            del self._numbers[uuid]
                 if number is None:
                     taken = set(self._numbers.values())
                     number = gpu.index if gpu.index not in taken else max(taken) + 1

@@ -142,10 +142,13 @@ class DraNode:
         while pending:
             reader = self.reader
             assert reader is not None
-            gone, pending = await loop.run_in_executor(None, self.preparer.gone_from_api_server, reader, pending)
-            if gone:
-                async with service.lock:
-                    await loop.run_in_executor(None, self.preparer.drop, gone)
+            try:
+                gone, pending = await loop.run_in_executor(None, self.preparer.gone_from_api_server, reader, pending)
+                if gone:
+                    async with service.lock:
+                        await loop.run_in_executor(None, self.preparer.drop, gone)
+            except Exception:  # a bug must not end the reconcile for good, nor the daemon
+                log.exception("reconciling the prepared claims with the API server failed; retrying")
             if pending:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, CLAIM_RECONCILE_RETRY_MAX_SECONDS)
