@@ -33,12 +33,14 @@ def claim_json(
 
 
 class ClaimStoreDouble:
-    """ResourceClaims by namespace/name; `unreachable` makes every read fail as an API server outage does."""
+    """ResourceClaims by namespace/name; `unreachable` makes every read fail as an API server outage does,
+    and `hang` (an Event) makes every read wait until it is set, as an API server that does not answer."""
 
     def __init__(self) -> None:
         self._claims: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
         self.unreachable = False
+        self.hang: Optional[threading.Event] = None
         self.reads: list[tuple[str, str]] = []
 
     def put(self, claim: dict[str, Any]) -> None:
@@ -51,6 +53,9 @@ class ClaimStoreDouble:
             self._claims.pop((namespace, name), None)
 
     def get_resource_claim(self, namespace: str, name: str) -> Optional[Mapping[str, Any]]:
+        hang = self.hang
+        if hang is not None:
+            hang.wait()
         with self._lock:
             self.reads.append((namespace, name))
             if self.unreachable:
@@ -60,9 +65,11 @@ class ClaimStoreDouble:
 
 
 class SlicePublisherDouble:
-    """Records every publish call: (device names, unhealthy device names)."""
+    """Records every publish call: (device names, unhealthy device names). `hang` (an Event) makes every
+    publish wait until it is set."""
 
     def __init__(self) -> None:
+        self.hang: Optional[threading.Event] = None
         self.calls: list[tuple[list[str], frozenset[str]]] = []
         self.deleted = 0
         self.reconciles = 0
@@ -70,6 +77,9 @@ class SlicePublisherDouble:
         self._lock = threading.Lock()
 
     def publish(self, devices: Sequence[DraDevice], unhealthy: frozenset[str], inventory: Inventory) -> bool:
+        hang = self.hang
+        if hang is not None:
+            hang.wait()
         with self._lock:
             self.calls.append(([d.name for d in devices], frozenset(unhealthy)))
         return True

@@ -71,6 +71,13 @@ class DraNodeFixture:
             assert registered, f"the plugin did not register (plugin-watcher double: {self.kubelet.errors})"
         return daemon
 
+    def wait_reconciled(self, timeout: float = 10) -> bool:
+        """Wait until the last daemon started has asked the API server about every prepared claim."""
+        from harness import wait_until
+
+        node = self.daemons[-1].daemon.dra
+        return wait_until(lambda: node is not None and node.claims_reconciled, timeout=timeout)
+
     def stop_daemons(self) -> None:
         for daemon in self.daemons:
             daemon.stop()

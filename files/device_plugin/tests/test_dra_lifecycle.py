@@ -33,6 +33,7 @@ def test_restart_rewrites_the_cdi_specs_a_reboot_removed_and_drops_claims_that_a
     dra.claims.delete("default", "gone")
     dra.allocate("replaced", "5e1f0000-0000-4000-8000-000000007232", ["gpu-3"])
     dra.start()
+    assert dra.wait_reconciled()
     assert sorted(os.listdir(dra.cdi)) == ["gpuops.k8s-gpu_5e1f0000-0000-4000-8000-00000000006b.json"]
     assert dra.spec_of("5e1f0000-0000-4000-8000-00000000006b") == spec_before
     with open(dra.checkpoint, encoding="utf-8") as handle:
@@ -208,3 +209,86 @@ def test_the_slices_are_reconciled_periodically_and_a_failing_reconcile_keeps_th
     dra.publisher.reconcile_error = None
     seen = dra.publisher.reconciles
     assert wait_until(lambda: dra.publisher.reconciles >= seen + 2, timeout=10)
+
+
+def _prepared_claims(dra, count: int) -> list[tuple]:
+    dra.start()
+    claims = [dra.allocate(f"c{i}", f"5e1f0000-0000-4000-8000-0000000001{i:02d}", [f"gpu-{i}"]) for i in range(count)]
+    assert {a.error for a in dra.kubelet.prepare(DRIVER, claims).values()} == {""}
+    dra.stop_daemons()
+    return claims
+
+
+def _checkpoint_uids(dra) -> list[str]:
+    with open(dra.checkpoint, encoding="utf-8") as handle:
+        return sorted(json.load(handle)["claims"])
+
+
+def test_with_the_api_server_not_answering_the_sockets_serve_at_once_and_claims_are_reconciled_when_it_does(dra):
+    import threading
+
+    claims = _prepared_claims(dra, 5)
+    gone = claims[0]
+    dra.claims.delete("default", "c0")  # deleted while the daemon was down
+    hang = threading.Event()  # every API call waits until it is set: no timeout can end the wait
+    dra.claims.hang = dra.publisher.hang = hang
+    published = len(dra.publisher.calls)
+    try:
+        # Registered (both sockets serving) while every read of the 5 prepared claims still waits.
+        dra.start()
+        answers = dra.kubelet.prepare(DRIVER, claims[1:])
+        assert {uid: a.error for uid, a in answers.items()} == {c[2]: "" for c in claims[1:]}
+        assert _checkpoint_uids(dra) == sorted(c[2] for c in claims)  # nothing reconciled yet
+        assert len(dra.publisher.calls) == published
+    finally:
+        hang.set()
+    # The API server answers: the claim deleted meanwhile is unprepared, the slice is published.
+    assert wait_until(lambda: _checkpoint_uids(dra) == sorted(c[2] for c in claims[1:]), timeout=10)
+    assert dra.spec_of(gone[2]) is None and all(dra.spec_of(c[2]) is not None for c in claims[1:])
+    assert wait_until(lambda: len(dra.publisher.calls) > published, timeout=10)
+
+
+def test_claims_the_api_server_could_not_be_asked_about_are_reconciled_when_it_is_back(dra, monkeypatch):
+    from gpu_device_plugin.dra import node
+
+    monkeypatch.setattr(node, "CLAIM_RECONCILE_RETRY_SECONDS", 0.05)
+    claims = _prepared_claims(dra, 3)
+    dra.claims.delete("default", "c2")
+    dra.claims.unreachable = True
+    dra.claims.reads.clear()
+    dra.start()
+    assert wait_until(lambda: len(dra.claims.reads) >= 2, timeout=10)  # asked, and asked again
+    assert _checkpoint_uids(dra) == sorted(c[2] for c in claims)
+    dra.claims.unreachable = False
+    assert wait_until(lambda: _checkpoint_uids(dra) == sorted(c[2] for c in claims[:2]), timeout=10)
+    assert dra.spec_of(claims[2][2]) is None
+    reads = len(dra.claims.reads)
+    assert not wait_until(lambda: len(dra.claims.reads) > reads, timeout=0.5)  # done: not asked again
+
+
+def test_dra_readyz_waits_for_the_registration_and_the_published_slice(dra):
+    import threading
+    import urllib.error
+    import urllib.request
+
+    def get(url: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    hang = threading.Event()
+    dra.publisher.hang = hang  # the API server does not answer yet
+    try:
+        daemon = dra.start(metrics_address="127.0.0.1:0")
+        base = f"http://{daemon.daemon._http.address}"
+        assert get(base + "/healthz")[0] == 200  # alive and serving the kubelet
+        code, detail = get(base + "/readyz")
+        assert code == 503 and detail["ready"] is False
+        assert detail["not_ready"] == ["the ResourceSlice has not been published yet"], detail
+    finally:
+        hang.set()
+    assert wait_until(lambda: get(base + "/readyz")[0] == 200, timeout=10)
+    code, detail = get(base + "/readyz")
+    assert detail["registered"] is True and detail["slice_published"] is True and detail["not_ready"] == []

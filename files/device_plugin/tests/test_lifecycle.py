@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -240,3 +241,32 @@ def test_the_kubelet_double_standalone_writes_its_report(tmp_path):
         shutil.rmtree(plugin_dir, ignore_errors=True)
     assert code == 0
     assert not left
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_readyz_answers_200_only_once_registered_with_the_kubelet_while_healthz_is_liveness(node):
+    node.kubelet.stop()  # no kubelet yet: the plugin serves, but cannot register
+    daemon = DaemonThread(make_config(node.kubelet_socket, node.spec, metrics_address="127.0.0.1:0")).start()
+    try:
+        base = f"http://{daemon.daemon._http.address}"
+        assert _get(base + "/healthz")[0] == 200
+        code, detail = _get(base + "/readyz")
+        assert code == 503 and detail["ready"] is False
+        assert any("not registered with the kubelet" in reason for reason in detail["not_ready"]), detail
+        node.kubelet.start()
+        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 1, timeout=10)
+        assert wait_until(lambda: _get(base + "/readyz")[0] == 200)
+        assert _get(base + "/readyz")[1]["not_ready"] == []
+        # A kubelet restart: not ready until the plugin has registered again.
+        node.kubelet.restart()
+        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 1, timeout=10)
+        assert wait_until(lambda: _get(base + "/readyz")[0] == 200)
+    finally:
+        daemon.stop()

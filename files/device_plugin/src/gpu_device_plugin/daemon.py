@@ -71,7 +71,7 @@ class Daemon:
         if not await self._start_backend():
             return 1
         if self.config.metrics_address:
-            self._http = HttpEndpoint(self.config.metrics_address, self.metrics, self.healthz)
+            self._http = HttpEndpoint(self.config.metrics_address, self.metrics, self.healthz, self.readyz)
             self._http.start()
         if self.config.allocation_mode == "dra":
             return await self._run_dra()
@@ -346,13 +346,16 @@ class Daemon:
         watcher_error = events.failed if events is not None else None
         if self.dra is not None:
             serving = self.dra.serving() and watcher_error is None
+            hub = self.dra.hub
             return serving, {
                 "serving": serving,
                 "backend_error": self.backend_error,
                 "health_watcher_error": watcher_error,
                 "allocation_mode": "dra",
                 "registered": self.dra.registrar.registered,
+                "slice_published": hub is not None and hub.published,
                 "prepared_claims": len(self.dra.preparer.claims),
+                "claims_reconciled": self.dra.claims_reconciled,
             }
         servers = dict(self.servers)  # called from the HTTP thread: work on a copy
         serving = bool(servers) and all(s.socket_is_ours() for s in servers.values()) and watcher_error is None
@@ -370,3 +373,26 @@ class Daemon:
             "health_watcher_error": watcher_error,
             "resources": resources,
         }
+
+    def readyz(self) -> tuple[bool, dict[str, Any]]:
+        """Readiness: alive (healthz), GPU discovery working, and doing the job for the kubelet. In
+        device-plugin mode every resource is registered with the kubelet (again after a kubelet restart);
+        in dra mode the kubelet has accepted the registration and the ResourceSlice has been published
+        once. The detail is healthz's plus `ready` and `not_ready`, one sentence per reason."""
+        alive, detail = self.healthz()
+        reasons = [] if alive else ["the daemon is not serving its sockets, or its GPU health watcher failed"]
+        if self.backend_error is not None:
+            reasons.append(f"GPU discovery fails: {self.backend_error}")
+        if self.dra is not None:
+            if detail["registered"] is not True:
+                reasons.append("the kubelet has not accepted the DRA plugin's registration yet")
+            if not detail["slice_published"]:
+                reasons.append("the ResourceSlice has not been published yet")
+        else:
+            resources = detail["resources"]
+            if not resources:
+                reasons.append("no resource is served yet")
+            unregistered = sorted(name for name, row in resources.items() if not row["registered"])
+            if unregistered:
+                reasons.append(f"not registered with the kubelet: {', '.join(unregistered)}")
+        return not reasons, dict(detail, ready=not reasons, not_ready=reasons)

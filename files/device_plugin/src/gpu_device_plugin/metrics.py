@@ -1,4 +1,4 @@
-"""Prometheus metrics and /healthz, served by a small HTTP thread on --metrics-address."""
+"""Prometheus metrics, /healthz and /readyz, served by a small HTTP thread on --metrics-address."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -43,19 +43,25 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class HttpEndpoint:
-    """`/metrics` (Prometheus text format) and `/healthz` (200 while the daemon serves, else 503)."""
+Probe = Callable[[], "tuple[bool, dict[str, Any]]"]
 
-    def __init__(self, address: str, metrics: Metrics, health: Callable[[], tuple[bool, dict[str, Any]]]) -> None:
+
+class HttpEndpoint:
+    """`/metrics` (Prometheus text format), `/healthz` (liveness: 200 while the daemon serves its sockets,
+    else 503) and `/readyz` (readiness: 200 once it also does its job for the kubelet, else 503); both
+    probes answer a JSON summary."""
+
+    def __init__(self, address: str, metrics: Metrics, health: Probe, ready: Optional[Probe] = None) -> None:
         host, _sep, port = address.rpartition(":")
-        metrics_ref, health_ref = metrics, health
+        probes = {"/healthz": health, "/readyz": ready or health}
+        metrics_ref = metrics
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path.split("?")[0] == "/metrics":
                     self._send(200, CONTENT_TYPE_LATEST, metrics_ref.render())
-                elif self.path.split("?")[0] == "/healthz":
-                    ok, detail = health_ref()
+                elif self.path.split("?")[0] in probes:
+                    ok, detail = probes[self.path.split("?")[0]]()
                     self._send(200 if ok else 503, "application/json", json.dumps(detail).encode())
                 else:
                     self._send(404, "text/plain", b"not found\n")
@@ -77,7 +83,7 @@ class HttpEndpoint:
 
     def start(self) -> None:
         self._thread.start()
-        log.info("serving /metrics and /healthz", extra={"address": self.address})
+        log.info("serving /metrics, /healthz and /readyz", extra={"address": self.address})
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -10,7 +10,8 @@ the control device nodes, NVIDIA_VISIBLE_DEVICES with the UUIDs, and with the `m
 host driver's libraries and tools plus LD_LIBRARY_PATH and PATH. Device nodes are listed only where
 they exist when the claim is prepared (a simulated GPU has none); each device also sets
 GPUOPS_DEVICE_<NAME> to its UUID, so that no device is without edits, which CDI refuses. The spec's annotations name the
-claim and its devices, so that the checkpoint can be rebuilt from the specs if it is lost."""
+claim and its devices with their UUIDs, so that the checkpoint can be rebuilt from the specs if it is lost (a spec
+written before UUIDs were annotated still names each device's UUID in its GPUOPS_DEVICE_<NAME> variable)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ CLASS = "gpu"
 KIND = f"{VENDOR}/{CLASS}"
 CDI_VERSION = "0.6.0"  # the first version with annotations
 ANNOTATION_CLAIM = "gpuops.k8s/claim"  # <namespace>/<name>/<uid>
-ANNOTATION_DEVICES = "gpuops.k8s/devices"  # JSON: [{"device", "pool", "requests"}]
+ANNOTATION_DEVICES = "gpuops.k8s/devices"  # JSON: [{"device", "pool", "requests", "uuid"}]
 _SPEC_FILE = re.compile(r"^" + re.escape(f"{VENDOR}-{CLASS}_") + r"(?P<uid>[A-Za-z0-9-]+)\.json$")
 
 
@@ -47,6 +48,7 @@ class PreparedDevice:
     pool: str
     requests: tuple[str, ...]
     cdi_id: str
+    uuid: str = ""  # the GPU or MIG device's UUID: what the device is, whatever its name; "" when not known
 
 
 def device_id(claim_uid: str, device: str) -> str:
@@ -128,7 +130,9 @@ class SpecWriter:
                 f"LD_LIBRARY_PATH={self.mounts.container_lib_dir}",
                 f"PATH={self.mounts.container_bin_dir}:{allocation.DEFAULT_PATH}",
             ]
-        described = [{"device": p.device, "pool": p.pool, "requests": list(p.requests)} for _dra, p in devices]
+        described = [
+            {"device": p.device, "pool": p.pool, "requests": list(p.requests), "uuid": dra.uuid} for dra, p in devices
+        ]
         return {
             "cdiVersion": CDI_VERSION,
             "kind": KIND,
@@ -165,13 +169,31 @@ def read_claim_from_spec(path: str) -> Optional[tuple[str, str, str, list[Prepar
             spec = json.load(handle)
         annotations = spec["annotations"]
         namespace, name, uid = annotations[ANNOTATION_CLAIM].split("/")
+        variables = _device_variables(spec)
         devices = [
-            PreparedDevice(d["device"], d["pool"], tuple(d["requests"]), device_id(uid, d["device"]))
+            PreparedDevice(
+                d["device"],
+                d["pool"],
+                tuple(d["requests"]),
+                device_id(uid, d["device"]),
+                str(d.get("uuid") or variables.get(device_variable(d["device"]), "")),
+            )
             for d in json.loads(annotations[ANNOTATION_DEVICES])
         ]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return namespace, name, uid, devices
+
+
+def _device_variables(spec: Any) -> dict[str, str]:
+    """GPUOPS_DEVICE_<NAME> -> UUID, from the devices' edits of a spec."""
+    found = {}
+    for device in spec.get("devices") or []:
+        for item in (device.get("containerEdits") or {}).get("env") or []:
+            key, sep, value = str(item).partition("=")
+            if sep and key.startswith("GPUOPS_DEVICE_"):
+                found[key] = value
+    return found
 
 
 def write_atomically(path: str, text: str, mode: int = 0o600) -> None:

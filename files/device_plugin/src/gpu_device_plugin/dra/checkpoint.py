@@ -4,7 +4,11 @@ NodeUnprepareResources gets only a claim's namespace, name and UID, and the clai
 the API server by then, so what each claim was given must be remembered across restarts. The file
 is JSON with a SHA-256 checksum of its claims, written atomically before the kubelet is answered.
 A file that cannot be read or whose checksum does not match is renamed aside (never deleted) and the
-caller rebuilds what it can from the CDI specs on disk."""
+caller rebuilds what it can from the CDI specs on disk.
+
+Version 2 records each device's UUID beside its name. Version 1 (names only, when names were NVML
+indices) is still read: its devices come back with an empty UUID, which the caller fills in
+(ClaimPreparer.load) before the file is written again as version 2."""
 
 from __future__ import annotations
 
@@ -21,7 +25,8 @@ from gpu_device_plugin.dra.cdi import PreparedDevice, device_id, write_atomicall
 log = logging.getLogger(__name__)
 
 FILE_NAME = "checkpoint.json"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,9 @@ def _claims_json(claims: dict[str, PreparedClaim]) -> dict[str, Any]:
         uid: {
             "namespace": c.namespace,
             "name": c.name,
-            "devices": [{"device": d.device, "pool": d.pool, "requests": list(d.requests)} for d in c.devices],
+            "devices": [
+                {"device": d.device, "pool": d.pool, "requests": list(d.requests), "uuid": d.uuid} for d in c.devices
+            ],
         }
         for uid, c in sorted(claims.items())
     }
@@ -79,8 +86,8 @@ class Checkpoint:
             return self._set_aside(f"it cannot be read ({exc.strerror or exc})")
         try:
             data = json.loads(text)
-            if not isinstance(data, dict) or data.get("version") != VERSION:
-                return self._set_aside(f"its version is not {VERSION}")
+            if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
+                return self._set_aside(f"its version is not one of {', '.join(map(str, READABLE_VERSIONS))}")
             body = data["claims"]
             if data.get("checksum") != _checksum(body):
                 return self._set_aside("its checksum does not match its content")
@@ -90,7 +97,13 @@ class Checkpoint:
                     entry["name"],
                     uid,
                     tuple(
-                        PreparedDevice(d["device"], d["pool"], tuple(d["requests"]), device_id(uid, d["device"]))
+                        PreparedDevice(
+                            d["device"],
+                            d["pool"],
+                            tuple(d["requests"]),
+                            device_id(uid, d["device"]),
+                            str(d.get("uuid") or ""),
+                        )
                         for d in entry["devices"]
                     ),
                 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Optional
 
 from gpu_device_plugin.dra import cdi
@@ -76,8 +77,9 @@ class ClaimPreparer:
                 f" (it has {', '.join(sorted(known)) or 'none'})."
             )
         for device in wanted:
+            uuid = known[device].uuid
             for other in self.claims.values():
-                if any(d.device == device for d in other.devices):
+                if any(d.device == device or (uuid and d.uuid == uuid) for d in other.devices):
                     raise ClaimError(
                         f"device {device} is already prepared for ResourceClaim {other.ref};"
                         f" ResourceClaim {ref} cannot have it too."
@@ -87,11 +89,11 @@ class ClaimPreparer:
             name,
             uid,
             tuple(
-                cdi.PreparedDevice(device, self.pool, tuple(requests), cdi.device_id(uid, device))
+                cdi.PreparedDevice(device, self.pool, tuple(requests), cdi.device_id(uid, device), known[device].uuid)
                 for device, requests in wanted.items()
             ),
         )
-        self._write_spec(prepared, known)
+        self._write_spec(prepared, [(known[d.device], d) for d in prepared.devices])
         try:
             self.checkpoint.write({**self.claims, uid: prepared})
         except OSError as exc:
@@ -158,8 +160,11 @@ class ClaimPreparer:
             log.info("claim unprepared", extra={"claim": ref, "devices": [d.device for d in done.devices]})
 
     # -- start ---------------------------------------------------------------------------------
-    def load(self) -> None:
-        """Read the checkpoint; when it is corrupt, rebuild the claims from our CDI specs."""
+    def load(self, by_index: Mapping[str, DraDevice]) -> None:
+        """Read the checkpoint; when it is corrupt, rebuild the claims from our CDI specs. Devices recorded
+        without their UUID (checkpoint version 1) get it from the claim's CDI spec, written when the claim
+        was prepared; where that spec is gone, from `by_index`, the devices named by today's NVML indices
+        as version 1 named them (right unless GPUs were added or removed since)."""
         claims = self.checkpoint.read()
         if claims is None:
             claims = {}
@@ -175,46 +180,106 @@ class ClaimPreparer:
                 claims[uid] = PreparedClaim(namespace, name, uid, tuple(devices))
             log.warning("claims rebuilt from the CDI specs", extra={"claims": sorted(c.ref for c in claims.values())})
             self.claims = claims
+            self._fill_uuids(by_index)
             self._save_quietly()
             return
         self.claims = claims
+        if self._fill_uuids(by_index):
+            self._save_quietly()
 
-    def reconcile(self, reader: ClaimReader) -> None:
-        """Drop the claims the API server no longer has (or has under another UID), rewrite the CDI specs a
-        reboot removed, and remove specs of ours that belong to no prepared claim."""
-        kept: dict[str, PreparedClaim] = {}
-        for uid, claim in self.claims.items():
-            try:
-                current = reader.get_resource_claim(claim.namespace, claim.name)
-            except OSError as exc:
-                log.warning(
-                    "cannot ask the API server about a prepared claim; keeping it",
-                    extra={"claim": claim.ref, "reason": str(exc)},
-                )
-                kept[uid] = claim
+    def _fill_uuids(self, by_index: Mapping[str, DraDevice]) -> bool:
+        changed = False
+        for uid, claim in list(self.claims.items()):
+            if all(d.uuid for d in claim.devices):
                 continue
-            if current is None or _get(current, "metadata", "uid") != uid:
-                log.info("prepared claim is gone from the API server; unpreparing it", extra={"claim": claim.ref})
-                self._remove_spec_quietly(uid)
-                continue
-            kept[uid] = claim
-        changed = kept.keys() != self.claims.keys()
-        self.claims = kept
+            found = cdi.read_claim_from_spec(cdi.spec_path(self.writer.cdi_dir, uid))
+            from_spec = {d.device: d.uuid for d in found[3]} if found is not None and found[2] == uid else {}
+            devices = []
+            for device in claim.devices:
+                uuid = device.uuid or from_spec.get(device.device, "")
+                if not uuid and device.device in by_index:
+                    uuid = by_index[device.device].uuid
+                    log.warning(
+                        "a prepared device recorded without its UUID is taken to be the GPU with its NVML index now;"
+                        " this is right unless GPUs were added or removed since the claim was prepared",
+                        extra={"claim": claim.ref, "device": device.device, "uuid": uuid},
+                    )
+                devices.append(replace(device, uuid=uuid))
+            self.claims[uid] = replace(claim, devices=tuple(devices))
+            changed = True
+        return changed
+
+    def held(self) -> dict[str, str]:
+        """Device UUID -> device name, for every device a prepared claim holds."""
+        return {d.uuid: d.device for c in self.claims.values() for d in c.devices if d.uuid}
+
+    def restore_specs(self) -> None:
+        """At start, before serving (nothing else touches the files then), without the API server: write
+        again the CDI specs a reboot removed, and remove specs of ours that belong to no prepared claim."""
         for uid, path in cdi.claim_uids_on_disk(self.writer.cdi_dir).items():
-            if uid not in kept:
+            if uid not in self.claims:
                 log.info("removing a CDI spec of no prepared claim", extra={"spec": path})
                 self._remove_spec_quietly(uid)
-        for claim in kept.values():
+        for claim in self.claims.values():
             try:
                 self._ensure_spec(claim)
             except ClaimError as exc:
                 log.error(str(exc), extra={"claim": claim.ref})
-        if changed:
-            self._save_quietly()
+
+    def gone_from_api_server(self, reader: ClaimReader, uids: list[str]) -> tuple[list[str], list[str]]:
+        """Ask the API server about these prepared claims: (the UIDs it no longer has, or has under another
+        UID; the UIDs it could not be asked about). Changes nothing. Stops at the first failure: when the
+        API server is away, each further read would only wait for its own timeout."""
+        gone: list[str] = []
+        for index, uid in enumerate(uids):
+            claim = self.claims.get(uid)
+            if claim is None:
+                continue
+            try:
+                current = reader.get_resource_claim(claim.namespace, claim.name)
+            except OSError as exc:
+                log.warning(
+                    "cannot ask the API server about the prepared claims; keeping them and asking again later",
+                    extra={"claim": claim.ref, "claims_not_asked": len(uids) - index, "reason": str(exc)},
+                )
+                return gone, uids[index:]
+            if current is None or _get(current, "metadata", "uid") != uid:
+                gone.append(uid)
+        return gone, []
+
+    def drop(self, uids: list[str]) -> None:
+        """Unprepare claims the API server no longer has (their pods are gone with them)."""
+        for uid in uids:
+            claim = self.claims.get(uid)
+            if claim is None:
+                continue
+            log.info("prepared claim is gone from the API server; unpreparing it", extra={"claim": claim.ref})
+            try:
+                self.unprepare(claim.namespace, claim.name, uid)
+            except ClaimError as exc:
+                log.error(str(exc), extra={"claim": claim.ref})
 
     # -- files ---------------------------------------------------------------------------------
-    def _write_spec(self, claim: PreparedClaim, known: dict[str, DraDevice]) -> None:
-        pairs = [(known[d.device], d) for d in claim.devices]
+    def _resolve(self, claim: PreparedClaim) -> list[tuple[DraDevice, cdi.PreparedDevice]]:
+        """Each prepared device with the device it is now: found by its UUID, whatever its name; a device
+        recorded without a UUID by its name."""
+        known = self.devices()
+        by_uuid = {d.uuid: d for d in known.values()}
+        pairs, missing = [], []
+        for prepared in claim.devices:
+            found = by_uuid.get(prepared.uuid) if prepared.uuid else known.get(prepared.device)
+            if found is None:
+                missing.append(f"{prepared.device} ({prepared.uuid or 'UUID not recorded'})")
+            else:
+                pairs.append((found, prepared))
+        if missing:
+            raise ClaimError(
+                f"ResourceClaim {claim.ref} is prepared on device(s) {', '.join(missing)}, which no longer exist on"
+                " this node; unprepare it (delete its pod) to free it."
+            )
+        return pairs
+
+    def _write_spec(self, claim: PreparedClaim, pairs: list[tuple[DraDevice, cdi.PreparedDevice]]) -> None:
         spec = self.writer.build(claim.namespace, claim.name, claim.uid, pairs)
         try:
             self.writer.write(claim.uid, spec)
@@ -222,17 +287,12 @@ class ClaimPreparer:
             raise ClaimError(f"ResourceClaim {claim.ref} was not prepared: {exc}") from None
 
     def _ensure_spec(self, claim: PreparedClaim) -> None:
-        """Write the claim's spec again if it is missing (a reboot empties /var/run/cdi)."""
+        """Check that the claim's devices are still there, and write its spec again if it is missing (a
+        reboot empties /var/run/cdi)."""
+        pairs = self._resolve(claim)
         if os.path.exists(cdi.spec_path(self.writer.cdi_dir, claim.uid)):
             return
-        known = self.devices()
-        missing = [d.device for d in claim.devices if d.device not in known]
-        if missing:
-            raise ClaimError(
-                f"ResourceClaim {claim.ref} is prepared but its CDI spec is gone and device(s)"
-                f" {', '.join(missing)} no longer exist on this node."
-            )
-        self._write_spec(claim, known)
+        self._write_spec(claim, pairs)
         log.info("CDI spec written again", extra={"claim": claim.ref})
 
     def _remove_spec_quietly(self, uid: str) -> None:

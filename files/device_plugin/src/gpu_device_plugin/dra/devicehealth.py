@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from gpu_device_plugin.dra.devices import DraDevice, SlicePublisher, dra_devices
 from gpu_device_plugin.state import DeviceState
@@ -31,8 +31,15 @@ class HealthRow:
 
 
 class DeviceHealthHub:
-    def __init__(self, state: DeviceState, pool: str, publisher: Optional[SlicePublisher]) -> None:
+    def __init__(
+        self,
+        state: DeviceState,
+        pool: str,
+        publisher: Optional[SlicePublisher],
+        devices: Optional[Callable[[], list[DraDevice]]] = None,
+    ) -> None:
         self.state = state
+        self._devices = devices or (lambda: dra_devices(self.state.inventory))
         self.pool = pool
         self.publisher = publisher
         self._rows: dict[str, HealthRow] = {}
@@ -43,8 +50,10 @@ class DeviceHealthHub:
 
     # -- inputs --------------------------------------------------------------------------------
     def start(self) -> None:
+        """Publish the slice (in the background, retried until it works) and follow the health changes."""
         self.update()
         self.state.on_published.append(self.update)
+        self._publish_wanted.set()  # also a node without devices publishes its (empty) pool
         self._publisher_task = asyncio.ensure_future(self._publish_loop())
 
     def stop(self) -> None:
@@ -55,7 +64,7 @@ class DeviceHealthHub:
         self.wake()
 
     def devices(self) -> list[DraDevice]:
-        return dra_devices(self.state.inventory)
+        return self._devices()
 
     def update(self) -> None:
         """Recompute every device's health from the tracker; wake the streams when something changed."""
@@ -86,6 +95,11 @@ class DeviceHealthHub:
         self.wake()
         self._publish_wanted.set()
 
+    @property
+    def published(self) -> bool:
+        """Whether the ResourceSlice has been published (or found up to date) at least once."""
+        return self._published is not None
+
     def unhealthy(self) -> frozenset[str]:
         return frozenset(name for name, row in self._rows.items() if row.status == UNHEALTHY)
 
@@ -99,10 +113,6 @@ class DeviceHealthHub:
     def wake(self) -> None:
         old, self._changed = self._changed, asyncio.Event()
         old.set()
-
-    def publish_now(self) -> bool:
-        """Publish the slice(s) from this thread (at start, before registering). True when it worked."""
-        return self._publish()
 
     def _publish(self) -> bool:
         if self.publisher is None:

@@ -1,10 +1,11 @@
 """A node's DRA devices and the interfaces between the kubelet side and the API side.
 
 A device is a whole GPU, or, for a GPU in MIG mode with MIG devices, each of its MIG devices (the
-parent is then not a device: its memory is split among them). Device names are DNS labels, stable
-across restarts as long as the GPUs keep their NVML index: ``gpu-<index>`` and
-``gpu-<index>-mig-<MIG index>``. The ResourceSlice publishes them under these names, the scheduler
-writes them into a claim's allocation, and NodePrepareResources finds the GPU again by the name."""
+parent is then not a device: its memory is split among them). Device names are DNS labels:
+``gpu-<number>`` and ``gpu-<number>-mig-<MIG index>``, where a GPU's number is bound to its UUID once
+and for all (names.py: its NVML index when first seen), so that a name keeps naming the same physical
+GPU when NVML indices shift. The ResourceSlice publishes them under these names, the scheduler writes
+them into a claim's allocation, and NodePrepareResources finds the GPU again by the name."""
 
 from __future__ import annotations
 
@@ -32,20 +33,22 @@ class DraDevice:
         return self.mig.memory_mib if self.mig is not None else self.gpu.memory_mib
 
 
-def device_name(gpu: Gpu, mig: Optional[MigDevice] = None) -> str:
-    return f"gpu-{gpu.index}" if mig is None else f"gpu-{gpu.index}-mig-{mig.index}"
+def device_name(number: int, mig: Optional[MigDevice] = None) -> str:
+    return f"gpu-{number}" if mig is None else f"gpu-{number}-mig-{mig.index}"
 
 
-def dra_devices(inventory: Inventory) -> list[DraDevice]:
-    """The node's devices in NVML index order."""
+def dra_devices(inventory: Inventory, numbers: Optional[Mapping[str, int]] = None) -> list[DraDevice]:
+    """The node's devices in order of their names' numbers. `numbers`: GPU UUID -> the number in its
+    devices' names (names.DeviceNumbers); without it, or for a GPU it lacks, the NVML index."""
+    numbered = [((numbers or {}).get(g.uuid, g.index), g) for g in inventory.gpus]
     devices: list[DraDevice] = []
-    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+    for number, gpu in sorted(numbered, key=lambda pair: (pair[0], pair[1].index)):
         if gpu.mig_mode == "enabled" and gpu.mig_devices:
             devices.extend(
-                DraDevice(device_name(gpu, m), gpu, m) for m in sorted(gpu.mig_devices, key=lambda m: m.index)
+                DraDevice(device_name(number, m), gpu, m) for m in sorted(gpu.mig_devices, key=lambda m: m.index)
             )
         else:
-            devices.append(DraDevice(device_name(gpu), gpu))
+            devices.append(DraDevice(device_name(number), gpu))
     return devices
 
 

@@ -1,10 +1,15 @@
 """The daemon in dra mode: the prepared claims, the health hub, the two sockets and their watch.
 
-Start order: the checkpoint is read and reconciled with the API server, the ResourceSlice is
-published, then the DRA socket is served and last the registration socket, which the kubelet's
-plugin watcher finds. If either socket disappears (someone cleaned the kubelet's directories), it
-is served again; a new registration socket makes the kubelet register the plugin again. A kubelet
-restart leaves the sockets in place and asks GetInfo again by itself."""
+Start order: the checkpoint is read, the CDI specs on disk are made to match it, then the DRA socket
+is served and last the registration socket, which the kubelet's plugin watcher finds. Nothing before
+the sockets waits for the API server: publishing the ResourceSlice and asking the API server which
+prepared claims are gone happen after, in the background, and are retried until the API server
+answers (an API server that is away would otherwise keep the sockets closed for a request timeout per
+prepared claim, and the kubelet could prepare nothing, not even the claims already prepared).
+
+If either socket disappears (someone cleaned the kubelet's directories), it is served again; a new
+registration socket makes the kubelet register the plugin again. A kubelet restart leaves the sockets
+in place and asks GetInfo again by itself."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from gpu_device_plugin.dra.checkpoint import Checkpoint
 from gpu_device_plugin.dra.claims import ClaimPreparer
 from gpu_device_plugin.dra.devicehealth import DeviceHealthHub
 from gpu_device_plugin.dra.devices import ClaimReader, DraDevice, SlicePublisher, by_name, dra_devices
+from gpu_device_plugin.dra.names import DeviceNumbers
 from gpu_device_plugin.state import DeviceState
 
 log = logging.getLogger(__name__)
@@ -29,6 +35,9 @@ log = logging.getLogger(__name__)
 # differ: the kubelet deletes a driver's slices when it starts or the plugin goes, and a publish that
 # failed (API server away) is retried by the same call.
 SLICE_RECONCILE_SECONDS = 10.0
+# The first wait before asking the API server again about the prepared claims (doubled up to 30 s).
+CLAIM_RECONCILE_RETRY_SECONDS = 1.0
+CLAIM_RECONCILE_RETRY_MAX_SECONDS = 30.0
 
 # What the daemon is given to reach the API server: (claim reader, slice publisher) for a configuration.
 ApiSide = Callable[[Config], "tuple[ClaimReader, SlicePublisher]"]
@@ -58,6 +67,7 @@ class DraNode:
             config.device_list_strategy,
             hostdriver.find(config.mounts) if needs_host else None,
         )
+        self.numbers = DeviceNumbers(config.dra_plugin_dir)
         self.preparer = ClaimPreparer(
             config.driver_name, config.node_name, Checkpoint(config.dra_plugin_dir), self.writer, self._devices
         )
@@ -70,9 +80,15 @@ class DraNode:
         self._kick = asyncio.Event()
         self._task: Optional[asyncio.Task[None]] = None
         self._reconcile_task: Optional[asyncio.Task[None]] = None
+        self._claims_task: Optional[asyncio.Task[None]] = None
+        self.claims_reconciled = False
+
+    def _device_list(self) -> list[DraDevice]:
+        inventory = self.state.inventory
+        return dra_devices(inventory, self.numbers.numbers(inventory))
 
     def _devices(self) -> dict[str, DraDevice]:
-        return by_name(dra_devices(self.state.inventory))
+        return by_name(self._device_list())
 
     async def start(self) -> bool:
         """False when the node cannot serve (the reason is logged)."""
@@ -90,12 +106,12 @@ class DraNode:
         except (OSError, ValueError) as exc:
             log.error("dra mode cannot reach the API server: %s", exc)
             return False
-        self.preparer.load()
-        await loop.run_in_executor(None, self.preparer.reconcile, self.reader)
-        self.hub = DeviceHealthHub(self.state, self.config.node_name, self.publisher)
-        self.hub.update()
-        await loop.run_in_executor(None, self.hub.publish_now)
-        self.hub.start()
+        # Before any device is named: the claims' devices bind the numbers in their names.
+        self.preparer.load(by_name(dra_devices(self.state.inventory)))
+        self.numbers.load(self.preparer.held())
+        self.preparer.restore_specs()
+        self.hub = DeviceHealthHub(self.state, self.config.node_name, self.publisher, self._device_list)
+        self.hub.start()  # its publisher task publishes the slice, and retries while the API server is away
         self._health = plugin.health_servicers(self.hub)
         service = plugin.ClaimService(self.preparer, lambda: self.reader)
         self.dra_server = plugin.dra_server(self.config.dra_socket, service, self._health)
@@ -113,7 +129,31 @@ class DraNode:
             return False
         self._task = asyncio.ensure_future(self._keep_serving())
         self._reconcile_task = asyncio.ensure_future(self._reconcile_slices())
+        self._claims_task = asyncio.ensure_future(self._reconcile_claims(service))
         return True
+
+    async def _reconcile_claims(self, service: plugin.ClaimService) -> None:
+        """Unprepare the prepared claims the API server no longer has; ask again later about those it
+        could not be asked about. The reads run beside the kubelet's calls; only the unprepare of a gone
+        claim takes the servicer's lock."""
+        loop = asyncio.get_running_loop()
+        pending = sorted(self.preparer.claims)
+        delay = CLAIM_RECONCILE_RETRY_SECONDS
+        while pending:
+            reader = self.reader
+            assert reader is not None
+            try:
+                gone, pending = await loop.run_in_executor(None, self.preparer.gone_from_api_server, reader, pending)
+                if gone:
+                    async with service.lock:
+                        await loop.run_in_executor(None, self.preparer.drop, gone)
+            except Exception:  # a bug must not end the reconcile for good, nor the daemon
+                log.exception("reconciling the prepared claims with the API server failed; retrying")
+            if pending:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, CLAIM_RECONCILE_RETRY_MAX_SECONDS)
+        self.claims_reconciled = True
+        log.info("prepared claims reconciled with the API server", extra={"claims": len(self.preparer.claims)})
 
     async def _reconcile_slices(self) -> None:
         loop = asyncio.get_running_loop()
@@ -156,6 +196,8 @@ class DraNode:
             self._task.cancel()
         if self._reconcile_task is not None:
             self._reconcile_task.cancel()
+        if self._claims_task is not None:
+            self._claims_task.cancel()
         for watcher in self._watchers:
             watcher.stop()
         self._watchers.clear()

@@ -1,0 +1,124 @@
+"""The numbers in this node's DRA device names, bound to GPU UUIDs: `<kubelet plugins dir>/<driver>/devices.json`.
+
+A device name (`gpu-<number>`, `gpu-<number>-mig-<MIG index>`) is what the ResourceSlice publishes and
+what the scheduler writes into a claim's allocation, so it must name the same physical GPU for as long
+as any claim may hold it. NVML indices are not stable: when a GPU fails or is removed, the GPUs after it
+are numbered one lower at the next start. So a GPU's number is given once, remembered by UUID, and never
+given to another GPU. A GPU seen for the first time gets its NVML index when no remembered GPU has that
+number (a new node, or one upgraded from the version that named devices by index, gets exactly the
+names it had), else the next number above every number given so far.
+
+The file is JSON, written atomically when a number is given. One that cannot be read is renamed aside
+and the numbers are taken again from the prepared claims (the checkpoint) and the NVML indices."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from typing import Mapping, Optional
+
+from gpu_device_plugin.dra.cdi import write_atomically
+from gpu_device_plugin.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "devices.json"
+VERSION = 1
+_NUMBER = re.compile(r"^gpu-(?P<number>[0-9]+)(-mig-[0-9]+)?$")
+
+
+def number_in(device_name: str) -> Optional[int]:
+    """The GPU number in a device name (`gpu-3` and `gpu-3-mig-1` -> 3), None for another name."""
+    match = _NUMBER.match(device_name)
+    return int(match.group("number")) if match else None
+
+
+class DeviceNumbers:
+    """GPU UUID -> number, kept on disk. Thread-safe: the servicer's worker threads and the loop ask."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, FILE_NAME)
+        self._numbers: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def load(self, held: Mapping[str, str]) -> None:
+        """Read the file; `held` (device UUID -> device name, from the prepared claims) binds the numbers
+        of the devices that claims hold where the file does not know them (a first start after an upgrade,
+        or a file that was lost)."""
+        numbers = self._read()
+        for uuid, name in sorted(held.items()):
+            number = number_in(name)
+            if number is not None and uuid not in numbers and number not in numbers.values():
+                numbers[uuid] = number
+        with self._lock:
+            self._numbers = numbers
+
+    def numbers(self, inventory: Inventory) -> dict[str, int]:
+        """The number of every GPU in the inventory (a GPU in MIG mode is found by its own UUID or by the
+        UUID of one of its MIG devices); numbers given now are written to the file."""
+        with self._lock:
+            given: dict[str, int] = {}
+            new = False
+            for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+                number = self._numbers.get(gpu.uuid)
+                if number is None:
+                    # Bound through a MIG device a claim holds (load): the GPU's own UUID takes the number over.
+                    held = [m.uuid for m in gpu.mig_devices if m.uuid in self._numbers]
+                    if held:
+                        number = self._numbers[held[0]]
+                        for uuid in held:
+                            del self._numbers[uuid]
+                if number is None:
+                    taken = set(self._numbers.values())
+                    number = gpu.index if gpu.index not in taken else max(taken) + 1
+                    log.info("DRA device number given", extra={"gpu": gpu.uuid, "number": number})
+                if self._numbers.get(gpu.uuid) != number:
+                    self._numbers[gpu.uuid] = number
+                    new = True
+                given[gpu.uuid] = number
+            if new:
+                self._write()
+            return given
+
+    # -- the file ------------------------------------------------------------------------------
+    def _read(self) -> dict[str, int]:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            numbers = data["gpus"]
+            if data.get("version") != VERSION or not isinstance(numbers, dict):
+                raise ValueError(f"its version is not {VERSION}")
+            if not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in numbers.items()):
+                raise ValueError("a number in it is not a whole number")
+            if len(set(numbers.values())) != len(numbers):
+                raise ValueError("it gives one number to two GPUs")
+            return dict(numbers)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            aside = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+            try:
+                os.replace(self.path, aside)
+            except OSError:
+                aside = "(could not be renamed)"
+            log.error(
+                "the DRA device numbers %s cannot be used (%s); it was moved to %s and the numbers are taken"
+                " from the prepared claims and the NVML indices",
+                self.path,
+                exc,
+                aside,
+                extra={"file": self.path, "moved_to": aside},
+            )
+            return {}
+
+    def _write(self) -> None:
+        text = json.dumps({"version": VERSION, "gpus": dict(sorted(self._numbers.items()))}, indent=2) + "\n"
+        try:
+            write_atomically(self.path, text)
+        except OSError as exc:
+            # Kept in memory: names stay right while this daemon runs; the next start reads the claims again.
+            log.error("cannot write the DRA device numbers", extra={"file": self.path, "reason": str(exc)})
