@@ -78,6 +78,8 @@ class _Plan:
     """The options of one edit."""
 
     def __init__(self, source, name, runtime_path, set_as_default, state, adopt_existing, enable_cdi, spec_dirs):
+        # runc as containerd runs it when the edited file has none (a drop-in: the main file's runc).
+        self.inherited_runc = None
         self.source = source
         self.name = name
         self.runtime_path = runtime_path
@@ -135,7 +137,7 @@ def _converge_entries(edit, plan, runtimes_parts, adopted):
         if binary != wanted:
             edit.set_key((*entry_parts, "options", "BinaryName"), wanted, literal=literal)
         # The cgroup driver has to match the kubelet's: follow runc when it says which one.
-        runc_options = plain_at(edit.after, (*runtimes_parts, "runc", "options"))
+        runc_options = plain_at(_runc(edit, plan, runtimes_parts), ("options",))
         options = plain_at(edit.after, (*entry_parts, "options")) or {}
         if (
             isinstance(runc_options, dict)
@@ -143,6 +145,14 @@ def _converge_entries(edit, plan, runtimes_parts, adopted):
             and options.get("SystemdCgroup") != runc_options["SystemdCgroup"]
         ):
             edit.set_key((*entry_parts, "options", "SystemdCgroup"), runc_options["SystemdCgroup"])
+
+
+def _runc(edit, plan, runtimes_parts):
+    """The runc entry the nvidia entry follows: the file's own, else the one containerd merges in from elsewhere."""
+    runc = edit.value((*runtimes_parts, "runc"))
+    if isinstance(runc, dict):
+        return runc
+    return plan.inherited_runc if isinstance(plan.inherited_runc, dict) else {}
 
 
 def _new_entry(runc, runtime_path):
@@ -169,8 +179,7 @@ def _present(edit, plan, version, listed_before):
         )
     _converge_entries(edit, plan, runtimes_parts, adopted)
     runc_parts = (*runtimes_parts, "runc")
-    runc = edit.value(runc_parts)
-    runc = runc if isinstance(runc, dict) else {}
+    runc = _runc(edit, plan, runtimes_parts)
     literal = edit.literal_quotes((*runc_parts, "runtime_type"))
     default_parts = (*parts, "default_runtime_name")
     current = edit.value(default_parts)
@@ -261,11 +270,17 @@ def edit_containerd(
     adopt_existing=True,
     enable_cdi=False,
     cdi_spec_dirs=None,
+    inherited_runc=None,
 ):
-    """Add (or remove) the nvidia runtime in a containerd config of version 2 or 3."""
+    """Add (or remove) the nvidia runtime in a containerd config of version 2 or 3.
+
+    ``inherited_runc``: the runc entry containerd merges in from other files (for a drop-in, the main file's
+    and earlier imports'), which the nvidia entry follows where the edited file lists no runc itself.
+    """
     edit = TomlEdit(text, source)
     version = containerd_version(edit.before, source)
     plan = _Plan(source, name, runtime_path, set_as_default, state, adopt_existing, enable_cdi, cdi_spec_dirs)
+    plan.inherited_runc = inherited_runc
     parts = _cri_parts(version)
     adopted = []
     if state == "present":
@@ -398,6 +413,43 @@ def effective_cri_v2(main_data, config_path, exclude=None):
             if isinstance(found, dict):
                 section = found
     return section if isinstance(section, dict) else {}
+
+
+def _deep_merge(base, over):
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _imported_files(main_data, config_path, exclude=None):
+    """The parsed files the main config imports, in containerd's order, ``exclude`` (our drop-in) left out."""
+    for pattern in _import_paths(main_data.get("imports"), config_path):
+        for imported in sorted(glob.glob(pattern)):
+            if os.path.abspath(imported) == os.path.abspath(config_path):
+                continue
+            if exclude and os.path.abspath(imported) == os.path.abspath(exclude):
+                continue
+            try:
+                with open(imported, encoding="utf-8") as handle:
+                    yield imported, tt.loads(handle.read())
+            except (OSError, ValueError, tt.TomlTextError):
+                continue
+
+
+def effective_runc(main_data, version, config_path, exclude=None):
+    """runc's entry as containerd 2.x merges it, key by key, from the main file and the other imported files."""
+    parts = (*_cri_parts(version), "runtimes", "runc")
+    runc = plain_at(main_data, parts)
+    runc = runc if isinstance(runc, dict) else {}
+    for _path, data in _imported_files(main_data, config_path, exclude):
+        found = plain_at(data, parts)
+        if isinstance(found, dict):
+            runc = _deep_merge(runc, found)
+    return runc
 
 
 def drop_in_base(main_data, version, config_path="/etc/containerd/config.toml", drop_in_path=None):

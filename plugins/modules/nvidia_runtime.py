@@ -421,7 +421,8 @@ def _containerd(module, result):
     start = drop_in_text
     if start is None or not start.strip():
         start = ctd.drop_in_base(main_data, version, path, drop_in)
-    edit = ctd.edit_containerd(start, drop_in, **args)
+    inherited = ctd.effective_runc(main_data, version, path, drop_in)
+    edit = ctd.edit_containerd(start, drop_in, inherited_runc=inherited, **args)
     if edit.config_version != version:
         module.fail_json(
             msg=f"{drop_in} declares config version {edit.config_version} but {path} has version {version}; "

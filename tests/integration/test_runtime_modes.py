@@ -15,7 +15,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import CONFIGS, config_dump, config_dump_with_warnings
+from conftest import CONFIGS, built_containerd, config_dump, config_dump_with_warnings
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
 CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -29,6 +29,14 @@ def containerd_section(dump, version):
 def binaries(dump, version):
     runtimes = containerd_section(dump, version)["runtimes"]
     return {name: rt.get("options", {}).get("BinaryName") for name, rt in runtimes.items() if name.startswith("nvidia")}
+
+
+
+
+@pytest.fixture(scope="session")
+def containerd24():
+    """The newest containerd 2.x: it imports /etc/containerd/conf.d/*.toml by itself (from 2.2 on)."""
+    return built_containerd("build-containerd24.sh", " 2.4.")
 
 
 # --------------------------------------------------------------------------------------- drop-ins
@@ -86,7 +94,7 @@ def test_version_3_drop_in_holds_only_the_runtime(tmp_path, run_module, containe
         runtime="containerd", config_path=str(main), config_mode="drop_in", drop_in_path=str(drop_in), enable_cdi=True
     )
     assert drop_in.read_text().startswith("version = 3\n")
-    assert "sandbox" not in drop_in.read_text()
+    assert "pause:" not in drop_in.read_text()  # the sandbox image stays the main file's alone
     after, warnings = config_dump_with_warnings(containerd2, main)
     assert "unknown" not in warnings.lower(), warnings
     section = containerd_section(after, 3)
@@ -94,6 +102,33 @@ def test_version_3_drop_in_holds_only_the_runtime(tmp_path, run_module, containe
     assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
     assert section["runtimes"]["runc"] == containerd_section(before, 3)["runtimes"]["runc"]
     assert after["plugins"][CRI[3]]["enable_cdi"] is True
+
+
+@pytest.mark.parametrize("peer", ["containerd2", "containerd24"])
+@pytest.mark.parametrize("systemd", [True, False])
+def test_version_3_drop_in_keeps_runcs_cgroup_driver(peer, systemd, tmp_path, run_module, request):
+    """The nvidia runtime is the default: its SystemdCgroup must be runc's, or every pod of a systemd-driver
+    kubelet runs with the wrong cgroup driver. A drop-in holds no runc of its own, so it takes runc's options
+    from the main file (and the files imported before it)."""
+    binary = request.getfixturevalue(peer)
+    main = tmp_path / "config.toml"
+    text = (CONFIGS / "v3-node.toml").read_text()
+    main.write_text(text if systemd else text.replace("SystemdCgroup = true", "SystemdCgroup = false"))
+    drop_in = tmp_path / "conf.d" / "99-nvidia.toml"
+    args = dict(runtime="containerd", config_path=str(main), config_mode="drop_in", drop_in_path=str(drop_in))
+    run_module(**args)
+    section = containerd_section(config_dump(binary, main), 3)
+    assert section["default_runtime_name"] == "nvidia"
+    assert section["runtimes"]["runc"]["options"]["SystemdCgroup"] is systemd
+    assert section["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is systemd
+    assert run_module(**args)["changed"] is False
+
+    # runc's driver changes later in the main file: the next run follows it.
+    main.write_text(main.read_text().replace(f"SystemdCgroup = {str(systemd).lower()}", f"SystemdCgroup = {str(not systemd).lower()}"))
+    assert run_module(**args)["changed"] is True
+    section = containerd_section(config_dump(binary, main), 3)
+    assert section["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is (not systemd)
+    assert run_module(**args)["changed"] is False
 
 
 # --------------------------------------------------------------------------------- k3s and RKE2
