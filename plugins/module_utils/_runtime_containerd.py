@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""containerd's rules for the nvidia runtime: config versions 2 and 3, drop-ins, k3s/RKE2 templates (private)."""
+"""containerd's rules for the nvidia runtime: config versions 2, 3 and 4, drop-ins, k3s/RKE2 templates (private)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import 
 )
 
 RUNC_SHIM = "io.containerd.runc.v2"
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+# Version 4 (containerd 2.2 and later) moved the server settings into plugins; the CRI sections are version 3's.
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime", 4: "io.containerd.cri.v1.runtime"}
 MINIMAL_CONTAINERD_CONFIG = "version = 2\n"
 RUNC_MARKER = "gpuops.k8s.nvidia_runtime: containerd's built-in runc, listed so that it stays"
 DROP_IN_PATH = "/etc/containerd/conf.d/99-nvidia.toml"
@@ -48,13 +49,13 @@ def containerd_version(data, source):
     if "version" not in data:
         raise ConfigError(
             f"{source} has no top-level version key, which containerd reads as config version 1; "
-            "this module edits versions 2 and 3 only (convert it with `containerd config migrate`)."
+            "this module edits versions 2, 3 and 4 only (convert it with `containerd config migrate`)."
         )
     version = data["version"]
     if isinstance(version, bool) or version not in CRI_PLUGIN:
         raise ConfigError(
             f"{source} declares containerd config version {json.dumps(version, default=str)}; "
-            "this module edits versions 2 and 3 only."
+            "this module edits versions 2, 3 and 4 only."
         )
     return version
 
@@ -203,7 +204,8 @@ def _present(edit, plan, version, listed_before):
         edit.set_key((*runc_parts, "runtime_type"), RUNC_SHIM, comment=RUNC_MARKER, literal=literal)
     if plan.enable_cdi:
         cdi = _cdi_parts(version)
-        if edit.value((*cdi, "enable_cdi")) is not True:
+        # containerd 2.2 and later always read CDI and warn about an enable_cdi key (config version 4).
+        if version < 4 and edit.value((*cdi, "enable_cdi")) is not True:
             edit.set_key((*cdi, "enable_cdi"), True)
         if edit.value((*cdi, "cdi_spec_dirs")) != plan.cdi_spec_dirs:
             edit.set_key((*cdi, "cdi_spec_dirs"), plan.cdi_spec_dirs, literal=literal)

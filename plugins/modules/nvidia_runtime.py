@@ -21,7 +21,7 @@ description:
     that the file means exactly what was intended before anything is written. A round-tripping TOML library
     is not used because it re-renders what it is given: on configs that set CRI keys with dotted keys it put
     the runtime under the wrong table, and some valid layouts stopped it with internal errors."
-  - "containerd: config versions 2 and 3 (read from the file). The runtime is added under
+  - "containerd: config versions 2, 3 and 4 (read from the file; 4 is what containerd 2.2 and later write). The runtime is added under
     C(plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.<name>) (version 2) or
     C(plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.<name>) (version 3). It inherits the fields
     and C(options) of the existing C(runc) runtime (C(SystemdCgroup) and the rest), with
@@ -167,7 +167,7 @@ notes:
     whose result would not parse to exactly the intended settings is refused and nothing is written.
 seealso:
   - name: containerd configuration
-    description: The containerd config file format (versions 2 and 3).
+    description: The containerd config file format (versions 2, 3 and 4).
     link: https://github.com/containerd/containerd/blob/main/docs/cri/config.md
 """
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import CONFIGS, built_containerd, config_dump, config_dump_with_warnings
+from conftest import CONFIGS, built_containerd, config_dump, config_dump_with_warnings, containerd_default
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
 CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -128,6 +128,33 @@ def test_version_3_drop_in_keeps_runcs_cgroup_driver(peer, systemd, tmp_path, ru
     assert run_module(**args)["changed"] is True
     section = containerd_section(config_dump(binary, main), 3)
     assert section["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is (not systemd)
+    assert run_module(**args)["changed"] is False
+
+
+def test_containerd_24_default_config_takes_the_drop_in(tmp_path, run_module, containerd24):
+    """containerd 2.2 and later write config version 4 and import conf.d/*.toml by default, so auto mode
+    writes a drop-in on every new node: it must read version 4, keep runc's cgroup driver and write no key
+    containerd 2.4 does not know (enable_cdi: CDI is always on there)."""
+    main = tmp_path / "config.toml"
+    conf_d = tmp_path / "conf.d"
+    default = containerd_default(containerd24)
+    assert default.startswith("version = 4\n") and "'/etc/containerd/conf.d/*.toml'" in default
+    main.write_text(
+        default.replace("/etc/containerd/conf.d", str(conf_d)).replace("SystemdCgroup = false", "SystemdCgroup = true")
+    )
+    original = main.read_text()
+    args = dict(runtime="containerd", config_path=str(main), enable_cdi=True)
+    result = run_module(**args)
+    assert result["config_mode"] == "drop_in" and result["config_version"] == 4
+    assert result["config_path"] == str(conf_d / "99-nvidia.toml")
+    assert main.read_text() == original  # the default already imports the directory
+    dump, warnings = config_dump_with_warnings(containerd24, main)
+    assert "level=warning" not in warnings, warnings
+    section = containerd_section(dump, 3)
+    assert section["default_runtime_name"] == "nvidia"
+    assert section["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is True
+    assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+    assert dump["plugins"][CRI[3]]["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
     assert run_module(**args)["changed"] is False
 
 
