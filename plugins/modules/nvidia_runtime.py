@@ -21,9 +21,9 @@ description:
     that the file means exactly what was intended before anything is written. A round-tripping TOML library
     is not used because it re-renders what it is given: on configs that set CRI keys with dotted keys it put
     the runtime under the wrong table, and some valid layouts stopped it with internal errors."
-  - "containerd: config versions 2, 3 and 4 (read from the file; 4 is what containerd 2.2 and later write). The runtime is added under
-    C(plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.<name>) (version 2) or
-    C(plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.<name>) (version 3). It inherits the fields
+  - "containerd: config versions 2, 3 and 4 (read from the file; 4 is what containerd 2.2 and later write).
+    The runtime is added under C(plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.<name>) (version 2) or
+    C(plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.<name>) (versions 3 and 4). It inherits the fields
     and C(options) of the existing C(runc) runtime (C(SystemdCgroup) and the rest), with
     C(runtime_type = \"io.containerd.runc.v2\") and C(options.BinaryName) set to O(runtime_path)."
   - "containerd, where the config goes (O(config_mode)): into the main file; into a drop-in file that the

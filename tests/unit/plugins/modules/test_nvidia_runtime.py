@@ -331,12 +331,13 @@ def test_drop_in_mode_check_mode_and_diff_of_both_files(tmp_path, config):
     args = {"runtime": "containerd", "config_path": str(config), "config_mode": "drop_in", "drop_in_path": str(drop_in)}
     checked = run(args, check=True, diff=True)
     assert checked["changed"] and config.read_text() == V2 and not drop_in.exists()
-    assert [d["after_header"] for d in checked["diff"]] == [str(config), str(drop_in)]
-    assert checked["diff"][1]["before_header"] == f"{drop_in} (absent)"
+    # The drop-in comes first: it is written before the import that makes containerd read it.
+    assert [d["after_header"] for d in checked["diff"]] == [str(drop_in), str(config)]
+    assert checked["diff"][0]["before_header"] == f"{drop_in} (absent)"
     done = run(args)
-    assert done["changed_files"] == [str(config), str(drop_in)]
-    assert drop_in.read_text() == checked["diff"][1]["after"]
-    assert config.read_text() == checked["diff"][0]["after"]
+    assert done["changed_files"] == [str(drop_in), str(config)]
+    assert drop_in.read_text() == checked["diff"][0]["after"]
+    assert config.read_text() == checked["diff"][1]["after"]
     assert tomllib.loads(config.read_text())["imports"] == [str(tmp_path / "conf.d" / "*.toml")]
     # auto sees the imported directory now, and the drop-in goes into it without being named.
     again = run({"runtime": "containerd", "config_path": str(config)})
