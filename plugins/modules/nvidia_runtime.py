@@ -280,6 +280,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._files import (
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import ConfigError
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_crio import edit_crio
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_docker import edit_docker
+from ansible_collections.gpuops.k8s.plugins.module_utils import _toml_text as tt
 from ansible_collections.gpuops.k8s.plugins.module_utils._toml_text import HAS_TOML_PARSER
 
 DEFAULT_PATHS = {
@@ -511,6 +512,49 @@ def _containerd_template(module, result, path, generated, args):
     return [Change(template, current, edit.text)]
 
 
+def _crio_files(directory):
+    """Every file under ``directory`` in the order CRI-O reads them (Go's filepath.Walk: lexical, depth first)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return
+    for name in names:
+        entry = os.path.join(directory, name)
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            yield from _crio_files(entry)
+        else:
+            yield entry
+
+
+def _crio_neighbours(module, path):
+    """The other files CRI-O reads, parsed, split into those read before ``path`` and those read after it.
+
+    ``path`` in a drop-in directory (``crio.conf.d``): the main file beside it (``crio.conf``) and the
+    directory's other files; ``path`` a main file: the files of ``<path>.d``.
+    """
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    if directory.endswith(".d"):
+        main, drop_ins = directory[:-2], directory
+    else:
+        main, drop_ins = path, path + ".d"
+    order = ([main] if os.path.isfile(main) else []) + list(_crio_files(drop_ins))
+    if path not in order:
+        order.append(path)
+        order.sort(key=lambda p: (p != main, p))
+    at = order.index(path)
+    parsed = []
+    for other in order:
+        data = {}
+        if other != path:
+            try:
+                data = tt.loads(read_text(other) or "")
+            except (OSError, UnicodeDecodeError, tt.TomlTextError) as exc:
+                module.warn(f"{other} could not be read as TOML ({exc}); CRI-O will not start with it either.")
+        parsed.append((other, data))
+    return parsed[:at], parsed[at + 1 :]
+
+
 def _report(result, edit):
     result["runtime_entry"] = edit.runtime_entry
     result["default_runtime"] = edit.default_runtime
@@ -541,7 +585,8 @@ def run_module(module):
             changes = _containerd(module, result)
         elif runtime == "crio":
             original = _read(module, path)
-            edit = edit_crio(original or "", path, **_edit_args(params))
+            before, after = _crio_neighbours(module, path)
+            edit = edit_crio(original or "", path, before=before, after=after, **_edit_args(params))
             _report(result, edit)
             new_text = None if original is None and state == "absent" else edit.text
             changes = [Change(path, original, new_text)]
