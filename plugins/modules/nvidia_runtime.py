@@ -34,11 +34,18 @@ description:
     C(containerd) binary is on the target, or from a minimal version 2 file otherwise.
   - "Docker: C(runtimes.<name>) in C(daemon.json) with C(path) and C(args), and C(default-runtime). Key order and
     the file's indentation are kept."
-  - "CRI-O: a drop-in file with C([crio.runtime.runtimes.<name>]) and C([crio.runtime] default_runtime)."
-  - "Entries that the GPU Operator, C(nvidia-ctk) or k3s wrote (O(runtime_name) and its C(-cdi), C(-legacy) and
-    C(-experimental) variants, with a binary under C(/usr/local/nvidia/toolkit/) or C(/usr/bin/)) are adopted:
-    their binary is pointed at O(runtime_path) (the variants at the matching C(nvidia-container-runtime.<mode>)
-    next to it) and every other option stays (see O(adopt_existing))."
+  - "CRI-O: a drop-in file with C([crio.runtime.runtimes.<name>]) and C([crio.runtime] default_runtime). The other
+    files CRI-O reads (C(crio.conf), then every file of C(crio.conf.d) in lexical order, whatever its name ends in,
+    later ones overriding earlier keys and replacing a runtime's whole entry) are read first. An NVIDIA entry an
+    earlier file defines (C(99-nvidia.conf) of C(nvidia-ctk), say) is adopted into the drop-in with its other keys;
+    a later file that overrides the runtime or the default, and on O(state=absent) a runtime another file still
+    defines, is reported as a warning."
+  - "Entries that the GPU Operator, C(nvidia-ctk) or k3s wrote (O(runtime_name) and its C(-cdi) and C(-legacy)
+    variants from the GPU Operator and C(nvidia-ctk), C(-cdi) and C(-experimental) from k3s, with a binary under
+    C(/usr/local/nvidia/toolkit/), C(/opt/kwasm/bin/), C(/usr/local/bin/) or C(/usr/bin/)) are adopted. Their
+    binary is pointed at O(runtime_path), the variants at the matching C(nvidia-container-runtime.cdi),
+    C(nvidia-container-runtime.legacy) or (k3s) C(nvidia-container-runtime-experimental) next to it, and every
+    other option stays (see O(adopt_existing))."
   - >-
     When O(state=present) changes the default runtime it records the previous one, so that O(state=absent)
     can restore it. In TOML files that record is a comment on the default-runtime line
@@ -80,6 +87,13 @@ options:
         the base template writes, so the default runtime is k3s's and RKE2's own C(default-runtime) setting,
         which the C(nvidia_runtime) role writes.
       - V(auto) is V(drop_in) when O(config_path) already imports a drop-in directory (a glob), else V(file).
+      - A config that k3s or RKE2 generated (recognised by the first line they write) is never edited itself, since
+        they rewrite it at every start; V(file) is refused. There V(auto) is V(drop_in) when it imports a drop-in
+        directory (C(config-v3.toml.d) or C(config.toml.d), k3s v1.33.10, v1.34.6, v1.35.3, v1.36.0 and later),
+        else V(template); the drop-in holds only the runtime, with runc's C(SystemdCgroup), and a template block
+        of this module from before is removed after the drop-in is written.
+      - With V(drop_in) the drop-in is written before the main file's import, so that a failure between the two
+        writes leaves a configuration containerd loads.
     type: str
     choices: [auto, file, drop_in, template]
     default: auto
