@@ -555,7 +555,8 @@ def _crio_neighbours(module, path):
     order = ([main] if os.path.isfile(main) else []) + list(_crio_files(drop_ins))
     if path not in order:
         order.append(path)
-        order.sort(key=lambda p: (p != main, p))
+        # filepath.Walk's order: by the path's components, so a directory comes before a file whose name extends it.
+        order.sort(key=lambda p: (p != main, tuple(os.path.relpath(p, drop_ins).split(os.sep))))
     at = order.index(path)
     parsed = []
     for other in order:

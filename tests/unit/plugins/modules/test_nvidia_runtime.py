@@ -432,3 +432,21 @@ def test_the_directory_is_flushed_after_the_rename(config, monkeypatch):
     monkeypatch.setattr(os, "fsync", fsync)
     run({"runtime": "containerd", "config_path": str(config)})
     assert synced[-1] is True
+
+
+def test_crio_files_are_read_in_crios_order(tmp_path):
+    """CRI-O walks crio.conf.d with Go's filepath.Walk: names in lexical order, a directory where its name sorts
+    (so 10-a/ before 10-a.conf), files of any extension; crio.conf comes first."""
+    etc = tmp_path / "crio"
+    (etc / "crio.conf.d" / "10-a").mkdir(parents=True)
+    for name in ("crio.conf", "crio.conf.d/10-a.conf", "crio.conf.d/10-a/x.toml", "crio.conf.d/zz.whatever"):
+        (etc / name).write_text("")
+
+    class Module:
+        def warn(self, message):
+            raise AssertionError(message)
+
+    before, after = nvidia_runtime._crio_neighbours(Module(), str(etc / "crio.conf.d" / "99-nvidia.toml"))
+    names = [os.path.relpath(path, etc) for path, _data in before + after]
+    assert names == ["crio.conf", "crio.conf.d/10-a/x.toml", "crio.conf.d/10-a.conf", "crio.conf.d/zz.whatever"]
+    assert [os.path.relpath(path, etc) for path, _data in after] == ["crio.conf.d/zz.whatever"]
