@@ -70,6 +70,9 @@ def test_version_2_drop_in_keeps_the_main_cri_settings(peer, tmp_path, run_modul
     section = containerd_section(after, 2)
     assert section["default_runtime_name"] == "nvidia"
     assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+    assert section["runtimes"]["nvidia"]["options"].get("SystemdCgroup") == section["runtimes"]["runc"]["options"].get(
+        "SystemdCgroup"
+    )
     assert section["runtimes"]["runc"] == containerd_section(before, 2)["runtimes"]["runc"]
 
     removed = run_module(runtime="containerd", config_path=str(main), config_mode="drop_in", drop_in_path=str(drop_in))
@@ -99,6 +102,7 @@ def test_version_3_drop_in_holds_only_the_runtime(tmp_path, run_module, containe
     section = containerd_section(after, 3)
     assert section["default_runtime_name"] == "nvidia"
     assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+    assert section["runtimes"]["nvidia"]["options"]["SystemdCgroup"] is True  # runc's, from the main file
     assert section["runtimes"]["runc"] == containerd_section(before, 3)["runtimes"]["runc"]
     assert after["plugins"][CRI[3]]["enable_cdi"] is True
 
