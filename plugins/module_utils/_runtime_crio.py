@@ -114,8 +114,9 @@ def edit_crio(
         if edit.value(entry_parts) is None:
             edit.add_table(entry_parts, {"runtime_path": runtime_path, "runtime_type": "oci"})
         current = edit.value(default_parts)
-        effective = current if current is not None else inherited_default[0]
-        if set_as_default and effective != name:
+        # Set here even where an earlier file (nvidia-ctk's) says the same: the drop-in stands on its own when
+        # that file goes, and absent removing it gives the earlier files' default back.
+        if set_as_default and current != name:
             user_comment = comment_without_marker(edit.comment(default_parts)) if current is not None else ""
             marker = marker_comment(current, table_added=not edit.defined(PARTS))
             edit.set_key(default_parts, name, comment=f"{user_comment} # {marker}" if user_comment else marker)
