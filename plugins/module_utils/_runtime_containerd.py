@@ -510,7 +510,8 @@ def rancher_drop_in_text(version):
 
 
 def template_name(version):
-    return TEMPLATE_NAMES[version]
+    # k3s and RKE2 name the template of a version 3 config config-v3.toml.tmpl; a later version keeps that name.
+    return TEMPLATE_NAMES[min(version, 3)]
 
 
 def template_path_for(generated, source):

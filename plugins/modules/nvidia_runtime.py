@@ -502,7 +502,7 @@ def _containerd_rancher(module, result, path, generated, main_data, program, arg
         _report(result, edit)
         changes.append(Change(drop_in, drop_in_text, edit.text))
     # A template block of ours from before k3s imported drop-ins goes (after the drop-in is written).
-    template = params["template_path"] or os.path.join(os.path.dirname(path), ctd.template_name(min(version, 3)))
+    template = params["template_path"] or os.path.join(os.path.dirname(path), ctd.template_name(version))
     current = _read(module, template)
     if current is not None and ctd.split_template(current)[1] is not None:
         kept = ctd.template_text(current, None)
