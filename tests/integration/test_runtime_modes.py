@@ -469,7 +469,17 @@ def write_atomic(module, path, text, mode_for_new=0o644):
     return _real(module, path, text, mode_for_new)
 
 
+_real_remove = _files.remove_file
+
+
+def remove_file(path):
+    if path == os.environ["GPUOPS_TEST_FAIL_WRITE"]:
+        raise OSError(30, "Read-only file system (test double of a failing disk)")
+    return _real_remove(path)
+
+
 _files.write_atomic = write_atomic
+_files.remove_file = remove_file
 """
 
 
@@ -505,3 +515,40 @@ def test_a_drop_in_write_interrupted_before_the_import_leaves_a_loadable_config(
     section = containerd_section(config_dump(binary, main), version)
     assert section["default_runtime_name"] == "nvidia"
     assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+
+
+def test_a_k3s_upgrade_interrupted_before_the_template_keeps_the_runtime(
+    tmp_path, collection_root, k3s_render, containerd24, monkeypatch
+):
+    """The move from the template to the drop-in writes the drop-in first: when removing the template's block
+    fails, k3s's next start still renders a config containerd loads, with the runtime (from both files)."""
+    from conftest import ModuleRunner
+
+    agent, generated = k3s_node(tmp_path, "k3s-v1.32.3-v3-base.toml")
+    run_module = ModuleRunner(collection_root, tmp_path)
+    args = dict(runtime="containerd", config_path=str(generated), set_as_default=False)
+    run_module(**args)
+    template = agent / "config-v3.toml.tmpl"
+    new_base = tmp_path / "k3s-v1.36-base.toml"
+    new_base.write_text(
+        (K3S / "k3s-v1.36-v3-base.toml").read_text().replace("/var/lib/rancher/k3s/agent/etc/containerd", str(agent))
+    )
+    generated.write_text(render(k3s_render, new_base, template))
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FAIL_WRITE)
+    monkeypatch.setenv("GPUOPS_TEST_FAIL_WRITE", str(template))
+    failed = ModuleRunner(collection_root, tmp_path, extra_path=[str(hook)])(expect_failure=True, **args)
+    assert "Read-only file system" in failed["msg"]
+    drop_in = agent / "config-v3.toml.d" / "99-nvidia.toml"
+    assert drop_in.exists() and template.exists()
+
+    # k3s starts again: the template still renders our block next to the drop-in, and containerd loads both.
+    generated.write_text(render(k3s_render, new_base, template))
+    section = containerd_section(config_dump(containerd24, generated), 3)
+    assert section["runtimes"]["nvidia"]["options"]["BinaryName"] == RUNTIME
+
+    monkeypatch.delenv("GPUOPS_TEST_FAIL_WRITE")
+    assert run_module(**args)["changed_files"] == [str(template)]
+    assert not template.exists()
