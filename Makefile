@@ -44,7 +44,7 @@ units: setup collection
 	cd $(COLLECTION) && ansible-test units --venv --python $(PYTHON_VERSION) --color no
 
 integration: setup
-	scripts/build-containerd2.sh >/dev/null
+	scripts/build-containerd2.sh >/dev/null && scripts/build-containerd24.sh >/dev/null
 	scripts/build-containerd17.sh >/dev/null
 	python -m pytest -q -p no:cacheprovider tests/integration
 

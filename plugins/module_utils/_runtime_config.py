@@ -25,10 +25,19 @@ from ansible_collections.gpuops.k8s.plugins.module_utils import _toml_text as tt
 
 MARKER = "gpuops.k8s.nvidia_runtime"
 RUNTIME_BASENAME = "nvidia-container-runtime"
-# The entries the GPU Operator, nvidia-ctk and k3s write, by suffix of the runtime name and binary.
+# The entries the GPU Operator, nvidia-ctk and k3s write, by suffix of the runtime name: nvidia-ctk and the
+# GPU Operator write -cdi and -legacy (binaries nvidia-container-runtime.cdi, .legacy); k3s writes -cdi and
+# -experimental, the latter with the binary nvidia-container-runtime-experimental (a hyphen), never -legacy.
 NVIDIA_VARIANTS = ("", "-cdi", "-legacy", "-experimental")
-# Where those installers put the runtime binary: the GPU Operator's toolkit directory, or the host's.
-FOREIGN_TOOLKIT_DIRS = ("/usr/local/nvidia/toolkit", "/usr/bin")
+VARIANT_BINARIES = {
+    "": RUNTIME_BASENAME,
+    "-cdi": RUNTIME_BASENAME + ".cdi",
+    "-legacy": RUNTIME_BASENAME + ".legacy",
+    "-experimental": RUNTIME_BASENAME + "-experimental",
+}
+# Where those installers put the runtime binary: the GPU Operator's toolkit directory, or the host's; k3s
+# searches /usr/local/nvidia/toolkit, /opt/kwasm/bin and then its PATH.
+FOREIGN_TOOLKIT_DIRS = ("/usr/local/nvidia/toolkit", "/opt/kwasm/bin", "/usr/local/bin", "/usr/bin")
 DEFAULT_CDI_SPEC_DIRS = ["/etc/cdi", "/var/run/cdi"]
 
 _MARKER_RE = re.compile(
@@ -64,7 +73,7 @@ def variant_binary(runtime_path, variant):
     """The binary of a variant entry (``-cdi`` ...) next to the configured runtime."""
     if not variant:
         return runtime_path
-    return os.path.join(os.path.dirname(runtime_path), RUNTIME_BASENAME + "." + variant.lstrip("-"))
+    return os.path.join(os.path.dirname(runtime_path), VARIANT_BINARIES[variant])
 
 
 def is_nvidia_binary(binary, runtime_path):
@@ -72,7 +81,7 @@ def is_nvidia_binary(binary, runtime_path):
     if not isinstance(binary, str) or not binary:
         return False
     directory, base = os.path.split(binary)
-    if not re.match(r"^nvidia-container-runtime(\.(cdi|legacy|experimental))?$", base):
+    if base not in VARIANT_BINARIES.values():
         return False
     return directory in (*FOREIGN_TOOLKIT_DIRS, os.path.dirname(runtime_path))
 

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""containerd's rules for the nvidia runtime: config versions 2 and 3, drop-ins, k3s/RKE2 templates (private)."""
+"""containerd's rules for the nvidia runtime: config versions 2, 3 and 4, drop-ins, k3s/RKE2 templates (private)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import 
 )
 
 RUNC_SHIM = "io.containerd.runc.v2"
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+# Version 4 (containerd 2.2 and later) moved the server settings into plugins; the CRI sections are version 3's.
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime", 4: "io.containerd.cri.v1.runtime"}
 MINIMAL_CONTAINERD_CONFIG = "version = 2\n"
 RUNC_MARKER = "gpuops.k8s.nvidia_runtime: containerd's built-in runc, listed so that it stays"
 DROP_IN_PATH = "/etc/containerd/conf.d/99-nvidia.toml"
@@ -48,13 +49,13 @@ def containerd_version(data, source):
     if "version" not in data:
         raise ConfigError(
             f"{source} has no top-level version key, which containerd reads as config version 1; "
-            "this module edits versions 2 and 3 only (convert it with `containerd config migrate`)."
+            "this module edits versions 2, 3 and 4 only (convert it with `containerd config migrate`)."
         )
     version = data["version"]
     if isinstance(version, bool) or version not in CRI_PLUGIN:
         raise ConfigError(
             f"{source} declares containerd config version {json.dumps(version, default=str)}; "
-            "this module edits versions 2 and 3 only."
+            "this module edits versions 2, 3 and 4 only."
         )
     return version
 
@@ -78,6 +79,8 @@ class _Plan:
     """The options of one edit."""
 
     def __init__(self, source, name, runtime_path, set_as_default, state, adopt_existing, enable_cdi, spec_dirs):
+        # runc as containerd runs it when the edited file has none (a drop-in: the main file's runc).
+        self.inherited_runc = None
         self.source = source
         self.name = name
         self.runtime_path = runtime_path
@@ -135,7 +138,7 @@ def _converge_entries(edit, plan, runtimes_parts, adopted):
         if binary != wanted:
             edit.set_key((*entry_parts, "options", "BinaryName"), wanted, literal=literal)
         # The cgroup driver has to match the kubelet's: follow runc when it says which one.
-        runc_options = plain_at(edit.after, (*runtimes_parts, "runc", "options"))
+        runc_options = plain_at(_runc(edit, plan, runtimes_parts), ("options",))
         options = plain_at(edit.after, (*entry_parts, "options")) or {}
         if (
             isinstance(runc_options, dict)
@@ -143,6 +146,14 @@ def _converge_entries(edit, plan, runtimes_parts, adopted):
             and options.get("SystemdCgroup") != runc_options["SystemdCgroup"]
         ):
             edit.set_key((*entry_parts, "options", "SystemdCgroup"), runc_options["SystemdCgroup"])
+
+
+def _runc(edit, plan, runtimes_parts):
+    """The runc entry the nvidia entry follows: the file's own, else the one containerd merges in from elsewhere."""
+    runc = edit.value((*runtimes_parts, "runc"))
+    if isinstance(runc, dict):
+        return runc
+    return plan.inherited_runc if isinstance(plan.inherited_runc, dict) else {}
 
 
 def _new_entry(runc, runtime_path):
@@ -169,8 +180,7 @@ def _present(edit, plan, version, listed_before):
         )
     _converge_entries(edit, plan, runtimes_parts, adopted)
     runc_parts = (*runtimes_parts, "runc")
-    runc = edit.value(runc_parts)
-    runc = runc if isinstance(runc, dict) else {}
+    runc = _runc(edit, plan, runtimes_parts)
     literal = edit.literal_quotes((*runc_parts, "runtime_type"))
     default_parts = (*parts, "default_runtime_name")
     current = edit.value(default_parts)
@@ -194,7 +204,8 @@ def _present(edit, plan, version, listed_before):
         edit.set_key((*runc_parts, "runtime_type"), RUNC_SHIM, comment=RUNC_MARKER, literal=literal)
     if plan.enable_cdi:
         cdi = _cdi_parts(version)
-        if edit.value((*cdi, "enable_cdi")) is not True:
+        # containerd 2.2 and later always read CDI and warn about an enable_cdi key (config version 4).
+        if version < 4 and edit.value((*cdi, "enable_cdi")) is not True:
             edit.set_key((*cdi, "enable_cdi"), True)
         if edit.value((*cdi, "cdi_spec_dirs")) != plan.cdi_spec_dirs:
             edit.set_key((*cdi, "cdi_spec_dirs"), plan.cdi_spec_dirs, literal=literal)
@@ -261,11 +272,17 @@ def edit_containerd(
     adopt_existing=True,
     enable_cdi=False,
     cdi_spec_dirs=None,
+    inherited_runc=None,
 ):
-    """Add (or remove) the nvidia runtime in a containerd config of version 2 or 3."""
+    """Add (or remove) the nvidia runtime in a containerd config of version 2 or 3.
+
+    ``inherited_runc``: the runc entry containerd merges in from other files (for a drop-in, the main file's
+    and earlier imports'), which the nvidia entry follows where the edited file lists no runc itself.
+    """
     edit = TomlEdit(text, source)
     version = containerd_version(edit.before, source)
     plan = _Plan(source, name, runtime_path, set_as_default, state, adopt_existing, enable_cdi, cdi_spec_dirs)
+    plan.inherited_runc = inherited_runc
     parts = _cri_parts(version)
     adopted = []
     if state == "present":
@@ -400,6 +417,43 @@ def effective_cri_v2(main_data, config_path, exclude=None):
     return section if isinstance(section, dict) else {}
 
 
+def _deep_merge(base, over):
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _imported_files(main_data, config_path, exclude=None):
+    """The parsed files the main config imports, in containerd's order, ``exclude`` (our drop-in) left out."""
+    for pattern in _import_paths(main_data.get("imports"), config_path):
+        for imported in sorted(glob.glob(pattern)):
+            if os.path.abspath(imported) == os.path.abspath(config_path):
+                continue
+            if exclude and os.path.abspath(imported) == os.path.abspath(exclude):
+                continue
+            try:
+                with open(imported, encoding="utf-8") as handle:
+                    yield imported, tt.loads(handle.read())
+            except (OSError, ValueError, tt.TomlTextError):
+                continue
+
+
+def effective_runc(main_data, version, config_path, exclude=None):
+    """runc's entry as containerd 2.x merges it, key by key, from the main file and the other imported files."""
+    parts = (*_cri_parts(version), "runtimes", "runc")
+    runc = plain_at(main_data, parts)
+    runc = runc if isinstance(runc, dict) else {}
+    for _path, data in _imported_files(main_data, config_path, exclude):
+        found = plain_at(data, parts)
+        if isinstance(found, dict):
+            runc = _deep_merge(runc, found)
+    return runc
+
+
 def drop_in_base(main_data, version, config_path="/etc/containerd/config.toml", drop_in_path=None):
     """What a drop-in starts from: its version and, for version 2, the CRI section containerd runs with.
 
@@ -435,9 +489,29 @@ def _table_text(parts, table):
 # ---------------------------------------------------------------------------------------------
 # k3s and RKE2 templates
 
+# The first line k3s and RKE2 write into the containerd config they generate at every start.
+_GENERATED_RE = re.compile(r"^\ufeff?# File generated by (?P<program>[\w.-]+)\. DO NOT EDIT\.")
+
+
+def generated_by(text):
+    """The program (k3s, rke2) that generated this containerd config at its start, or None."""
+    match = _GENERATED_RE.match(text or "")
+    return match.group("program") if match else None
+
+
+def rancher_drop_in_text(version):
+    """What a drop-in beside a k3s/RKE2 config starts from: the version alone.
+
+    The k3s and RKE2 releases that import a drop-in directory (v1.33.10, v1.34.6, v1.35.3, v1.36.0 and
+    later) ship containerd 2.x, which merges an imported file key by key; carrying the CRI section
+    would freeze what k3s decides at each start (the cgroup driver, the sandbox image).
+    """
+    return f"version = {version}\n"
+
 
 def template_name(version):
-    return TEMPLATE_NAMES[version]
+    # k3s and RKE2 name the template of a version 3 config config-v3.toml.tmpl; a later version keeps that name.
+    return TEMPLATE_NAMES[min(version, 3)]
 
 
 def template_path_for(generated, source):
@@ -516,7 +590,11 @@ def template_block(base_text, source, plan):
     tables = [f"[{tt.dotted(entry_parts)}]"]
     tables += [f"  {tt.key_text(k)} = {tt.value_text(v)}" for k, v in new.items()]
     tables += [f"[{tt.dotted((*entry_parts, 'options'))}]"]
-    tables += [f"  {tt.key_text(k)} = {tt.value_text(v)}" for k, v in options.items()]
+    for key, value in options.items():
+        # k3s decides runc's cgroup driver at every start ({{ .SystemdCgroup }} in its base template):
+        # the runtime follows that decision, not the value of the start the template was written after.
+        rendered_value = "{{ $.SystemdCgroup }}" if key == "SystemdCgroup" else tt.value_text(value)
+        tables.append(f"  {tt.key_text(key)} = {rendered_value}")
     body = "\n".join(tables) + "\n"
     if isinstance(entry, dict) and _binary(entry) != plan.runtime_path:
         notes.append(
@@ -525,7 +603,9 @@ def template_block(base_text, source, plan):
         )
     if entry is None:
         # Where base lacks the runtime the tables render: they must fit what base writes.
-        combined = base_text + ("" if base_text.endswith("\n") else "\n") + body
+        combined = (
+            base_text + ("" if base_text.endswith("\n") else "\n") + body.replace("{{ $.SystemdCgroup }}", "true")
+        )
         try:
             tt.loads(combined)
         except tt.TomlTextError as exc:

@@ -21,9 +21,9 @@ description:
     that the file means exactly what was intended before anything is written. A round-tripping TOML library
     is not used because it re-renders what it is given: on configs that set CRI keys with dotted keys it put
     the runtime under the wrong table, and some valid layouts stopped it with internal errors."
-  - "containerd: config versions 2 and 3 (read from the file). The runtime is added under
-    C(plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.<name>) (version 2) or
-    C(plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.<name>) (version 3). It inherits the fields
+  - "containerd: config versions 2, 3 and 4 (read from the file; 4 is what containerd 2.2 and later write).
+    The runtime is added under C(plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.<name>) (version 2) or
+    C(plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.<name>) (versions 3 and 4). It inherits the fields
     and C(options) of the existing C(runc) runtime (C(SystemdCgroup) and the rest), with
     C(runtime_type = \"io.containerd.runc.v2\") and C(options.BinaryName) set to O(runtime_path)."
   - "containerd, where the config goes (O(config_mode)): into the main file; into a drop-in file that the
@@ -34,11 +34,18 @@ description:
     C(containerd) binary is on the target, or from a minimal version 2 file otherwise.
   - "Docker: C(runtimes.<name>) in C(daemon.json) with C(path) and C(args), and C(default-runtime). Key order and
     the file's indentation are kept."
-  - "CRI-O: a drop-in file with C([crio.runtime.runtimes.<name>]) and C([crio.runtime] default_runtime)."
-  - "Entries that the GPU Operator, C(nvidia-ctk) or k3s wrote (O(runtime_name) and its C(-cdi), C(-legacy) and
-    C(-experimental) variants, with a binary under C(/usr/local/nvidia/toolkit/) or C(/usr/bin/)) are adopted:
-    their binary is pointed at O(runtime_path) (the variants at the matching C(nvidia-container-runtime.<mode>)
-    next to it) and every other option stays (see O(adopt_existing))."
+  - "CRI-O: a drop-in file with C([crio.runtime.runtimes.<name>]) and C([crio.runtime] default_runtime). The other
+    files CRI-O reads (C(crio.conf), then every file of C(crio.conf.d) in lexical order, whatever its name ends in,
+    later ones overriding earlier keys and replacing a runtime's whole entry) are read first. An NVIDIA entry an
+    earlier file defines (C(99-nvidia.conf) of C(nvidia-ctk), say) is adopted into the drop-in with its other keys;
+    a later file that overrides the runtime or the default, and on O(state=absent) a runtime another file still
+    defines, is reported as a warning."
+  - "Entries that the GPU Operator, C(nvidia-ctk) or k3s wrote (O(runtime_name) and its C(-cdi) and C(-legacy)
+    variants from the GPU Operator and C(nvidia-ctk), C(-cdi) and C(-experimental) from k3s, with a binary under
+    C(/usr/local/nvidia/toolkit/), C(/opt/kwasm/bin/), C(/usr/local/bin/) or C(/usr/bin/)) are adopted. Their
+    binary is pointed at O(runtime_path), the variants at the matching C(nvidia-container-runtime.cdi),
+    C(nvidia-container-runtime.legacy) or (k3s) C(nvidia-container-runtime-experimental) next to it, and every
+    other option stays (see O(adopt_existing))."
   - >-
     When O(state=present) changes the default runtime it records the previous one, so that O(state=absent)
     can restore it. In TOML files that record is a comment on the default-runtime line
@@ -80,6 +87,13 @@ options:
         the base template writes, so the default runtime is k3s's and RKE2's own C(default-runtime) setting,
         which the C(nvidia_runtime) role writes.
       - V(auto) is V(drop_in) when O(config_path) already imports a drop-in directory (a glob), else V(file).
+      - A config that k3s or RKE2 generated (recognised by the first line they write) is never edited itself, since
+        they rewrite it at every start; V(file) is refused. There V(auto) is V(drop_in) when it imports a drop-in
+        directory (C(config-v3.toml.d) or C(config.toml.d), k3s v1.33.10, v1.34.6, v1.35.3, v1.36.0 and later),
+        else V(template); the drop-in holds only the runtime, with runc's C(SystemdCgroup), and a template block
+        of this module from before is removed after the drop-in is written.
+      - With V(drop_in) the drop-in is written before the main file's import, so that a failure between the two
+        writes leaves a configuration containerd loads.
     type: str
     choices: [auto, file, drop_in, template]
     default: auto
@@ -167,7 +181,7 @@ notes:
     whose result would not parse to exactly the intended settings is refused and nothing is written.
 seealso:
   - name: containerd configuration
-    description: The containerd config file format (versions 2 and 3).
+    description: The containerd config file format (versions 2, 3 and 4).
     link: https://github.com/containerd/containerd/blob/main/docs/cri/config.md
 """
 
@@ -280,6 +294,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._files import (
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import ConfigError
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_crio import edit_crio
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_docker import edit_docker
+from ansible_collections.gpuops.k8s.plugins.module_utils import _toml_text as tt
 from ansible_collections.gpuops.k8s.plugins.module_utils._toml_text import HAS_TOML_PARSER
 
 DEFAULT_PATHS = {
@@ -368,16 +383,19 @@ def _containerd(module, result):
     mode = params["config_mode"]
     original = _read(module, path)
 
+    program = ctd.generated_by(original)
     if mode == "template":
         return _containerd_template(module, result, path, original, args)
 
     imports = None
     if original is not None and original.strip():
         try:
-            main_data = ctd.parse(original, path)
+            main_data = ctd.parse(ctd.strip_rendered_block(original) if program else original, path)
         except ConfigError as exc:
             module.fail_json(msg=str(exc), **result)
         imports = main_data.get("imports")
+    if program:
+        return _containerd_rancher(module, result, path, original, main_data, program, args)
     if mode == "auto":
         mode = "drop_in" if ctd.imports_directory(imports, path) else "file"
     result["config_mode"] = mode
@@ -415,13 +433,11 @@ def _containerd(module, result):
         main_text = _containerd_default_config(module)
     main_data = ctd.parse(main_text, path)
     version = ctd.containerd_version(main_data, path)
-    if not ctd.covers(main_data.get("imports"), path, drop_in):
-        new_main, _changed = ctd.ensure_import(main_text, path, ctd.drop_in_import(drop_in))
-        changes.append(Change(path, original, new_main))
     start = drop_in_text
     if start is None or not start.strip():
         start = ctd.drop_in_base(main_data, version, path, drop_in)
-    edit = ctd.edit_containerd(start, drop_in, **args)
+    inherited = ctd.effective_runc(main_data, version, path, drop_in)
+    edit = ctd.edit_containerd(start, drop_in, inherited_runc=inherited, **args)
     if edit.config_version != version:
         module.fail_json(
             msg=f"{drop_in} declares config version {edit.config_version} but {path} has version {version}; "
@@ -429,7 +445,68 @@ def _containerd(module, result):
             **result,
         )
     _report(result, edit)
+    # The drop-in is written before the import that makes containerd read it: a failure between the two
+    # leaves the main file as it was (the drop-in is not read yet) rather than a main file whose import is
+    # there before its file. Either state loads; the next run completes the change.
     changes.append(Change(drop_in, drop_in_text, edit.text))
+    if not ctd.covers(main_data.get("imports"), path, drop_in):
+        new_main, _changed = ctd.ensure_import(main_text, path, ctd.drop_in_import(drop_in))
+        changes.append(Change(path, original, new_main))
+    return changes
+
+
+def _containerd_rancher(module, result, path, generated, main_data, program, args):
+    """A config k3s or RKE2 generated (its first line says so): a drop-in where it imports one, else the template.
+
+    k3s v1.33.10, v1.34.6, v1.35.3, v1.36.0 and later (and the RKE2 releases built on them) write ``imports``
+    of ``config-v3.toml.d/*.toml`` (``config.toml.d/*.toml`` for the version 2 template) into the config
+    they generate; older releases import nothing, and since they rewrite the file at every start, their
+    template is the only place that lasts. The generated file itself is never written.
+    """
+    params = module.params
+    mode = params["config_mode"]
+    imports = main_data.get("imports")
+    if mode == "file":
+        module.fail_json(
+            msg=f"{path} is generated by {program} at every start (its first line says so), so an edit there would "
+            "be lost; use config_mode auto, drop_in or template.",
+            **result,
+        )
+    if mode == "auto":
+        mode = "drop_in" if ctd.imports_directory(imports, path) else "template"
+    if mode == "template":
+        return _containerd_template(module, result, path, generated, args)
+    result["config_mode"] = "drop_in"
+    drop_in = params["drop_in_path"] or ctd.drop_in_default(imports, path)
+    result["config_path"] = drop_in
+    if not ctd.covers(imports, path, drop_in):
+        module.fail_json(
+            msg=f"{path} is generated by {program} and does not import {drop_in} ({program} releases before "
+            "v1.33.10, v1.34.6, v1.35.3 and v1.36.0 import no drop-ins); use config_mode template.",
+            **result,
+        )
+    version = ctd.containerd_version(main_data, path)
+    drop_in_text = _read(module, drop_in)
+    changes = []
+    if args["state"] == "absent":
+        if drop_in_text is not None:
+            edit = ctd.edit_containerd(drop_in_text, drop_in, **args)
+            _report(result, edit)
+            changes.append(Change(drop_in, drop_in_text, None))
+        else:
+            result.update(runtime_entry=None, default_runtime="runc")
+    else:
+        start = drop_in_text if drop_in_text and drop_in_text.strip() else ctd.rancher_drop_in_text(version)
+        inherited = ctd.effective_runc(main_data, version, path, drop_in)
+        edit = ctd.edit_containerd(start, drop_in, inherited_runc=inherited, **args)
+        _report(result, edit)
+        changes.append(Change(drop_in, drop_in_text, edit.text))
+    # A template block of ours from before k3s imported drop-ins goes (after the drop-in is written).
+    template = params["template_path"] or os.path.join(os.path.dirname(path), ctd.template_name(version))
+    current = _read(module, template)
+    if current is not None and ctd.split_template(current)[1] is not None:
+        kept = ctd.template_text(current, None)
+        changes.append(Change(template, current, None if kept.strip() == ctd.TEMPLATE_BASE else kept))
     return changes
 
 
@@ -447,6 +524,50 @@ def _containerd_template(module, result, path, generated, args):
     result["config_path"] = template
     _report(result, edit)
     return [Change(template, current, edit.text)]
+
+
+def _crio_files(directory):
+    """Every file under ``directory`` in the order CRI-O reads them (Go's filepath.Walk: lexical, depth first)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return
+    for name in names:
+        entry = os.path.join(directory, name)
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            yield from _crio_files(entry)
+        else:
+            yield entry
+
+
+def _crio_neighbours(module, path):
+    """The other files CRI-O reads, parsed, split into those read before ``path`` and those read after it.
+
+    ``path`` in a drop-in directory (``crio.conf.d``): the main file beside it (``crio.conf``) and the
+    directory's other files; ``path`` a main file: the files of ``<path>.d``.
+    """
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    if directory.endswith(".d"):
+        main, drop_ins = directory[:-2], directory
+    else:
+        main, drop_ins = path, path + ".d"
+    order = ([main] if os.path.isfile(main) else []) + list(_crio_files(drop_ins))
+    if path not in order:
+        order.append(path)
+        # filepath.Walk's order: by the path's components, so a directory comes before a file whose name extends it.
+        order.sort(key=lambda p: (p != main, tuple(os.path.relpath(p, drop_ins).split(os.sep))))
+    at = order.index(path)
+    parsed = []
+    for other in order:
+        data = {}
+        if other != path:
+            try:
+                data = tt.loads(read_text(other) or "")
+            except (OSError, UnicodeDecodeError, tt.TomlTextError) as exc:
+                module.warn(f"{other} could not be read as TOML ({exc}); CRI-O will not start with it either.")
+        parsed.append((other, data))
+    return parsed[:at], parsed[at + 1 :]
 
 
 def _report(result, edit):
@@ -479,7 +600,8 @@ def run_module(module):
             changes = _containerd(module, result)
         elif runtime == "crio":
             original = _read(module, path)
-            edit = edit_crio(original or "", path, **_edit_args(params))
+            before, after = _crio_neighbours(module, path)
+            edit = edit_crio(original or "", path, before=before, after=after, **_edit_args(params))
             _report(result, edit)
             new_text = None if original is None and state == "absent" else edit.text
             changes = [Change(path, original, new_text)]

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import tomllib
-from conftest import CONFIGS, config_dump
+from conftest import CONFIGS, built_containerd, config_dump
 
 K3S = CONFIGS / "k3s"
 FIXTURES = sorted(K3S.glob("*.toml"))
@@ -67,10 +67,16 @@ def test_fixture_shape(path):
         assert "imports" not in data
 
 
+@pytest.fixture(scope="session")
+def containerd24():
+    return built_containerd("build-containerd24.sh", " 2.4.")
+
+
+@pytest.mark.parametrize("peer", ["containerd2", "containerd24"])
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
-def test_containerd2_accepts_fixture(containerd2, path):
-    dumped = config_dump(containerd2, path)
-    assert dumped["version"] == 3  # containerd 2.x migrates version 2 files on load
+def test_containerd2_accepts_fixture(peer, path, request):
+    dumped = config_dump(request.getfixturevalue(peer), path)
+    assert dumped["version"] == (4 if peer == "containerd24" else 3)  # containerd 2.x migrates older files on load
     names = dumped["plugins"][V3_CRI]["containerd"]["runtimes"]
     assert ("nvidia" in names) == ("-nvidia" in path.name)
 

@@ -13,10 +13,10 @@ import shutil
 
 import pytest
 import tomllib
-from conftest import CONFIGS, config_dump, containerd_default
+from conftest import CONFIGS, built_containerd, config_dump, containerd_default
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
-CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime", 4: "io.containerd.cri.v1.runtime"}
 
 
 def flatten(node, prefix=()):
@@ -208,6 +208,20 @@ def test_debian_packaged_config_keeps_runc_with_containerd_16(set_as_default, tm
     run_module(runtime="containerd", config_path=str(path), set_as_default=set_as_default, state="absent")
     assert path.read_bytes() == original
     assert config_dump(containerd16, path)["plugins"][CRI[2]]["containerd"] == before
+
+
+@pytest.fixture(scope="session")
+def containerd24():
+    return built_containerd("build-containerd24.sh", " 2.4.")
+
+
+@pytest.mark.parametrize("name", ["default", "v3-node.toml"])
+def test_configs_with_containerd_24(name, tmp_path, run_module, containerd24):
+    """containerd 2.4, the newest 2.x: its own default config (version 4) and a version 3 file it migrates."""
+    path = prepare(name, tmp_path, containerd24)
+    version = tomllib.loads(path.read_text())["version"]
+    assert version == (4 if name == "default" else 3)
+    assert_present_and_absent(run_module, containerd24, path, version)
 
 
 def test_version2_file_read_by_containerd_2(tmp_path, run_module, containerd2):

@@ -20,6 +20,8 @@ type runtime struct {
 
 type config struct {
 	ExtraRuntimes map[string]runtime
+	// SystemdCgroup is what k3s decides at each start (true on a systemd node); K3S_RENDER_SYSTEMD_CGROUP=false turns it off.
+	SystemdCgroup bool
 }
 
 func main() {
@@ -37,7 +39,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	data := config{ExtraRuntimes: map[string]runtime{}}
+	data := config{ExtraRuntimes: map[string]runtime{}, SystemdCgroup: os.Getenv("K3S_RENDER_SYSTEMD_CGROUP") != "false"}
 	for _, found := range os.Args[3:] {
 		name, binary, ok := strings.Cut(found, "=")
 		if !ok {

@@ -331,12 +331,13 @@ def test_drop_in_mode_check_mode_and_diff_of_both_files(tmp_path, config):
     args = {"runtime": "containerd", "config_path": str(config), "config_mode": "drop_in", "drop_in_path": str(drop_in)}
     checked = run(args, check=True, diff=True)
     assert checked["changed"] and config.read_text() == V2 and not drop_in.exists()
-    assert [d["after_header"] for d in checked["diff"]] == [str(config), str(drop_in)]
-    assert checked["diff"][1]["before_header"] == f"{drop_in} (absent)"
+    # The drop-in comes first: it is written before the import that makes containerd read it.
+    assert [d["after_header"] for d in checked["diff"]] == [str(drop_in), str(config)]
+    assert checked["diff"][0]["before_header"] == f"{drop_in} (absent)"
     done = run(args)
-    assert done["changed_files"] == [str(config), str(drop_in)]
-    assert drop_in.read_text() == checked["diff"][1]["after"]
-    assert config.read_text() == checked["diff"][0]["after"]
+    assert done["changed_files"] == [str(drop_in), str(config)]
+    assert drop_in.read_text() == checked["diff"][0]["after"]
+    assert config.read_text() == checked["diff"][1]["after"]
     assert tomllib.loads(config.read_text())["imports"] == [str(tmp_path / "conf.d" / "*.toml")]
     # auto sees the imported directory now, and the drop-in goes into it without being named.
     again = run({"runtime": "containerd", "config_path": str(config)})
@@ -431,3 +432,21 @@ def test_the_directory_is_flushed_after_the_rename(config, monkeypatch):
     monkeypatch.setattr(os, "fsync", fsync)
     run({"runtime": "containerd", "config_path": str(config)})
     assert synced[-1] is True
+
+
+def test_crio_files_are_read_in_crios_order(tmp_path):
+    """CRI-O walks crio.conf.d with Go's filepath.Walk: names in lexical order, a directory where its name sorts
+    (so 10-a/ before 10-a.conf), files of any extension; crio.conf comes first."""
+    etc = tmp_path / "crio"
+    (etc / "crio.conf.d" / "10-a").mkdir(parents=True)
+    for name in ("crio.conf", "crio.conf.d/10-a.conf", "crio.conf.d/10-a/x.toml", "crio.conf.d/zz.whatever"):
+        (etc / name).write_text("")
+
+    class Module:
+        def warn(self, message):
+            raise AssertionError(message)
+
+    before, after = nvidia_runtime._crio_neighbours(Module(), str(etc / "crio.conf.d" / "99-nvidia.toml"))
+    names = [os.path.relpath(path, etc) for path, _data in before + after]
+    assert names == ["crio.conf", "crio.conf.d/10-a/x.toml", "crio.conf.d/10-a.conf", "crio.conf.d/zz.whatever"]
+    assert [os.path.relpath(path, etc) for path, _data in after] == ["crio.conf.d/zz.whatever"]
