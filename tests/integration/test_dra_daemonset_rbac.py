@@ -21,11 +21,13 @@ Ports (etcd 37579/37580, kube-apiserver 37643) and directories are this test's o
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -282,37 +284,65 @@ def test_with_node_credentials_the_pod_uses_the_nodes_kubeconfig_on_the_hosts_ne
     assert {"name": "node-credentials", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}} in pod["volumes"]
 
 
-PROBE = {"httpGet": {"path": "/healthz", "port": 9400}, "periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3}
+PROBE_TIMING = {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3}
 
 
 @pytest.mark.parametrize(
-    ("template", "mode", "node_credentials", "address", "probe_host"),
-    [
-        ("daemonset.yml.j2", "device_plugin", False, "0.0.0.0:9400", None),
-        ("dra-daemonset.yml.j2", "dra", False, "0.0.0.0:9400", None),
-        # On the host's network: the node's address stays, and the kubelet probes it there.
-        ("dra-daemonset.yml.j2", "dra", True, "127.0.0.1:9400", "127.0.0.1"),
-    ],
+    ("template", "mode", "node_credentials"),
+    [("daemonset.yml.j2", "device_plugin", False), ("dra-daemonset.yml.j2", "dra", False)],
 )
-def test_both_daemonsets_have_a_readiness_probe_on_the_daemons_health_endpoint(
-    tmp_path_factory, template, mode, node_credentials, address, probe_host
+def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_endpoint(
+    tmp_path_factory, template, mode, node_credentials
 ):
-    values = {
-        "device_plugin_allocation_mode": mode,
-        "device_plugin_dra_daemonset_node_credentials": node_credentials,
-    }
+    """The daemon keeps its address (the pod's loopback): the kubelet cannot reach that, so the probe runs in the
+    pod, with the image's Python, and asks /healthz there; a 503 or no answer is a failed probe."""
+    values = {"device_plugin_allocation_mode": mode, "device_plugin_dra_daemonset_node_credentials": node_credentials}
     objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), template, values)}
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    assert container["args"][container["args"].index("--metrics-address") + 1] == address
-    expected = json.loads(json.dumps(PROBE))
-    if probe_host:
-        expected["httpGet"]["host"] = probe_host
-    assert container["readinessProbe"] == expected
+    assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9400"
+    probe = container["readinessProbe"]
+    assert {k: probe[k] for k in PROBE_TIMING} == PROBE_TIMING
+    command = probe["exec"]["command"]
+    assert command[:4] == ["python3", "-I", "-S", "-c"] and command[5] == "http://127.0.0.1:9400/healthz"
+    # The probe's script, run as the kubelet runs it, against a health endpoint that answers 200, then 503.
+    state = {"code": 200}
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(state["code"] if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+        probe_argv = [sys.executable, *command[1:5], url]
+        assert subprocess.run(probe_argv, capture_output=True, timeout=30).returncode == 0
+        state["code"] = 503
+        failed = subprocess.run(probe_argv, capture_output=True, text=True, timeout=30)
+        assert failed.returncode == 1 and "503" in failed.stderr and "Traceback" not in failed.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
     # No endpoint, no probe.
     values["device_plugin_metrics_address"] = ""
     objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), template, values)}
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     assert "readinessProbe" not in container and "--metrics-address" not in container["args"]
+
+
+def test_a_dra_pod_on_the_hosts_network_is_probed_at_its_address(tmp_path_factory):
+    values = {"device_plugin_allocation_mode": "dra", "device_plugin_dra_daemonset_node_credentials": True}
+    objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), "dra-daemonset.yml.j2", values)}
+    (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9400"
+    assert container["readinessProbe"] == {
+        "httpGet": {"host": "127.0.0.1", "path": "/healthz", "port": 9400},
+        **PROBE_TIMING,
+    }
 
 
 def _apply(apiserver, obj, **kwargs):
@@ -410,8 +440,7 @@ def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rend
         "--simulated-spec",
         f"{SPEC_DIR}/gpus.yaml",
         "--metrics-address",
-        # The pod's own network namespace: where the kubelet's readiness probe reaches it.
-        "0.0.0.0:9400",
+        "127.0.0.1:9400",
         "--allocation-mode",
         "dra",
         "--driver-name",
