@@ -89,8 +89,27 @@ def role_options(roles_dir: Path, role: str, where: str) -> dict[str, dict[str, 
     return options
 
 
+_ROLE_TASKS = ("ansible.builtin.include_role", "ansible.builtin.import_role", "include_role", "import_role")
+
+
+def _task_roles(tasks: Any) -> set[str]:
+    """The roles that include_role / import_role tasks name, in blocks and their rescue and always too."""
+    roles: set[str] = set()
+    for task in tasks if isinstance(tasks, list) else []:
+        if not isinstance(task, dict):
+            continue
+        for key in ("block", "rescue", "always"):
+            roles |= _task_roles(task.get(key))
+        for action in _ROLE_TASKS:
+            name = (task.get(action) or {}).get("name") if isinstance(task.get(action), dict) else None
+            if isinstance(name, str):
+                roles.add(name.removeprefix(COLLECTION_PREFIX))
+    return roles
+
+
 def playbook_roles(playbook: Path) -> set[str]:
-    """The roles a playbook's plays run (their `roles:` lists), without the collection prefix."""
+    """The roles a playbook's plays run (their `roles:` lists, and include_role / import_role tasks), without the
+    collection prefix."""
     plays = load_yaml(playbook) or []
     roles: set[str] = set()
     for play in plays if isinstance(plays, list) else []:
@@ -98,6 +117,8 @@ def playbook_roles(playbook: Path) -> set[str]:
             name = entry if isinstance(entry, str) else (entry or {}).get("role") or (entry or {}).get("name")
             if isinstance(name, str):
                 roles.add(name.removeprefix(COLLECTION_PREFIX))
+        for section in ("pre_tasks", "tasks", "post_tasks"):
+            roles |= _task_roles((play or {}).get(section))
     return roles
 
 

@@ -26,6 +26,7 @@ from conftest import (
     run_lab,
     write_in_place,
 )
+from daemonset_checks import node_pod, pod_ready, ready_pod, run_with, stopped_pod, validate_row
 from daemonset_node import DAEMONSET, GPU, MODE_LABEL, NAMESPACE, POD_SELECTOR, SPEC, DaemonsetNode, daemonset_node
 from kubernetes import client
 
@@ -92,6 +93,35 @@ def test_node_advertises_eight_gpus(lab: Lab, ds: DaemonsetNode) -> None:
     assert node.status.capacity[GPU] == "8"
     pod = running_plugin_pod(lab, ds.node)
     assert registrations(lab, pod) >= 1
+
+
+def test_the_plugin_pod_is_ready_by_a_probe_of_its_health_endpoint(lab: Lab, ds: DaemonsetNode) -> None:
+    pod = ready_pod(lab, ds.node, DAEMONSET)
+    (container,) = pod.spec.containers
+    probe = container.readiness_probe
+    # The pod has a network namespace of its own, which the kubelet cannot reach in the lab (its pod network
+    # has no gateway on the host): the daemon keeps the node's address, in the pod, and the probe asks
+    # /healthz there from inside the pod.
+    address = container.args[container.args.index("--metrics-address") + 1]
+    assert probe is not None and probe.var_exec.command[-1] == f"http://{address}/healthz"
+    assert address.startswith("127.0.0.1:")
+
+
+def test_validate_is_green_on_the_node_and_red_while_its_pod_is_not_ready(lab: Lab, ds: DaemonsetNode) -> None:
+    green = run_with(ds, "validate.yml")
+    assert green.returncode == 0, green.summary()
+    assert " ready " in validate_row(green, ds.node) + " ", validate_row(green, ds.node)
+    with stopped_pod(lab, ds.node, DAEMONSET):
+        lab.wait_until(
+            "the kubelet's probe to mark the stopped plugin's pod not ready",
+            lambda: not pod_ready(node_pod(lab, ds.node, DAEMONSET)),
+            timeout=90,
+        )
+        red = run_with(ds, "validate.yml")
+    assert red.returncode != 0, red.summary()
+    assert f"{ds.node}: red: plugin" in " ".join(red.output.split()), red.summary()
+    assert "not-ready" in validate_row(red, ds.node)
+    ready_pod(lab, ds.node, DAEMONSET)
 
 
 def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> None:

@@ -27,12 +27,15 @@ from conftest import (
     running_pod,
     write_in_place,
 )
+from daemonset_checks import node_pod, pod_ready, ready_pod, run_with, stopped_pod, validate_row
 from daemonset_node import GPU, MODE_LABEL, NAMESPACE, SPEC, DaemonsetNode, daemonset_node
 from dra_objects import DRIVER, RESOURCE, claim_template, pod_manifest, published
 from kubernetes import client
 from playbook_run import PlaybookRun
 
 POD_SELECTOR = "app.kubernetes.io/name=gpuops-dra-plugin"
+DAEMONSET = "gpuops-dra-plugin"
+DRA_VARS = {"gpu_allocation_mode": "dra", "device_plugin_dra_daemonset_node_credentials": True}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def dra_ds(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     lab.wait_until(f"{GPU}=8 from the plugin's DaemonSet", lambda: lab.allocatable(ds.node).get(GPU) == "8")
     # The lab's API server listens on the machine's loopback and no kube-proxy routes the cluster's service
     # address, so the pod reaches it as the node does: with the node's credentials on the host's network.
-    to_dra = ds.run_site("--diff", gpu_allocation_mode="dra", device_plugin_dra_daemonset_node_credentials=True)
+    to_dra = ds.run_site("--diff", **DRA_VARS)
     yield ds, to_dra
     back = ds.run_site()
     assert back.returncode == 0, back.summary()
@@ -141,3 +144,116 @@ def test_a_fault_through_nvml_shows_in_the_slice_and_clears(
     finally:
         write_in_place(spec_path, original)
     lab.wait_until(f"{device} Healthy again", lambda: health(lab, ds.node, device) == "Healthy", timeout=60)
+
+
+def test_the_dra_pod_is_ready_by_a_probe_of_its_health_endpoint(
+    lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
+) -> None:
+    ds = dra_ds[0]
+    pod = ready_pod(lab, ds.node, DAEMONSET)
+    (container,) = pod.spec.containers
+    probe = container.readiness_probe
+    assert probe is not None and probe.http_get.path == "/healthz"
+    # On the host's network the daemon keeps the node's address (the lab's: 127.0.0.1 and a port of the
+    # node's own), and the kubelet probes it there.
+    address = container.args[container.args.index("--metrics-address") + 1]
+    assert address == f"{probe.http_get.host}:{probe.http_get.port}"
+    assert probe.http_get.host == "127.0.0.1"
+
+
+def test_validate_is_green_on_the_dra_node_and_red_while_its_pod_is_not_ready(
+    lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
+) -> None:
+    ds = dra_ds[0]
+    lab.wait_until(f"8 GPUs published for {ds.node}", lambda: len(published(lab, ds.node)) == 8, timeout=120)
+    green = run_with(ds, "validate.yml", **DRA_VARS)
+    assert green.returncode == 0, green.summary()
+    assert " ready " in validate_row(green, ds.node) + " ", validate_row(green, ds.node)
+    with stopped_pod(lab, ds.node, DAEMONSET):
+        lab.wait_until(
+            "the kubelet's probe to mark the stopped driver's pod not ready",
+            lambda: not pod_ready(node_pod(lab, ds.node, DAEMONSET)),
+            timeout=90,
+        )
+        red = run_with(ds, "validate.yml", **DRA_VARS)
+    assert red.returncode != 0, red.summary()
+    assert f"{ds.node}: red: plugin" in " ".join(red.output.split()), red.summary()
+    assert "not-ready" in validate_row(red, ds.node)
+    ready_pod(lab, ds.node, DAEMONSET)
+
+
+def _slice(name: str, node: str, driver: str = DRIVER) -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {"driver": driver, "nodeName": node, "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}},
+    }
+
+
+def test_the_dra_pods_account_may_write_only_its_own_nodes_slices(
+    lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
+) -> None:
+    """A token the API server binds to the driver's running pod (what the kubelet mounts into a pod of
+    that account): the admission policy the role applies refuses it any write to another node's slices or
+    to another driver's, and lets it write its own node's (server-side dry runs: admission runs, nothing is
+    stored)."""
+    ds = dra_ds[0]
+    other = next(n for n in lab.nodes if n != ds.node)
+    pod = ready_pod(lab, ds.node, DAEMONSET)
+    token = lab.core.create_namespaced_service_account_token(
+        DAEMONSET,
+        NAMESPACE,
+        {
+            "spec": {
+                "expirationSeconds": 600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.metadata.name,
+                    "uid": pod.metadata.uid,
+                },
+            }
+        },
+    ).status.token
+    settings = client.Configuration()
+    settings.host = lab.api.configuration.host
+    settings.ssl_ca_cert = lab.api.configuration.ssl_ca_cert
+    settings.verify_ssl = lab.api.configuration.verify_ssl
+    settings.api_key = {"authorization": f"Bearer {token}"}
+    account = client.ApiClient(settings)
+    admin = client.CustomObjectsApi(lab.api)
+    theirs = f"e2e-other-{uuid.uuid4().hex[:6]}"
+    admin.create_cluster_custom_object(*RESOURCE, "resourceslices", _slice(theirs, other))
+    try:
+        who = client.AuthenticationV1Api(account).create_self_subject_review({"metadata": {}}).status.user_info
+        assert who.extra["authentication.kubernetes.io/node-name"] == [ds.node]
+        custom = client.CustomObjectsApi(account)
+
+        def refused(call, *args) -> str:
+            with pytest.raises(client.ApiException) as error:
+                call(*args, dry_run="All")
+            assert error.value.status == 403, error.value.body
+            return error.value.body
+
+        body = refused(custom.create_cluster_custom_object, *RESOURCE, "resourceslices", _slice("e2e-x", other))
+        assert ds.node in body and "ValidatingAdmissionPolicy" in body, body
+        current = admin.get_cluster_custom_object(*RESOURCE, "resourceslices", theirs)
+        refused(custom.replace_cluster_custom_object, *RESOURCE, "resourceslices", theirs, current)
+        refused(custom.delete_cluster_custom_object, *RESOURCE, "resourceslices", theirs)
+        refused(
+            custom.create_cluster_custom_object,
+            *RESOURCE,
+            "resourceslices",
+            _slice("e2e-y", ds.node, driver="gpu.example.com"),
+        )
+        # Its own node's slices, of its driver: allowed.
+        custom.create_cluster_custom_object(*RESOURCE, "resourceslices", _slice("e2e-own", ds.node), dry_run="All")
+        own = admin.list_cluster_custom_object(
+            *RESOURCE, "resourceslices", field_selector=f"spec.nodeName={ds.node},spec.driver={DRIVER}"
+        )["items"][0]
+        custom.replace_cluster_custom_object(*RESOURCE, "resourceslices", own["metadata"]["name"], own, dry_run="All")
+        custom.delete_cluster_custom_object(*RESOURCE, "resourceslices", own["metadata"]["name"], dry_run="All")
+    finally:
+        account.close()
+        admin.delete_cluster_custom_object(*RESOURCE, "resourceslices", theirs)

@@ -21,11 +21,13 @@ Ports (etcd 37579/37580, kube-apiserver 37643) and directories are this test's o
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -59,6 +61,8 @@ CLAIMS = "dra-ds-claims"
 ROLE = ROOT / "roles/device_plugin"
 SPEC_DIR = "/etc/gpuops/simulated"
 FIXTURES = ROOT / "tests/fixtures/simulated"
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+OTHER_NODE = DP_NODE  # a second Node, whose slices the DRA node's pod must not write
 
 
 @pytest.fixture(scope="module")
@@ -237,14 +241,7 @@ def rendered(tmp_path_factory):
         "device_plugin_simulated_spec": f"{SPEC_DIR}/gpus.yaml",
     }
     objects = _render(tmp_path_factory.mktemp("render"), "dra-daemonset.yml.j2", values)
-    assert [o["kind"] for o in objects] == [
-        "Namespace",
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "ConfigMap",
-        "DaemonSet",
-    ]
+    # In the template's order (a dict keeps it): the order in which the role applies them.
     return {o["kind"]: o for o in objects}
 
 
@@ -287,6 +284,67 @@ def test_with_node_credentials_the_pod_uses_the_nodes_kubeconfig_on_the_hosts_ne
     assert {"name": "node-credentials", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}} in pod["volumes"]
 
 
+PROBE_TIMING = {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3}
+
+
+@pytest.mark.parametrize(
+    ("template", "mode", "node_credentials"),
+    [("daemonset.yml.j2", "device_plugin", False), ("dra-daemonset.yml.j2", "dra", False)],
+)
+def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_endpoint(
+    tmp_path_factory, template, mode, node_credentials
+):
+    """The daemon keeps its address (the pod's loopback): the kubelet cannot reach that, so the probe runs in the
+    pod, with the image's Python, and asks /healthz there; a 503 or no answer is a failed probe."""
+    values = {"device_plugin_allocation_mode": mode, "device_plugin_dra_daemonset_node_credentials": node_credentials}
+    objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), template, values)}
+    (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9400"
+    probe = container["readinessProbe"]
+    assert {k: probe[k] for k in PROBE_TIMING} == PROBE_TIMING
+    command = probe["exec"]["command"]
+    assert command[:4] == ["python3", "-I", "-S", "-c"] and command[5] == "http://127.0.0.1:9400/healthz"
+    # The probe's script, run as the kubelet runs it, against a health endpoint that answers 200, then 503.
+    state = {"code": 200}
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(state["code"] if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+        probe_argv = [sys.executable, *command[1:5], url]
+        assert subprocess.run(probe_argv, capture_output=True, timeout=30).returncode == 0
+        state["code"] = 503
+        failed = subprocess.run(probe_argv, capture_output=True, text=True, timeout=30)
+        assert failed.returncode == 1 and "503" in failed.stderr and "Traceback" not in failed.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    # No endpoint, no probe.
+    values["device_plugin_metrics_address"] = ""
+    objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), template, values)}
+    (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    assert "readinessProbe" not in container and "--metrics-address" not in container["args"]
+
+
+def test_a_dra_pod_on_the_hosts_network_is_probed_at_its_address(tmp_path_factory):
+    values = {"device_plugin_allocation_mode": "dra", "device_plugin_dra_daemonset_node_credentials": True}
+    objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), "dra-daemonset.yml.j2", values)}
+    (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9400"
+    assert container["readinessProbe"] == {
+        "httpGet": {"host": "127.0.0.1", "path": "/healthz", "port": 9400},
+        **PROBE_TIMING,
+    }
+
+
 def _apply(apiserver, obj, **kwargs):
     dynamic = DynamicClient(apiserver["admin"])
     resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
@@ -314,15 +372,35 @@ def _delete(apiserver, api_version, kind, name, namespace=None):
 def applied(apiserver, rendered):
     """The rendered namespace, ServiceAccount, ClusterRole and ClusterRoleBinding, applied for real
     (and removed afterwards, the namespace kept)."""
-    for kind in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
-        _apply(apiserver, rendered[kind])
+    for kind in ("Namespace", "ServiceAccount", *POLICY_KINDS, "ClusterRole", "ClusterRoleBinding"):
+        if kind in rendered:
+            _apply(apiserver, rendered[kind])
     yield rendered
+    for node in (NODE, OTHER_NODE):  # the pods _pod_token made (no kubelet: gone at once)
+        try:
+            apiserver["core"].delete_namespaced_pod(f"{ACCOUNT}-{node}", NAMESPACE, grace_period_seconds=0)
+        except client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                raise
     _delete(apiserver, "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", ACCOUNT)
     _delete(apiserver, "rbac.authorization.k8s.io/v1", "ClusterRole", ACCOUNT)
+    for kind in reversed(POLICY_KINDS):
+        _delete(apiserver, "admissionregistration.k8s.io/v1", kind, ACCOUNT)
     _delete(apiserver, "v1", "ServiceAccount", ACCOUNT, NAMESPACE)
 
 
 def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rendered):
+    # The admission policy and its binding before the account gets its rights: never a moment without them.
+    assert list(rendered) == [
+        "Namespace",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+    ]
     account = rendered["ServiceAccount"]
     assert account["metadata"] == {
         "name": ACCOUNT,
@@ -465,19 +543,134 @@ def test_the_account_may_do_what_the_daemon_does_and_nothing_beside(apiserver, a
     assert denied == dict.fromkeys(NEIGHBOURS, False)
 
 
+def _pod_token(apiserver, node):
+    """A token of the ServiceAccount bound to a pod of it on ``node``, as the kubelet asks for one (TokenRequest
+    with the pod as bound object): the API server adds the pod's node to the token's user info."""
+    core = apiserver["core"]
+    name = f"{ACCOUNT}-{node}"
+    try:
+        pod = core.read_namespaced_pod(name, NAMESPACE)
+    except client.exceptions.ApiException as exc:
+        if exc.status != 404:
+            raise
+        pod = core.create_namespaced_pod(
+            NAMESPACE,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeName": node,
+                    "serviceAccountName": ACCOUNT,
+                    "automountServiceAccountToken": False,
+                    "containers": [{"name": "dra-plugin", "image": "localhost/gpu-device-plugin:0.1.0"}],
+                },
+            },
+        )
+    token = core.create_namespaced_service_account_token(
+        ACCOUNT,
+        NAMESPACE,
+        {
+            "spec": {
+                "expirationSeconds": 3600,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid},
+            }
+        },
+    )
+    return token.status.token
+
+
+def _token_client(apiserver, token):
+    settings = client.Configuration()
+    settings.host = f"https://127.0.0.1:{API_PORT}"
+    settings.ssl_ca_cert = str(apiserver["ca"])
+    settings.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(settings)
+
+
+def _slice(name, node, driver=DRIVER):
+    return {
+        "apiVersion": f"{GROUP}/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {"driver": driver, "nodeName": node, "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}},
+    }
+
+
+def test_the_admission_policy_lets_a_pods_token_write_its_own_nodes_slices_and_no_others(apiserver, applied):
+    """The account's rights cover every node's slices (RBAC cannot say "the node of the pod"); the role's
+    admission policy narrows its writes to slices of its driver on the node its token is bound to."""
+    admin = client.CustomObjectsApi(apiserver["admin"])
+    own_node = _token_client(apiserver, _pod_token(apiserver, NODE))
+    other_node = _token_client(apiserver, _pod_token(apiserver, OTHER_NODE))
+    unbound = _token_client(
+        apiserver,
+        client.CoreV1Api(apiserver["admin"])
+        .create_namespaced_service_account_token(ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": 600}})
+        .status.token,
+    )
+    mine, theirs = client.CustomObjectsApi(own_node), client.CustomObjectsApi(other_node)
+
+    def refused(call, *args, **kwargs):
+        with pytest.raises(client.exceptions.ApiException) as error:
+            call(GROUP, "v1", "resourceslices", *args, **kwargs)
+        assert error.value.status == 403, error.value.body
+        return json.loads(error.value.body)["message"]
+
+    try:
+        who = client.AuthenticationV1Api(own_node).create_self_subject_review({"metadata": {}}).status.user_info
+        assert who.extra["authentication.kubernetes.io/node-name"] == [NODE]
+
+        # The API server loads a new policy within a few seconds (an informer); until then it does not apply.
+        def policy_loaded():
+            try:
+                mine.create_cluster_custom_object(
+                    GROUP, "v1", "resourceslices", _slice("probe", OTHER_NODE), dry_run="All"
+                )
+            except client.exceptions.ApiException as exc:
+                return exc.status == 403
+            return False
+
+        wait_for("the admission policy to apply", policy_loaded, 30, 0.5)
+        # Create: its own node's slice, of its driver, yes; another node's, or another driver's, no.
+        mine.create_cluster_custom_object(GROUP, "v1", "resourceslices", _slice("a-own", NODE))
+        message = refused(mine.create_cluster_custom_object, _slice("a-writes-b", OTHER_NODE))
+        assert "ValidatingAdmissionPolicy" in message and NODE in message, message
+        refused(mine.create_cluster_custom_object, _slice("a-other-driver", NODE, driver="gpu.example.com"))
+        # A token of the account that no pod on a node holds writes nothing.
+        refused(client.CustomObjectsApi(unbound).create_cluster_custom_object, _slice("unbound", NODE))
+
+        # Update and delete: the other node's slice is refused to A, and B's own pod may.
+        theirs.create_cluster_custom_object(GROUP, "v1", "resourceslices", _slice("b-own", OTHER_NODE))
+        current = admin.get_cluster_custom_object(GROUP, "v1", "resourceslices", "b-own")
+        current["spec"]["pool"]["generation"] = 2
+        refused(mine.replace_cluster_custom_object, "b-own", current)
+        refused(mine.delete_cluster_custom_object, "b-own")
+        assert admin.get_cluster_custom_object(GROUP, "v1", "resourceslices", "b-own")["spec"]["nodeName"] == OTHER_NODE
+        theirs.replace_cluster_custom_object(GROUP, "v1", "resourceslices", "b-own", current)
+        theirs.delete_cluster_custom_object(GROUP, "v1", "resourceslices", "b-own")
+
+        # A's own slice: updated and deleted by A.
+        own = admin.get_cluster_custom_object(GROUP, "v1", "resourceslices", "a-own")
+        own["spec"]["pool"]["generation"] = 2
+        mine.replace_cluster_custom_object(GROUP, "v1", "resourceslices", "a-own", own)
+        mine.delete_cluster_custom_object(GROUP, "v1", "resourceslices", "a-own")
+    finally:
+        for name in ("a-own", "b-own", "a-writes-b", "a-other-driver", "unbound"):
+            _delete(apiserver, f"{GROUP}/v1", "ResourceSlice", name)
+        for api in (own_node, other_node, unbound):
+            api.close()
+
+
 @pytest.fixture
 def in_cluster(apiserver, applied, tmp_path, monkeypatch):
-    """What the kubelet gives the pod: a token of the ServiceAccount (TokenRequest), the cluster's CA
-    and the KUBERNETES_SERVICE_* variables, at paths of this test's own."""
-    token = client.CoreV1Api(apiserver["admin"]).create_namespaced_service_account_token(
-        ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": 3600}}
-    )
-    (tmp_path / "token").write_text(token.status.token)
+    """What the kubelet gives the pod: a token of the ServiceAccount bound to the pod (TokenRequest), the
+    cluster's CA and the KUBERNETES_SERVICE_* variables, at paths of this test's own."""
+    token = _pod_token(apiserver, NODE)
+    (tmp_path / "token").write_text(token)
     monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(apiserver["ca"]))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(API_PORT))
-    return token.status.token
+    return token
 
 
 def test_the_daemons_client_with_the_accounts_token_publishes_a_slice_and_reads_a_claim(apiserver, in_cluster):
@@ -657,6 +850,8 @@ def _hosts(apiserver, **per_host):
 
 DRA_OBJECTS = [
     ("apps/v1", "DaemonSet", "gpuops-dra-plugin", NAMESPACE),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding", "gpuops-dra-plugin", None),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", "gpuops-dra-plugin", None),
     ("v1", "ConfigMap", "gpuops-dra-plugin-config", NAMESPACE),
     ("v1", "ServiceAccount", "gpuops-dra-plugin", NAMESPACE),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "gpuops-dra-plugin", None),
@@ -776,3 +971,76 @@ def test_the_role_runs_a_batch_with_a_node_in_each_mode_and_each_leaves(apiserve
     assert not any(_exists(apiserver, *obj) for obj in DP_OBJECTS)
     assert _mode_label(apiserver, DP_NODE) is None
     assert core.read_namespace(NAMESPACE).metadata.name == NAMESPACE
+
+
+VICTIM_NAMESPACE = "dra-ds-victim"
+
+
+def _victims():
+    """Objects of someone else's that a marker file on a node could name: a DaemonSet, its ConfigMap and
+    ServiceAccount (in another namespace and in the role's own), a ClusterRole and a ClusterRoleBinding."""
+    labels = {"app": "victim"}
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "victim"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"nodeSelector": {"no-such-node": "x"}, "containers": [{"name": "c", "image": "victim:1"}]},
+            },
+        },
+    }
+    objects = []
+    for namespace in (VICTIM_NAMESPACE, NAMESPACE):
+        meta = {"namespace": namespace}
+        objects += [
+            {**daemonset, "metadata": {"name": "victim", **meta}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "victim-config", **meta}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "victim", **meta}},
+        ]
+    objects += [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "victim"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "victim"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "victim"},
+            "subjects": [{"kind": "ServiceAccount", "name": "victim", "namespace": VICTIM_NAMESPACE}],
+        },
+    ]
+    return objects
+
+
+def test_leaving_deletes_only_the_roles_own_objects_whatever_the_node_file_names(apiserver):
+    """The marker on the node names another namespace and another DaemonSet (root on the node can write
+    it); leaving the DaemonSet deletes the role's own objects, named by its settings, and nothing else."""
+    work = apiserver["work"]
+    for api_version, kind, name, namespace in DRA_OBJECTS + DP_OBJECTS:
+        _delete(apiserver, api_version, kind, name, namespace)
+    hosts = _hosts(apiserver)
+    _play(apiserver, "daemonset", {"dra": hosts["dra"]})
+    assert all(_exists(apiserver, *obj) for obj in DRA_OBJECTS)
+    try:
+        apiserver["core"].create_namespace({"metadata": {"name": VICTIM_NAMESPACE}})
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+    victims = _victims()
+    for obj in victims:
+        _apply(apiserver, obj)
+    marker = work / "state-dra" / "device-plugin-daemonset.json"
+    marker.write_text(json.dumps({"namespace": VICTIM_NAMESPACE, "daemonset": "victim", "allocation_mode": "dra"}))
+
+    _play(apiserver, "daemonset_leave", hosts, limit="dra")
+
+    deleted = [
+        (o["apiVersion"], o["kind"], o["metadata"]["name"], o["metadata"].get("namespace"))
+        for o in victims
+        if not _exists(apiserver, o["apiVersion"], o["kind"], o["metadata"]["name"], o["metadata"].get("namespace"))
+    ]
+    assert deleted == [], "objects the marker named were deleted"
+    assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS), "the role's own objects stayed"
+    assert not marker.exists()
+    assert _mode_label(apiserver, NODE) is None
