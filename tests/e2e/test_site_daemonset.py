@@ -101,9 +101,9 @@ def test_the_plugin_pod_is_ready_by_a_probe_of_its_health_endpoint(lab: Lab, ds:
     probe = container.readiness_probe
     # The pod has a network namespace of its own, which the kubelet cannot reach in the lab (its pod network
     # has no gateway on the host): the daemon keeps the node's address, in the pod, and the probe asks
-    # /healthz there from inside the pod.
+    # /readyz there from inside the pod.
     address = container.args[container.args.index("--metrics-address") + 1]
-    assert probe is not None and probe.var_exec.command[-1] == f"http://{address}/healthz"
+    assert probe is not None and probe.var_exec.command[-1] == f"http://{address}/readyz"
     assert address.startswith("127.0.0.1:")
 
 

@@ -153,7 +153,7 @@ def test_the_dra_pod_is_ready_by_a_probe_of_its_health_endpoint(
     pod = ready_pod(lab, ds.node, DAEMONSET)
     (container,) = pod.spec.containers
     probe = container.readiness_probe
-    assert probe is not None and probe.http_get.path == "/healthz"
+    assert probe is not None and probe.http_get.path == "/readyz"
     # On the host's network the daemon keeps the node's address (the lab's: 127.0.0.1 and a port of the
     # node's own), and the kubelet probes it there.
     address = container.args[container.args.index("--metrics-address") + 1]

@@ -295,7 +295,7 @@ def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_
     tmp_path_factory, template, mode, node_credentials
 ):
     """The daemon keeps its address (the pod's loopback): the kubelet cannot reach that, so the probe runs in the
-    pod, with the image's Python, and asks /healthz there; a 503 or no answer is a failed probe."""
+    pod, with the image's Python, and asks /readyz there; a 503 or no answer is a failed probe."""
     values = {"device_plugin_allocation_mode": mode, "device_plugin_dra_daemonset_node_credentials": node_credentials}
     objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), template, values)}
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
@@ -303,13 +303,13 @@ def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_
     probe = container["readinessProbe"]
     assert {k: probe[k] for k in PROBE_TIMING} == PROBE_TIMING
     command = probe["exec"]["command"]
-    assert command[:4] == ["python3", "-I", "-S", "-c"] and command[5] == "http://127.0.0.1:9400/healthz"
+    assert command[:4] == ["python3", "-I", "-S", "-c"] and command[5] == "http://127.0.0.1:9400/readyz"
     # The probe's script, run as the kubelet runs it, against a health endpoint that answers 200, then 503.
     state = {"code": 200}
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(state["code"] if self.path == "/healthz" else 404)
+            self.send_response(state["code"] if self.path == "/readyz" else 404)
             self.end_headers()
 
         def log_message(self, *args):
@@ -318,7 +318,7 @@ def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+        url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
         probe_argv = [sys.executable, *command[1:5], url]
         assert subprocess.run(probe_argv, capture_output=True, timeout=30).returncode == 0
         state["code"] = 503
@@ -340,7 +340,7 @@ def test_a_dra_pod_on_the_hosts_network_is_probed_at_its_address(tmp_path_factor
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9400"
     assert container["readinessProbe"] == {
-        "httpGet": {"host": "127.0.0.1", "path": "/healthz", "port": 9400},
+        "httpGet": {"host": "127.0.0.1", "path": "/readyz", "port": 9400},
         **PROBE_TIMING,
     }
 
