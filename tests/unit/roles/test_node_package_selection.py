@@ -9,9 +9,8 @@ values asserted here are what the tasks hand to apt, dnf, deb822_repository and 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import re
+from pathlib import Path
 
 import pytest
 from ansible.parsing.dataloader import DataLoader
@@ -313,9 +312,22 @@ def _blacklisted(entries, name):
 
 def test_driver_blacklist_covers_debians_driver_packages_and_not_others():
     entries = RoleVars("nvidia_driver", "debian12").get("__nvidia_driver_unattended_upgrades_blacklist")
-    for name in ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "nvidia-persistenced",
-                 "libegl-nvidia0", "libgl1-nvidia-glvnd-glx", "xserver-xorg-video-nvidia", "firmware-nvidia-gsp",
-                 "libcuda1", "libnvcuvid1", "cuda-drivers-580", "nvidia-open-580", "libnvidia-compute-580"):
+    for name in (
+        "nvidia-driver",
+        "nvidia-kernel-dkms",
+        "nvidia-smi",
+        "libnvidia-ml1",
+        "nvidia-persistenced",
+        "libegl-nvidia0",
+        "libgl1-nvidia-glvnd-glx",
+        "xserver-xorg-video-nvidia",
+        "firmware-nvidia-gsp",
+        "libcuda1",
+        "libnvcuvid1",
+        "cuda-drivers-580",
+        "nvidia-open-580",
+        "libnvidia-compute-580",
+    ):
         assert _blacklisted(entries, name), name
     for name in ("linux-headers-amd64", "python3-pynvml", "containerd", "libc6"):
         assert not _blacklisted(entries, name), name
@@ -324,8 +336,12 @@ def test_driver_blacklist_covers_debians_driver_packages_and_not_others():
 def test_toolkit_blacklist_names_its_four_packages_exactly():
     entries = RoleVars("container_toolkit", "debian12").get("__container_toolkit_unattended_upgrades")
     names = re.findall(r'"([^"]+)";', entries)
-    for name in ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
-                 "libnvidia-container1"):
+    for name in (
+        "nvidia-container-toolkit",
+        "nvidia-container-toolkit-base",
+        "libnvidia-container-tools",
+        "libnvidia-container1",
+    ):
         assert _blacklisted(names, name), name
     assert not _blacklisted(names, "nvidia-container-toolkit-operator-extensions")
 
