@@ -9,6 +9,7 @@ values asserted here are what the tasks hand to apt, dnf, deb822_repository and 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -298,6 +299,70 @@ def test_cuda_default_version_from_repository(platform):
     role = RoleVars("cuda_toolkit", platform)
     assert role.get("__cuda_toolkit_source") == "cuda"
     assert role.get("__cuda_toolkit_packages") == ["cuda-toolkit-12-9"]
+
+
+# --- unattended-upgrades blacklists -----------------------------------------------------------------
+# unattended-upgrades excludes a package when re.match(entry, name) matches (its Package-Blacklist entries are
+# regular expressions matched at the start of the name).
+
+
+def _blacklisted(entries, name):
+    return any(re.match(entry, name) for entry in entries)
+
+
+def test_driver_blacklist_covers_debians_driver_packages_and_not_others():
+    entries = RoleVars("nvidia_driver", "debian12").get("__nvidia_driver_unattended_upgrades_blacklist")
+    for name in (
+        "nvidia-driver",
+        "nvidia-kernel-dkms",
+        "nvidia-smi",
+        "libnvidia-ml1",
+        "nvidia-persistenced",
+        "libegl-nvidia0",
+        "libgl1-nvidia-glvnd-glx",
+        "xserver-xorg-video-nvidia",
+        "firmware-nvidia-gsp",
+        "libcuda1",
+        "libnvcuvid1",
+        "cuda-drivers-580",
+        "nvidia-open-580",
+        "libnvidia-compute-580",
+    ):
+        assert _blacklisted(entries, name), name
+    for name in ("linux-headers-amd64", "python3-pynvml", "containerd", "libc6"):
+        assert not _blacklisted(entries, name), name
+
+
+def test_toolkit_blacklist_names_its_four_packages_exactly():
+    entries = RoleVars("container_toolkit", "debian12").get("__container_toolkit_unattended_upgrades")
+    names = re.findall(r'"([^"]+)";', entries)
+    for name in (
+        "nvidia-container-toolkit",
+        "nvidia-container-toolkit-base",
+        "libnvidia-container-tools",
+        "libnvidia-container1",
+    ):
+        assert _blacklisted(names, name), name
+    assert not _blacklisted(names, "nvidia-container-toolkit-operator-extensions")
+
+
+def test_cuda_blacklist_follows_the_hold_on_debian_and_the_repository_elsewhere():
+    debian = RoleVars("cuda_toolkit", "debian12").get("__cuda_toolkit_unattended_upgrades_blacklist")
+    assert "nvidia-cuda-toolkit$" in debian
+    for name in ("nvidia-cuda-toolkit", "nvidia-cuda-dev", "libcudart11.0", "libcublas11", "libnvjpeg11"):
+        assert _blacklisted(debian, name), name
+    assert not _blacklisted(debian, "nvidia-cuda-toolkit-doc")
+    ubuntu = RoleVars("cuda_toolkit", "ubuntu2404").get("__cuda_toolkit_unattended_upgrades_blacklist")
+    for name in ("cuda-toolkit-12-9", "cuda-nvcc-12-9", "libcublas-12-9", "libnpp-12-9", "libnvjitlink-12-9"):
+        assert _blacklisted(ubuntu, name), name
+
+
+@pytest.mark.parametrize("role", ["nvidia_driver", "cuda_toolkit", "container_toolkit"])
+def test_transient_apt_failures_are_told_from_others(role):
+    pattern = RoleVars(role, "debian12").get(f"__{role}_apt_transient")
+    assert re.search(pattern, "E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 42 (python3)")
+    assert re.search(pattern, "E: Failed to fetch http://deb.debian.org/debian/pool/x.deb  503  Service Unavailable")
+    assert not re.search(pattern, "No package matching 'nvidia-driver' is available")
 
 
 # --- every role ------------------------------------------------------------------------------------
