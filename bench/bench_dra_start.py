@@ -140,7 +140,7 @@ def one_run(claims: int, timeout: float, give_up: float, port: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--claims", default="0,5,20", help="comma-separated numbers of prepared claims")
     parser.add_argument("--request-timeout", type=float, default=1.0, help="the API client's seconds per request")
     parser.add_argument("--runs", type=int, default=3)
