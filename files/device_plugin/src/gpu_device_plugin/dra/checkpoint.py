@@ -29,6 +29,16 @@ VERSION = 2
 READABLE_VERSIONS = (1, 2)
 
 
+def move_aside(path: str) -> str:
+    """Rename a record that cannot be used to ``<path>.corrupt-<time>``, kept for a look; return where it went."""
+    aside = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return "(could not be renamed)"
+    return aside
+
+
 @dataclass(frozen=True)
 class PreparedClaim:
     namespace: str
@@ -113,11 +123,7 @@ class Checkpoint:
             return self._set_aside("it is not valid checkpoint JSON")
 
     def _set_aside(self, why: str) -> Optional[dict[str, PreparedClaim]]:
-        aside = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
-        try:
-            os.replace(self.path, aside)
-        except OSError:
-            aside = "(could not be renamed)"
+        aside = move_aside(self.path)
         log.error(
             "the checkpoint of prepared claims %s is corrupt because %s; it was moved to %s"
             " and the prepared claims are rebuilt from the CDI specs on disk",

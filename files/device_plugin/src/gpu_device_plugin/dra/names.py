@@ -18,10 +18,10 @@ import logging
 import os
 import re
 import threading
-import time
 from typing import Mapping, Optional
 
 from gpu_device_plugin.dra.cdi import write_atomically
+from gpu_device_plugin.dra.checkpoint import move_aside
 from gpu_device_plugin.inventory import Inventory
 
 log = logging.getLogger(__name__)
@@ -100,11 +100,7 @@ class DeviceNumbers:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            aside = f"{self.path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
-            try:
-                os.replace(self.path, aside)
-            except OSError:
-                aside = "(could not be renamed)"
+            aside = move_aside(self.path)
             log.error(
                 "the DRA device numbers %s cannot be used (%s); it was moved to %s and the numbers are taken"
                 " from the prepared claims and the NVML indices",
