@@ -121,13 +121,12 @@ def containerd_default(binary):
     return subprocess.run([binary, "config", "default"], capture_output=True, text=True, check=True, timeout=60).stdout
 
 
-@pytest.fixture(scope="session")
-def k3s_render():
-    """tests/integration/k3s_render built with Go (the standard library only), cached by its source."""
-    source = Path(__file__).resolve().parent / "k3s_render"
-    digest = hashlib.sha256((source / "main.go").read_bytes() + (source / "go.mod").read_bytes()).hexdigest()[:12]
+def go_tool(name: str, files: tuple[str, ...]) -> str:
+    """tests/integration/NAME built with Go, cached in $GPUOPS_CACHE by the content of its source ``files``."""
+    source = Path(__file__).resolve().parent / name
+    digest = hashlib.sha256(b"".join((source / f).read_bytes() for f in files)).hexdigest()[:12]
     cache = Path(os.environ.get("GPUOPS_CACHE", Path.home() / ".cache" / "gpuops"))
-    binary = cache / f"k3s-render-{digest}" / "k3s-render"
+    binary = cache / f"{name.replace('_', '-')}-{digest}" / name.replace("_", "-")
     if not binary.exists():
         go = shutil.which("go") or "/usr/local/go/bin/go"
         binary.parent.mkdir(parents=True, exist_ok=True)
@@ -139,6 +138,12 @@ def k3s_render():
             env=dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod"),
         )
     return str(binary)
+
+
+@pytest.fixture(scope="session")
+def k3s_render():
+    """tests/integration/k3s_render built with Go (the standard library only), cached by its source."""
+    return go_tool("k3s_render", ("main.go", "go.mod"))
 
 
 def config_dump_with_warnings(binary, path):

@@ -8,16 +8,13 @@ double of CRI-O's config loading built on the TOML library CRI-O itself uses.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import tomllib
-from conftest import CONFIGS
+from conftest import CONFIGS, go_tool
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
 
@@ -94,21 +91,7 @@ NVIDIA_CTK_DROP_IN = """\
 @pytest.fixture(scope="session")
 def crio_merge():
     """tests/integration/crio_merge built with Go, cached by its source."""
-    source = Path(__file__).resolve().parent / "crio_merge"
-    digest = hashlib.sha256(b"".join((source / n).read_bytes() for n in ("main.go", "go.mod", "go.sum"))).hexdigest()
-    cache = Path(os.environ.get("GPUOPS_CACHE", Path.home() / ".cache" / "gpuops"))
-    binary = cache / f"crio-merge-{digest[:12]}" / "crio-merge"
-    if not binary.exists():
-        go = shutil.which("go") or "/usr/local/go/bin/go"
-        binary.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [go, "build", "-trimpath", "-o", str(binary), "."],
-            cwd=source,
-            check=True,
-            timeout=600,
-            env=dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod"),
-        )
-    return str(binary)
+    return go_tool("crio_merge", ("main.go", "go.mod", "go.sum"))
 
 
 def crio_effective(crio_merge, etc):
