@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds NVIDIA's own device plugin and GPU Feature Discovery (nvidia-device-plugin and
+# gpu-feature-discovery, from the github.com/NVIDIA/k8s-device-plugin Go module at a pinned version), so
+# the lab can run them beside the collection's daemon on the same simulated GPUs (docs/nvidia-compared.md).
+# They load NVML with dlopen, so on a lab node they meet the mock libnvidia-ml.so.1 as on a GPU node.
+#
+# The module's go.mod has replace directives, so `go install MODULE/cmd@VERSION` refuses it: the module is
+# downloaded through the Go module proxy, copied out of the module cache and built in place. Output goes to
+# $GPUOPS_CACHE/nvidia-device-plugin-<version>-<key>/bin (key: version, recipe revision, Go version) and is
+# reused while that stays the same. Prints that bin directory on stdout; progress goes to stderr.
+#
+# Environment:
+#   GPUOPS_NVIDIA_DEVICE_PLUGIN_VERSION   module version (default below)
+#   GPUOPS_BUILD_JOBS                     parallel compile jobs (default 2)
+set -euo pipefail
+
+version=${GPUOPS_NVIDIA_DEVICE_PLUGIN_VERSION:-v0.19.0}
+jobs=${GPUOPS_BUILD_JOBS:-2}
+cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
+go=${GO:-/usr/local/go/bin/go}
+module=github.com/NVIDIA/k8s-device-plugin
+commands=(nvidia-device-plugin gpu-feature-discovery)
+# Bump when the recipe changes in a way that changes the binaries.
+recipe_revision=1
+
+log() { printf '[build-nvidia-device-plugin] %s\n' "$*" >&2; }
+
+[ -x "$go" ] || { log "Go not found at $go (set GO=/path/to/go)"; exit 1; }
+key=$(printf '%s\n' "$version" "${commands[*]}" "$recipe_revision" "$("$go" env GOVERSION)" | sha256sum | cut -c1-8)
+out="$cache/nvidia-device-plugin-$version-$key"
+
+if [ -f "$out/.complete" ]; then
+  echo "$out/bin"
+  exit 0
+fi
+# One build at a time per output directory; a second caller waits and then reuses the result.
+mkdir -p "$cache"
+exec 9>"$out.lock"
+if ! flock -n 9; then
+  log "another build of $version is running; waiting for it"
+  flock 9
+fi
+if [ -f "$out/.complete" ]; then
+  echo "$out/bin"
+  exit 0
+fi
+
+rm -rf "$out"
+mkdir -p "$out/bin"
+export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTOOLCHAIN=local GOMAXPROCS="$jobs"
+export GOFLAGS="-modcacherw -trimpath -buildvcs=false"
+# Both commands dlopen libnvidia-ml.so.1 through go-nvml's cgo loader.
+export CGO_ENABLED=1
+
+log "fetching $module@$version from the Go module proxy"
+dir=$("$go" mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+[ -d "$dir" ] || { log "the module proxy gave no directory for $module@$version"; exit 1; }
+cp -r "$dir" "$out/src"
+chmod -R u+w "$out/src"
+
+cd "$out/src"
+ldflags="-s -w -X $module/internal/info.version=$version"
+for cmd in "${commands[@]}"; do
+  log "building $cmd (about 2 CPU-minutes each, cached in $GOCACHE)"
+  nice "$go" build -p "$jobs" -ldflags "$ldflags" -o "$out/bin/$cmd" "./cmd/$cmd"
+done
+rm -rf "$out/src"
+touch "$out/.complete"
+log "built ${commands[*]} into $out/bin"
+echo "$out/bin"
