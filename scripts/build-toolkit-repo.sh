@@ -12,10 +12,15 @@
 #   libnvidia-container-tools      TEST DOUBLE: nvidia-container-cli stand-in that says so and fails
 # Release is signed with a throwaway key made for this repository only.
 #
-# Everything is cached under $GPUOPS_CACHE/toolkit-repo/<version>-<script hash>.
+# The module's checksum database entry is not served for every version, so the script checks the module
+# against the checksum pinned below (module_sum, the h1: hash `go mod download -json` reports) and tells
+# Go not to look it up.
+#
+# Everything is cached under $GPUOPS_CACHE/toolkit-repo/<version>-<script hash>; the built commands are
+# kept in its bin/ (tests run nvidia-ctk from there without installing the packages).
 #   scripts/build-toolkit-repo.sh   -> prints the repository root
 set -euo pipefail
-version=${GPUOPS_TOOLKIT_VERSION:-1.17.8}
+version=${GPUOPS_TOOLKIT_VERSION:-1.18.1}
 cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
 script_hash=$(sha256sum "$0" | cut -c1-12)
 root="$cache/toolkit-repo/$version-$script_hash"
@@ -24,6 +29,11 @@ deb_version="$version-1"
 module=github.com/NVIDIA/nvidia-container-toolkit
 export PATH="$PATH:/usr/local/go/bin"
 export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOFLAGS=-modcacherw GOTOOLCHAIN=local
+export GONOSUMDB="$module"
+declare -A module_sums=(
+  [1.17.8]="h1:ndE23TKvQBicsZT88mzZudygn6JNOe6+UsIgqk6gGvw="
+  [1.18.1]="h1:525Y921X2TwKwBvFfMNqyXF3QWlYbsemQfpd8YB2lHs="
+)
 # nvidia-ctk links a small C shim (dxcore), so cgo stays on.
 export CGO_ENABLED=1
 
@@ -38,6 +48,11 @@ work=$(mktemp -d "$cache/toolkit-repo.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
 
+sum=$(go mod download -json "$module@v$version" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
+if [ -z "${module_sums[$version]:-}" ] || [ "$sum" != "${module_sums[$version]}" ]; then
+  log "$module@v$version has checksum '${sum:-none}', not the one pinned in this script ('${module_sums[$version]:-none}')"
+  exit 1
+fi
 log "building $module commands at v$version (cached in $GOCACHE)"
 for cmd in nvidia-ctk nvidia-container-runtime nvidia-container-runtime.cdi \
   nvidia-container-runtime.legacy nvidia-cdi-hook nvidia-container-runtime-hook; do
@@ -93,7 +108,9 @@ package libnvidia-container-tools \
 log "indexing and signing with a throwaway key"
 export GNUPGHOME="$work/gnupg"
 mkdir -m 0700 "$GNUPGHOME"
-gpg --batch --quiet --passphrase '' --quick-gen-key 'gpuops.k8s test repository <test-repo@example.invalid>' ed25519 sign 1d
+# No expiry: the repository is cached and reused on later days (a key that expired after a day made a
+# warm cache's repository unusable).
+gpg --batch --quiet --passphrase '' --quick-gen-key 'gpuops.k8s test repository <test-repo@example.invalid>' ed25519 sign never
 gpg --batch --armor --export > "$work/repo/gpgkey"
 (
   cd "$work/repo/stable/deb/$arch"
@@ -106,6 +123,7 @@ gpg --batch --armor --export > "$work/repo/gpgkey"
 )
 gpgconf --kill all 2>/dev/null || true
 rm -rf "$GNUPGHOME"
+mv "$work/bin" "$work/repo/bin"
 mkdir -p "$(dirname "$root")"
 rm -rf "$root"
 mv "$work/repo" "$root"
