@@ -48,16 +48,22 @@ work=$(mktemp -d "$cache/toolkit-repo.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
 
-sum=$(go mod download -json "$module@v$version" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
+download=$(go mod download -json "$module@v$version")
+dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$download")
+sum=$(sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p' <<<"$download")
 if [ -z "${module_sums[$version]:-}" ] || [ "$sum" != "${module_sums[$version]}" ]; then
   log "$module@v$version has checksum '${sum:-none}', not the one pinned in this script ('${module_sums[$version]:-none}')"
   exit 1
 fi
+# Built inside a copy of the module, so its own go.sum checks every dependency (`go install MODULE@VERSION`
+# asks the checksum database instead, which does not answer for all of them).
+cp -r "$dir" "$work/src"
+chmod -R u+w "$work/src"
 log "building $module commands at v$version (cached in $GOCACHE)"
 for cmd in nvidia-ctk nvidia-container-runtime nvidia-container-runtime.cdi \
   nvidia-container-runtime.legacy nvidia-cdi-hook nvidia-container-runtime-hook; do
-  GOBIN="$work/bin" timeout 1200 nice go install -trimpath \
-    -ldflags "-s -w -X $module/internal/info.version=$version" "$module/cmd/$cmd@v$version"
+  (cd "$work/src" && timeout 1200 nice go build -trimpath -buildvcs=false \
+    -ldflags "-s -w -X $module/internal/info.version=$version" -o "$work/bin/$cmd" "./cmd/$cmd")
 done
 
 # package NAME DESCRIPTION DEPENDS  (files come from $work/pkg/NAME)
