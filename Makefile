@@ -34,6 +34,7 @@ lint: setup
 	ruff format --check .
 	yamllint -s .
 	ansible-lint --profile production
+	scripts/galaxy-importer.sh
 
 sanity: setup collection
 	scripts/ansible-test-pip.sh
