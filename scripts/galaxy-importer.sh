@@ -33,8 +33,9 @@ CHECK_CHANGELOG = True
 CFG
 log "importing $(basename "$tarball") ($(du -k "$tarball" | cut -f1) KB)"
 rc=0
-PATH="$venv/bin:$PATH" GALAXY_IMPORTER_CONFIG="$work/galaxy-importer.cfg" \
-  "$venv/bin/python" -m galaxy_importer.main "$tarball" > "$work/import.log" 2>&1 || rc=$?
+# In the work directory: the importer writes its importer_result.json where it runs.
+(cd "$work" && PATH="$venv/bin:$PATH" GALAXY_IMPORTER_CONFIG="$work/galaxy-importer.cfg" \
+  "$venv/bin/python" -m galaxy_importer.main "$tarball" > "$work/import.log" 2>&1) || rc=$?
 if [ "$rc" -ne 0 ] || grep -qE '^(WARNING|ERROR)' "$work/import.log"; then
   grep -E '^(WARNING|ERROR)' "$work/import.log" >&2 || tail -n 20 "$work/import.log" >&2
   log "the import failed or warned (exit status $rc); the lines above say why"
