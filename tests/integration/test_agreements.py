@@ -80,7 +80,7 @@ def test_the_role_installs_the_daemons_tested_dependency_versions() -> None:
 
 def unit_lines(text: str) -> list[str]:
     """A unit file's directives, comments dropped and continuation lines joined."""
-    text = text.replace("\\\n", " ")
+    text = re.sub(r"\s*\\\n\s*", " ", text)
     return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
