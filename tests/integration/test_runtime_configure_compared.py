@@ -68,7 +68,7 @@ def ctk(binary, *args):
     return subprocess.run([binary, "runtime", "configure", *args], capture_output=True, text=True, timeout=60)
 
 
-def ctk_configure(binary, runtime, config, set_as_default, cdi=False, drop_in=None):
+def ctk_configure(binary, runtime, config, set_as_default, cdi=False, drop_in=None, extra=()):
     """nvidia-ctk with the settings the module gets; the drop-in where 1.18 puts it, relative to ``config``."""
     args = [f"--runtime={runtime}", f"--config={config}", f"--nvidia-runtime-path={RUNTIME}"]
     if drop_in is not None:
@@ -77,7 +77,7 @@ def ctk_configure(binary, runtime, config, set_as_default, cdi=False, drop_in=No
         args.append("--set-as-default")
     if cdi:
         args.append("--cdi.enabled")
-    proc = ctk(binary, *args)
+    proc = ctk(binary, *args, *extra)
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -93,6 +93,18 @@ def differences(nvidia, ours, prefix=""):
         elif left != right:
             found[path] = (left, right)
     return found
+
+
+def flatten(data, prefix=""):
+    """{dotted key: value} of every leaf of ``data``."""
+    flat = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, path))
+        else:
+            flat[path] = value
+    return flat
 
 
 def relative(data, root):
@@ -114,9 +126,16 @@ def kept(original, text):
     return sum(1 for line in comment_lines(original) if line in lines)
 
 
+CRI_OVERRIDE = 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  max_container_log_line_size = 32768\n'
+
+
 def stage(name, where, binary=None):
-    """``where``/config.toml: a sample of the tier (its @CONFD@ pointed at ``where``/conf.d) or containerd's default."""
+    """``where``/config.toml: a sample of the tier (its @CONFD@ pointed at ``where``/conf.d) or containerd's default.
+
+    ``v2-imports.toml+20-cri``: v2-imports.toml with a second imported file that sets the CRI plugin section.
+    """
     where.mkdir(parents=True)
+    name, _plus, extra = name.partition("+")
     if name == "default":
         text = containerd_default(binary)
     else:
@@ -125,6 +144,8 @@ def stage(name, where, binary=None):
             (where / "conf.d").mkdir()
             shutil.copy(CONFIGS / "v2-imports.conf.d.toml", where / "conf.d" / "10-site.toml")
             text = text.replace("@CONFD@", str(where / "conf.d"))
+    if extra == "20-cri":
+        (where / "conf.d" / "20-cri.toml").write_text(CRI_OVERRIDE)
     (where / "config.toml").write_text(text)
     return where / "config.toml"
 
@@ -138,10 +159,15 @@ CONTAINERD_CASES = {
     "v2-mirrors-comments-1.7-cdi": ("v2-mirrors-comments.toml", "containerd17", True),
     "v3-node-2.1-cdi": ("v3-node.toml", "containerd2", True),
     "v2-imports-1.6": ("v2-imports.toml", "containerd16", False),
+    "v2-imports-cri-override-1.6": ("v2-imports.toml+20-cri", "containerd16", False),
+    "v2-existing-nvidia-1.6": ("v2-existing-nvidia.toml", "containerd16", False),
     "default-v4-2.4": ("default", "containerd24", False),
 }
 
 RUNC_LISTED = f"{CRI2}.containerd.runtimes.runc"
+CRI_SYSTEMD = f"{CRI2}.containerd.runtimes.runc.options.SystemdCgroup"
+CRI_LOG_LINE = f"{CRI2}.max_container_log_line_size"
+VALUES = {CRI_SYSTEMD: (True, UNSET), CRI_LOG_LINE: (16384, 32768)}
 # NVIDIA's 1.18 writes a drop-in by default; the module's auto mode writes the main file unless it already imports
 # a drop-in directory (v2-imports). Compared with the module in drop_in mode (same drop-in path) and in its default.
 EXPECTED = {
@@ -157,9 +183,21 @@ EXPECTED = {
     ("v3-node-2.1-cdi", "auto"): {"imports"},
     ("v2-imports-1.6", "drop_in"): set(),
     ("v2-imports-1.6", "auto"): set(),  # auto is a drop-in here
+    # containerd 1.x lets a later import replace the whole CRI section. NVIDIA's drop-in (read last) carries the main
+    # file's CRI section, so it undoes what 20-cri.toml set and brings back what it had dropped; the module's
+    # carries the section containerd runs with. Values below (NVIDIA's, ours = the effective value before the edit;
+    # an option left out is false to the runc shim).
+    ("v2-imports-cri-override-1.6", "drop_in"): {CRI_SYSTEMD, CRI_LOG_LINE},
+    ("v2-imports-cri-override-1.6", "auto"): {CRI_SYSTEMD, CRI_LOG_LINE},
+    ("v2-existing-nvidia-1.6", "drop_in"): set(),
+    ("v2-existing-nvidia-1.6", "auto"): {"imports"},
     ("default-v4-2.4", "drop_in"): set(),
     ("default-v4-2.4", "auto"): set(),  # containerd 2.4's default imports /etc/containerd/conf.d/*.toml: a drop-in
 }
+DEFAULT_NAME = f"{CRI2}.containerd.default_runtime_name"
+# Without --set-as-default NVIDIA's removes a default_runtime_name that names its runtime (containerd falls back to
+# runc); the module with set_as_default false leaves the default as it found it.
+EXPECTED_NOT_DEFAULT = {"v2-existing-nvidia-1.6": {DEFAULT_NAME: ("runc", "nvidia")}}
 
 # Comments in the main file, as (lines with a comment in the original, of those kept by NVIDIA's, kept by the
 # module in drop_in mode, kept by the module in auto mode, and the comments the module added in auto mode with and
@@ -171,6 +209,8 @@ COMMENTS = {
     "v3-node-2.1-cdi": (3, 0, 3, 3, (1, 0)),
     "v2-imports-1.6": (1, 0, 1, 1, (0, 0)),
     "default-v4-2.4": (0, 0, 0, 0, (0, 0)),
+    "v2-existing-nvidia-1.6": (1, 0, 1, 1, (0, 0)),
+    "v2-imports-cri-override-1.6": (1, 0, 1, 1, (0, 0)),
 }
 
 
@@ -185,15 +225,12 @@ def test_containerd_effective_configs(case, set_as_default, tmp_path, nvidia_ctk
     name, peer, cdi = CONTAINERD_CASES[case]
     binary = request.getfixturevalue(peer)
     theirs = stage(name, tmp_path / "nvidia", binary)
-    original = theirs.read_text()
-    ctk_configure(
-        nvidia_ctk, "containerd", theirs, set_as_default, cdi, drop_in=theirs.parent / "conf.d" / "99-nvidia.toml"
-    )
-    again = theirs.read_bytes(), (theirs.parent / "conf.d" / "99-nvidia.toml").read_bytes()
-    ctk_configure(
-        nvidia_ctk, "containerd", theirs, set_as_default, cdi, drop_in=theirs.parent / "conf.d" / "99-nvidia.toml"
-    )
-    assert (theirs.read_bytes(), (theirs.parent / "conf.d" / "99-nvidia.toml").read_bytes()) == again
+    original, original_dump = theirs.read_text(), config_dump(binary, theirs)
+    drop_in = theirs.parent / "conf.d" / "99-nvidia.toml"
+    ctk_configure(nvidia_ctk, "containerd", theirs, set_as_default, cdi, drop_in=drop_in)
+    first = theirs.read_bytes(), drop_in.read_bytes()
+    ctk_configure(nvidia_ctk, "containerd", theirs, set_as_default, cdi, drop_in=drop_in)
+    assert (theirs.read_bytes(), drop_in.read_bytes()) == first  # a second run writes the same bytes again
     nvidia = relative(config_dump(binary, theirs), theirs.parent)
 
     comments = [len(comment_lines(original)), kept(original, theirs.read_text())]
@@ -209,7 +246,13 @@ def test_containerd_effective_configs(case, set_as_default, tmp_path, nvidia_ctk
             comments.append(len(comment_lines(path.read_text())) - comments[-1])
 
         found = differences(nvidia, ours)
-        assert set(found) == EXPECTED[(case, mode)], found
+        unset_default = {} if set_as_default else EXPECTED_NOT_DEFAULT.get(case, {})
+        assert set(found) == EXPECTED[(case, mode)] | set(unset_default), found
+        assert {key: found[key] for key in unset_default} == unset_default
+        for key in set(found) & set(VALUES):
+            assert found[key] == VALUES[key]
+            before = flatten(original_dump).get(key, UNSET)
+            assert before in (found[key][1], False if found[key][1] == UNSET else before), "ours changed containerd's"
         if RUNC_LISTED in found:
             assert found[RUNC_LISTED][0] == UNSET and found[RUNC_LISTED][1]["runtime_type"] == "io.containerd.runc.v2"
         if "imports" in found:  # where the runtime lives: NVIDIA's drop-in, or the main file itself
@@ -217,14 +260,23 @@ def test_containerd_effective_configs(case, set_as_default, tmp_path, nvidia_ctk
             assert not any("99-nvidia.toml" in entry for entry in found["imports"][1])
 
         # What both leave, in the terms of the comparison's table.
-        for dump in (nvidia, ours):
+        for dump, side in ((nvidia, "nvidia"), (ours, "ours")):
             cri, section = runtimes_section(dump)
             entry = section["runtimes"]["nvidia"]
             assert entry["runtime_type"] == "io.containerd.runc.v2"
             assert entry["options"]["BinaryName"] == RUNTIME
             runc = section["runtimes"].get("runc", {}).get("options", {})
-            assert entry["options"].get("SystemdCgroup", False) == runc.get("SystemdCgroup", False)
-            assert section["default_runtime_name"] == ("nvidia" if set_as_default else "runc")
+            systemd = entry["options"].get("SystemdCgroup", False), runc.get("SystemdCgroup", False)
+            if case == "v2-imports-cri-override-1.6" and side == "ours":
+                # The module's nvidia follows runc as the files state it (merged key by key, as containerd 2.x reads
+                # them); containerd 1.6 runs runc without it here, as it did before the edit.
+                assert systemd == (True, False)
+            else:
+                assert systemd[0] == systemd[1]
+            default = "nvidia" if set_as_default else runtimes_section(original_dump)[1]["default_runtime_name"]
+            if side == "nvidia" and not set_as_default and default == "nvidia":
+                default = "runc"
+            assert section["default_runtime_name"] == default
             if cdi:
                 assert cri["enable_cdi"] is True
     *counts, added = COMMENTS[case]
@@ -244,6 +296,21 @@ def test_debian_package_config_loses_runc_with_nvidia_ctk(tmp_path, nvidia_ctk, 
         for side, path in (("nvidia", theirs), ("ours", ours)):
             section = runtimes_section(config_dump(containerd16, path))[1]
             seen[(side, set_as_default)] = (sorted(section["runtimes"]), cri_plugin(containerd16, path))
+    # Read from containerd's own dump instead (--config-source=command), NVIDIA's keeps runc: the dump lists it, and
+    # the drop-in then carries the dump's whole CRI section, every default spelled out.
+    dumped = stage("v2-debian-package.toml", tmp_path / "nvidia-command")
+    ctk_configure(
+        nvidia_ctk,
+        "containerd",
+        dumped,
+        False,
+        drop_in=dumped.parent / "conf.d" / "99-nvidia.toml",
+        extra=("--config-source=command", f"--executable-path={containerd16}"),
+    )
+    section = runtimes_section(config_dump(containerd16, dumped))[1]
+    assert sorted(section["runtimes"]) == ["nvidia", "runc"]
+    assert len((dumped.parent / "conf.d" / "99-nvidia.toml").read_text().splitlines()) > 100
+    assert cri_plugin(containerd16, dumped) == ("ok", None)
     no_runc = (
         'no corresponding runtime configured in `containerd.runtimes` for `containerd` `default_runtime_name = "runc"'
     )
