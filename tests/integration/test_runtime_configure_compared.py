@@ -32,7 +32,6 @@ from conftest import CONFIGS, REPO, built_containerd, config_dump, containerd_de
 
 RUNTIME = "/usr/bin/nvidia-container-runtime"
 CRI2 = "plugins.io.containerd.grpc.v1.cri"
-CRI3 = "plugins.io.containerd.cri.v1.runtime"
 UNSET = "<unset>"
 
 
@@ -354,7 +353,7 @@ def cri_plugin(binary, config):
     return status, why.group(1).replace('\\"', '"') if why else None
 
 
-def test_nvidia_ctk_writes_the_main_file_in_drop_in_mode(tmp_path, nvidia_ctk, run_module, containerd16):
+def test_nvidia_ctk_writes_the_main_file_in_drop_in_mode(tmp_path, nvidia_ctk, run_module):
     """NVIDIA's rewrites the main file through its TOML library even when the import is there already."""
     theirs = stage("v2-imports.toml", tmp_path / "nvidia")
     original = theirs.read_text()
@@ -409,7 +408,7 @@ def test_nvidia_ctk_without_a_drop_in_keeps_no_runtime(tmp_path, nvidia_ctk, con
 FEATURES = dict(json.loads((CONFIGS / "daemon-kubeadm.json").read_text()), features={"buildkit": True})
 
 
-@pytest.mark.parametrize("cdi", [False, True], ids=["", "cdi"])
+@pytest.mark.parametrize("cdi", [False, True], ids=["no-cdi", "cdi"])
 @pytest.mark.parametrize("set_as_default", [True, False], ids=["default", "not-default"])
 @pytest.mark.parametrize("name", ["daemon-kubeadm.json", "daemon-tabs.json", "daemon-features.json"])
 def test_docker_daemon_json(name, set_as_default, cdi, tmp_path, nvidia_ctk, run_module):
@@ -447,7 +446,7 @@ def test_docker_daemon_json(name, set_as_default, cdi, tmp_path, nvidia_ctk, run
 # ---------------------------------------------------------------------------------------------- CRI-O
 
 
-@pytest.mark.parametrize("cdi", [False, True], ids=["", "cdi"])
+@pytest.mark.parametrize("cdi", [False, True], ids=["no-cdi", "cdi"])
 @pytest.mark.parametrize("set_as_default", [True, False], ids=["default", "not-default"])
 def test_crio_merged_view(set_as_default, cdi, tmp_path, nvidia_ctk, run_module, crio_merge):
     merged = {}
@@ -574,11 +573,11 @@ def test_bad_input(case, tmp_path, nvidia_ctk, run_module, containerd16):
             assert theirs_says.replace("{dir}", str(where)) in proc.stderr, proc.stderr
             assert ("goroutine 1 [running]" in proc.stderr) is (rc == 2)  # a Go panic, with its stack trace
         else:
-            args = {"runtime": runtime, "config_path": str(path if runtime != "crio" else drop_in)}
-            if runtime == "crio":
+            if runtime == "crio":  # the module writes the drop-in, after reading crio.conf beside its directory
                 (where / "crio.conf.d").mkdir()
-                args["config_path"] = str(drop_in)
-            result = run_module(expect_failure=True, **args)
+            result = run_module(
+                expect_failure=True, runtime=runtime, config_path=str(drop_in if runtime == "crio" else path)
+            )
             message = result["msg"]
             assert message.startswith(ours_says.replace("{path}", str(path))), message
             assert "Traceback" not in message and "\n" not in message
@@ -591,7 +590,8 @@ def test_bad_input(case, tmp_path, nvidia_ctk, run_module, containerd16):
         assert dump["imports"] == [str(tmp_path / "nvidia" / file_name)] and dump["disabled_plugins"] == ["cri"]
         assert "nvidia" not in json.dumps(dump).replace(str(tmp_path / "nvidia"), "<dir>")
     if case == "runtimes-not-a-table":
-        # containerd refuses the original already; NVIDIA's drop-in puts the runtime beside the string.
+        # containerd refuses the original already; NVIDIA's drop-in puts the runtime at containerd.nvidia, beside the
+        # string, where containerd would not look for a runtime.
         drop_in = tomllib.loads((tmp_path / "nvidia" / "conf.d" / "99-nvidia.toml").read_text())
         assert (
             drop_in["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["nvidia"]["options"]["BinaryName"] == RUNTIME
