@@ -64,7 +64,9 @@ def crio_merge():
 
 
 def ctk(binary, *args):
-    return subprocess.run([binary, "runtime", "configure", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [binary, "runtime", "configure", *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def ctk_configure(binary, runtime, config, set_as_default, cdi=False, drop_in=None, extra=()):
