@@ -293,6 +293,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._files import (
     write_atomic,
 )
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import ConfigError
+from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_crio import edit_crio
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_docker import edit_docker
 from ansible_collections.gpuops.k8s.plugins.module_utils import _toml_text as tt
@@ -677,7 +678,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    run_module(module)
+    run_or_fail(module, "nvidia_runtime", run_module)
 
 
 if __name__ == "__main__":
