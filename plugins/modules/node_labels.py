@@ -46,6 +46,13 @@ options:
         description: The user's own labels; they win over computed labels of the same key.
         type: dict
         default: {}
+      sharing:
+        description:
+          - The C(sharing) section of the device plugin's config (NVIDIA's config, version v1) on this node, for
+            C(nvidia.com/gpu.replicas), C(nvidia.com/gpu.sharing-strategy) and the C(-SHARED) product, as the
+            P(gpuops.k8s.gpu_labels#filter) filter computes them.
+        type: dict
+        default: {}
       taint:
         description: Whether the node carries the GPU taint.
         type: bool
@@ -237,6 +244,7 @@ def main():
                     "name": {"type": "str", "required": True},
                     "gpu_info": {"type": "dict", "default": {}},
                     "user_labels": {"type": "dict", "default": {}},
+                    "sharing": {"type": "dict", "default": {}},
                     "taint": {"type": "bool", "default": True},
                     "taint_key": {"type": "str", "default": "nvidia.com/gpu", "no_log": False},
                     "taint_value": {"type": "str", "default": "present"},
