@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import unexpected_error_message
-from ansible_collections.gpuops.k8s.plugins.modules import node_state, nvidia_gpu_info, nvidia_runtime
+from ansible_collections.gpuops.k8s.plugins.modules import node_labels, node_state, nvidia_gpu_info, nvidia_runtime
 from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.module_harness import fail_module, run_module
 
 
@@ -33,6 +33,15 @@ def test_an_unexpected_exception_fails_the_module_with_one_sentence(patched, mon
     )
     assert "Traceback (most recent call last)" in result["exception"]
     assert "\n" not in result["msg"]
+
+
+def test_node_labels_too(patched, monkeypatch):
+    # The kubernetes client is not installed where the unit tests run; the module gets past its check here.
+    monkeypatch.setattr(node_labels, "KUBERNETES_IMPORT_ERROR", None)
+    monkeypatch.setattr(node_labels, "_label", boom)
+    result = fail_module(node_labels.main, {"nodes": [{"name": "gpu-node-1"}], "host": "http://127.0.0.1:9"})
+    assert result["msg"] == unexpected_error_message("node_labels", KeyError("pci_bus_id"))
+    assert result["msg"].startswith("node_labels failed on an unexpected KeyError ('pci_bus_id'); this is a bug")
 
 
 def test_exit_and_fail_pass_through_the_last_resort(patched, tmp_path):
