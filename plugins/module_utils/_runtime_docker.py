@@ -339,8 +339,8 @@ def edit_docker(
     memo = dict(state_doc or {})
     adopted = []
     runtimes = edit.data.get("runtimes")
-    if runtimes is not None and not isinstance(runtimes, dict):
-        raise ConfigError(f"{source}: the runtimes key must be a JSON object.")
+    if "runtimes" in edit.data and not isinstance(runtimes, dict):
+        raise ConfigError(f"{source}: the runtimes key must be a JSON object, not {json.dumps(runtimes)}.")
     if state == "present":
         _present(edit, memo, name, runtime_path, set_as_default, adopt_existing, adopted)
         if enable_cdi:
