@@ -542,7 +542,7 @@ BAD = {
         2,
         "panic: interface conversion: interface {} is []interface {}, not map[string]interface {}",
         (True, False),
-        "{path}: the runtimes key must be a JSON object.",
+        "{path}: the runtimes key must be a JSON object, not [].",
     ),
     "crio-toml-syntax": (
         "crio",
