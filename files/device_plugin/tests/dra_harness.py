@@ -75,7 +75,7 @@ class DraNodeFixture:
         """Wait until the last daemon started has asked the API server about every prepared claim."""
         from harness import wait_until
 
-        node = self.daemons[-1].daemon.dra
+        node = self.daemons[-1].daemon.node
         return wait_until(lambda: node is not None and node.claims_reconciled, timeout=timeout)
 
     def stop_daemons(self) -> None:

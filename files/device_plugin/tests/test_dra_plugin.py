@@ -27,7 +27,7 @@ def test_registers_through_the_plugin_watcher_with_both_versions(dra):
     for path in (os.path.join(dra.registry, f"{DRIVER}-reg.sock"), info.endpoint):
         mode = os.stat(path).st_mode
         assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
-    assert wait_until(lambda: dra.daemons[0].daemon.dra.registrar.registered is True)
+    assert wait_until(lambda: dra.daemons[0].daemon.node.registrar.registered is True)
     # The slice was published before the plugin registered.
     assert dra.publisher.calls[0] == (ALL, frozenset())
 

@@ -61,7 +61,7 @@ def check_after_gpu_0_is_gone(dra) -> None:
     }
     # The slice keeps every remaining GPU's name; gpu-0 is not given to another GPU.
     assert wait_until(lambda: (dra.publisher.last() or ([], None))[0] == [f"gpu-{i}" for i in range(1, 8)])
-    names = {name: device.uuid for name, device in dra.daemons[-1].daemon.dra._devices().items()}
+    names = {name: device.uuid for name, device in dra.daemons[-1].daemon.node._devices().items()}
     assert names == {f"gpu-{i}": H100[i] for i in range(1, 8)}
     # A new claim for A's device is refused; one for a free device gets that very GPU.
     thief = dra.allocate("thief", "5e1f0000-0000-4000-8000-0000000000ff", ["gpu-1"])

@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 import signal
-import time
+import threading
 import urllib.error
 import urllib.request
 
@@ -44,34 +44,62 @@ def test_registers_when_kubelet_sock_appears_after_the_daemon_started(tmp_path):
     kubelet = KubeletDouble(str(plugin_dir / "kubelet.sock"))
     daemon = DaemonThread(make_config(kubelet.socket_path, spec)).start()
     try:
+        # Started: serving, and waiting for a kubelet to register with.
         assert os.path.exists(plugin_dir / SOCKET)
-        time.sleep(0.3)
+        assert daemon.daemon.readyz()[1]["not_ready"] == [f"not registered with the kubelet: {GPU}"]
         kubelet.start()
         assert kubelet.wait(lambda: kubelet.registered(GPU) == 1, timeout=2.0)
         assert kubelet.wait(lambda: kubelet.devices(GPU) is not None)
         assert [d["id"] for d in kubelet.devices(GPU)] == ["GPU-7e570000-0000-4000-8000-0000000000f4"]
-        # Files the kubelet owns come and go without a new registration.
-        for name in ("DEPRECATION", "kubelet_internal_checkpoint"):
+        # Files the kubelet owns come and go without a new registration. The daemon hears of the
+        # directory's files in order: once it has heard of a file created after them, it has seen them.
+        heard = _hear_directory_events(daemon)
+        for name in ("DEPRECATION", "kubelet_internal_checkpoint", "later"):
             (plugin_dir / name).write_text("")
             (plugin_dir / name).unlink()
-        time.sleep(0.3)
+        assert wait_until(lambda: ("later", False) in heard)
+        assert heard == [("later", True), ("later", False)]
+        assert wait_until(lambda: daemon.daemon.readyz()[1]["not_ready"] == [])  # no Register under way
         assert kubelet.registered(GPU) == 1
     finally:
         daemon.stop()
         kubelet.stop()
 
 
-def _wait_output(proc, text, timeout=10.0):
-    lines = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if text in line:
-            return lines
-    raise AssertionError(f"{text!r} not in the daemon's output:\n{''.join(lines)}")
+def _hear_directory_events(daemon: DaemonThread) -> list[tuple[str, bool]]:
+    """Record (file name, created) for each event of the kubelet's directory that reaches the daemon."""
+    heard: list[tuple[str, bool]] = []
+    watcher = daemon.daemon.node._watcher
+    forward = watcher.on_change
+
+    def hear(name: str, created: bool) -> None:
+        forward(name, created)  # first: once a test sees the event, the daemon has acted on it
+        heard.append((name, created))
+
+    watcher.on_change = hear
+    return heard
+
+
+class _Output:
+    """The daemon subprocess's output, read as it comes by a thread, so a test can wait for a line."""
+
+    def __init__(self, proc) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, text: str, timeout: float = 10.0) -> bool:
+        return wait_until(lambda: any(text in line for line in list(self.lines)), timeout=timeout)
+
+    def text(self) -> str:
+        """All of it, once the process has ended."""
+        self._thread.join(10)
+        return "".join(self.lines)
 
 
 def test_sigterm_stops_cleanly_and_removes_the_socket(node):
@@ -122,6 +150,7 @@ def test_sighup_reloads_the_config_file_and_registers_again(node, tmp_path):
             "",
         ]
     )
+    output = _Output(proc)
     try:
         assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None, timeout=10)
         assert node.kubelet.devices(GPU)[0]["id"] == H100[0]
@@ -134,15 +163,22 @@ def test_sighup_reloads_the_config_file_and_registers_again(node, tmp_path):
         # A broken file on SIGHUP is refused; the daemon keeps serving what it had.
         config_file.write_text("version: v2\n")
         proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
+        assert output.wait_for("configuration rejected"), output.lines
+        assert [d["id"] for d in node.kubelet.devices(GPU)] == [str(i) for i in range(8)]
+        # Signals are handled in order: the good file that follows is taken, with one more registration, so
+        # the refused one neither stopped the daemon nor registered it again.
+        config_file.write_text("version: v1\nflags:\n  plugin:\n    deviceIDStrategy: uuid\n")
+        proc.send_signal(signal.SIGHUP)
+        assert node.kubelet.wait(lambda: [d["id"] for d in node.kubelet.devices(GPU) or []] == H100, timeout=5)
+        assert node.kubelet.registered(GPU) == 3
         assert proc.poll() is None
-        assert node.kubelet.registered(GPU) == 2
         proc.send_signal(signal.SIGTERM)
-        out, _err = proc.communicate(timeout=10)
+        proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0
+    out = output.text()
+    assert proc.returncode == 0, out
     assert "configuration rejected" in out and "version must be v1" in out
 
 

@@ -41,6 +41,9 @@ class DevicePluginServicer:
         self._stopping = True
         self.state.wake()
 
+    def resume(self) -> None:
+        self._stopping = False
+
     async def GetDevicePluginOptions(self, request: api_pb2.Empty, context: Any) -> api_pb2.DevicePluginOptions:
         return self.options
 

@@ -17,7 +17,7 @@ import asyncio
 import importlib
 import logging
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from gpu_device_plugin import hostdriver, registration
 from gpu_device_plugin.config import Config
@@ -28,6 +28,7 @@ from gpu_device_plugin.dra.devicehealth import DeviceHealthHub
 from gpu_device_plugin.dra.devices import ClaimReader, DraDevice, SlicePublisher, by_name, dra_devices
 from gpu_device_plugin.dra.names import DeviceNumbers
 from gpu_device_plugin.state import DeviceState
+from gpu_device_plugin.unix_server import ServeError, UnixServer
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,8 @@ class DraNode:
         )
         self.hub: Optional[DeviceHealthHub] = None
         self.registrar = plugin.RegistrationServicer(config.driver_name, config.dra_socket)
-        self.dra_server: Optional[plugin.SocketServer] = None
-        self.reg_server: Optional[plugin.SocketServer] = None
+        self.dra_server: Optional[UnixServer] = None
+        self.reg_server: Optional[UnixServer] = None
         self._health: list[plugin.HealthServicer] = []
         self._watchers: list[registration.KubeletWatcher] = []
         self._kick = asyncio.Event()
@@ -123,7 +124,7 @@ class DraNode:
                 self._watchers.append(watcher)
             await self.dra_server.start()
             await self.reg_server.start()
-        except (plugin.ServeError, OSError) as exc:
+        except (ServeError, OSError) as exc:
             log.error(str(exc))
             await self.stop()
             return False
@@ -184,7 +185,7 @@ class DraNode:
                 log.info("our socket was removed; serving it again", extra={"socket": server.socket_path})
                 try:
                     await server.restart()
-                except plugin.ServeError as exc:
+                except ServeError as exc:
                     log.error("%s; retrying in 1 s", exc)
                     asyncio.get_running_loop().call_later(1.0, self._kick.set)
 
@@ -201,11 +202,48 @@ class DraNode:
         for watcher in self._watchers:
             watcher.stop()
         self._watchers.clear()
-        for servicer in self._health:
-            servicer.stop()
         # The registration socket first: the kubelet deregisters the plugin before the endpoint goes.
         for server in (self.reg_server, self.dra_server):
             if server is not None:
                 await server.stop(remove_socket=True)
         if self.hub is not None:
-            self.hub.stop()
+            self.hub.stop()  # after the DRA server, which ended the health streams it serves
+
+    # -- what the daemon asks of its allocation mode -------------------------------------------------
+    def refuses(self, config: Config) -> Optional[str]:
+        same = (config.allocation_mode, config.driver_name, config.node_name) == (
+            self.config.allocation_mode,
+            self.config.driver_name,
+            self.config.node_name,
+        )
+        return None if same else "the allocation mode, driver name and node name change only with a restart"
+
+    async def reload(
+        self,
+        config: Config,
+        policy: Any,
+        builder: Any,
+        adopt_config: Callable[[Config], Awaitable[bool]],
+    ) -> None:
+        # The sockets, CDI directory and checkpoint stay; the health policy follows the file.
+        self.state.tracker.policy = policy
+        self.state.publish()
+        log.info("SIGHUP: configuration reloaded (health policy)")
+
+    def status(self) -> dict[str, Any]:
+        hub = self.hub
+        return {
+            "allocation_mode": "dra",
+            "registered": self.registrar.registered,
+            "slice_published": hub is not None and hub.published,
+            "prepared_claims": len(self.preparer.claims),
+            "claims_reconciled": self.claims_reconciled,
+        }
+
+    def not_ready(self, status: dict[str, Any]) -> list[str]:
+        reasons = []
+        if status["registered"] is not True:
+            reasons.append("the kubelet has not accepted the DRA plugin's registration yet")
+        if not status["slice_published"]:
+            reasons.append("the ResourceSlice has not been published yet")
+        return reasons

@@ -5,15 +5,14 @@
 - `<plugins_registry>/<driver>-reg.sock`: the plugin watcher's Registration service; GetInfo names
   the DRA socket and every service served there.
 
-The DRA socket is served first, so the kubelet never dials an endpoint that does not listen yet."""
+The DRA socket is served first, so the kubelet never dials an endpoint that does not listen yet. Both are
+`unix_server.UnixServer`s, as the device plugin's sockets are."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import os
-import stat
 import time
 from typing import Any, AsyncIterator, Callable, Optional
 
@@ -34,6 +33,7 @@ from gpu_device_plugin.dra.api import (
 )
 from gpu_device_plugin.dra.devicehealth import DeviceHealthHub
 from gpu_device_plugin.dra.devices import ClaimReader
+from gpu_device_plugin.unix_server import UnixServer
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,6 @@ PLUGIN_TYPE = "DRAPlugin"
 # kubelets with ResourceHealthStatus open the newest health service listed.
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 HEALTH_RESEND_SECONDS = 10.0  # well inside the kubelet's 30 s before a silent device turns Unknown
-
-
-class ServeError(RuntimeError):
-    """A socket cannot be served (directory missing or read-only, path too long)."""
 
 
 class ClaimService:
@@ -151,6 +147,9 @@ class HealthServicer:
         self._stopping = True
         self.hub.wake()
 
+    def resume(self) -> None:
+        self._stopping = False
+
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
         log.info("NodeWatchResources opened", extra={"service": self.pb2.DESCRIPTOR.package})
         while not self._stopping:
@@ -194,54 +193,7 @@ class RegistrationServicer:
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
 
-class SocketServer:
-    """A grpc.aio server on one unix socket; `add` puts the services on a new server."""
-
-    def __init__(self, socket_path: str, add: Callable[[grpc.aio.Server], None], what: str) -> None:
-        self.socket_path = socket_path
-        self.add = add
-        self.what = what
-        self._server: Optional[grpc.aio.Server] = None
-
-    async def start(self) -> None:
-        directory = os.path.dirname(self.socket_path)
-        try:
-            os.makedirs(directory, exist_ok=True)
-            if os.path.lexists(self.socket_path):
-                os.unlink(self.socket_path)
-        except OSError as exc:
-            raise ServeError(f"cannot serve {self.what} on {self.socket_path}: {exc.strerror or exc}") from None
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        self.add(server)
-        old_umask = os.umask(0o177)
-        try:
-            server.add_insecure_port("unix:" + self.socket_path)
-            await server.start()
-        except RuntimeError as exc:
-            await server.stop(grace=None)
-            raise ServeError(f"cannot serve {self.what} on {self.socket_path}: {exc}") from None
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.socket_path, stat.S_IRUSR | stat.S_IWUSR)
-        self._server = server
-        log.info("serving %s", self.what, extra={"socket": self.socket_path})
-
-    def socket_is_ours(self) -> bool:
-        return self._server is not None and os.path.exists(self.socket_path)
-
-    async def stop(self, remove_socket: bool = True) -> None:
-        if self._server is not None:
-            await self._server.stop(grace=0.5)
-            self._server = None
-        if remove_socket and os.path.lexists(self.socket_path):
-            os.unlink(self.socket_path)
-
-    async def restart(self) -> None:
-        await self.stop(remove_socket=False)
-        await self.start()
-
-
-def dra_server(socket_path: str, service: ClaimService, health: list[HealthServicer]) -> SocketServer:
+def dra_server(socket_path: str, service: ClaimService, health: list[HealthServicer]) -> UnixServer:
     def add(server: grpc.aio.Server) -> None:
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraPluginServicer(service, dra_v1_pb2), server)  # type: ignore[no-untyped-call]
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraPluginServicer(service, dra_v1beta1_pb2), server)  # type: ignore[no-untyped-call]
@@ -249,15 +201,15 @@ def dra_server(socket_path: str, service: ClaimService, health: list[HealthServi
         health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(v1, server)  # type: ignore[no-untyped-call]
         health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(v1alpha1, server)  # type: ignore[no-untyped-call]
 
-    return SocketServer(socket_path, add, "DRAPlugin and DRAResourceHealth")
+    return UnixServer(socket_path, add, "DRAPlugin and DRAResourceHealth", streams=health)
 
 
 def health_servicers(hub: DeviceHealthHub) -> list[HealthServicer]:
     return [HealthServicer(hub, health_v1_pb2), HealthServicer(hub, health_v1alpha1_pb2)]
 
 
-def registration_server(socket_path: str, servicer: RegistrationServicer) -> SocketServer:
+def registration_server(socket_path: str, servicer: RegistrationServicer) -> UnixServer:
     def add(server: grpc.aio.Server) -> None:
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
-    return SocketServer(socket_path, add, "plugin-watcher Registration")
+    return UnixServer(socket_path, add, "plugin-watcher Registration")
