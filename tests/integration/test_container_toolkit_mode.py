@@ -93,14 +93,15 @@ def changed(run: subprocess.CompletedProcess[str]) -> int:
     return int(recap.split("changed=", 1)[1].split()[0])
 
 
-def test_the_mode_is_the_one_value_that_changes(
-    collections: Path, nvidia_ctk: Path, tmp_path: Path
-) -> None:
+def test_the_mode_is_the_one_value_that_changes(collections: Path, nvidia_ctk: Path, tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     # The package's file, with an operator's own comment, key and table.
-    original = default_config(nvidia_ctk).replace(
-        'log-level = "info"', '# raised while debugging a node\nlog-level = "debug"  # until Friday'
-    ) + '\n# site settings\n[site]\nowner = "gpu-team"\n'
+    original = (
+        default_config(nvidia_ctk).replace(
+            'log-level = "info"', '# raised while debugging a node\nlog-level = "debug"  # until Friday'
+        )
+        + '\n# site settings\n[site]\nowner = "gpu-team"\n'
+    )
     config.write_text(original)
 
     check = run_role(collections, nvidia_ctk, config, "cdi", "--check", "--diff")
@@ -138,11 +139,16 @@ def test_the_mode_is_the_one_value_that_changes(
             '[nvidia-container-runtime]\nmode = "legacy"\n#mode = "auto"\nlog-level = "info"\n',
         ),
         # No such table (and no final newline): a table of its own at the end.
-        ("[nvidia-container-cli]\nload-kmods = true", '[nvidia-container-cli]\nload-kmods = true\n\n[nvidia-container-runtime]\nmode = "legacy"\n'),
+        (
+            "[nvidia-container-cli]\nload-kmods = true",
+            '[nvidia-container-cli]\nload-kmods = true\n\n[nvidia-container-runtime]\nmode = "legacy"\n',
+        ),
         # A literal string, and a sub-table before the key's own table.
         (
-            "[nvidia-container-runtime.modes.cdi]\ndefault-kind = 'nvidia.com/gpu'\n[nvidia-container-runtime]\nmode = 'cdi'\n",
-            "[nvidia-container-runtime.modes.cdi]\ndefault-kind = 'nvidia.com/gpu'\n[nvidia-container-runtime]\nmode = \"legacy\"\n",
+            "[nvidia-container-runtime.modes.cdi]\ndefault-kind = 'nvidia.com/gpu'\n"
+            "[nvidia-container-runtime]\nmode = 'cdi'\n",
+            "[nvidia-container-runtime.modes.cdi]\ndefault-kind = 'nvidia.com/gpu'\n"
+            '[nvidia-container-runtime]\nmode = "legacy"\n',
         ),
     ],
     ids=["commented-key", "no-table", "literal-string"],
@@ -161,7 +167,7 @@ def test_other_layouts(collections: Path, nvidia_ctk: Path, tmp_path: Path, orig
     ("original", "sentence"),
     [
         # The mode set as a dotted key: the role would add a table nvidia-ctk refuses as a second definition.
-        ('nvidia-container-runtime.mode = "legacy"\n', "nvidia-ctk cannot read the edited file (" ),
+        ('nvidia-container-runtime.mode = "legacy"\n', "nvidia-ctk cannot read the edited file ("),
         ("[nvidia-container-runtime\nmode = 'auto'\n", "nvidia-ctk cannot read the edited file ("),
     ],
     ids=["dotted-key", "broken-toml"],
