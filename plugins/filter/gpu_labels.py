@@ -14,7 +14,12 @@ description:
     C(nvidia.com/gpu.memory), C(nvidia.com/gpu.family), C(nvidia.com/gpu.compute.major/minor),
     C(nvidia.com/cuda.driver-version.*), C(nvidia.com/cuda.runtime-version.*) and their older
     C(nvidia.com/cuda.driver.*) / C(nvidia.com/cuda.runtime.*) names), merged with the user's own labels.
-  - The product, memory and compute capability describe the first GPU (index 0), as GPU Feature Discovery does.
+  - Also C(nvidia.com/gpu.replicas) and C(nvidia.com/gpu.sharing-strategy), from O(sharing).
+  - As GPU Feature Discovery does, the product, memory and compute capability describe one GPU - the first whole
+    GPU (not in MIG mode), or GPU 0 when every GPU is in MIG mode - and C(nvidia.com/gpu.count) counts the GPUs of
+    that model. The product is GFD's spelling of the name - characters other than C([A-Za-z0-9_. -]) dropped,
+    runs of spaces turned into one C(-) - with C(-SHARED) appended when its GPUs are time-sliced and not renamed.
+  - docs/compared-labels.md compares these labels with what GPU Feature Discovery v0.19.0 writes for the same GPUs.
   - A node without GPUs gets no C(nvidia.com/*) labels; only the user's labels are returned.
   - Every value is sanitized into a valid label value (at most 63 characters of C([A-Za-z0-9_.-]),
     starting and ending with an alphanumeric character).
@@ -31,12 +36,27 @@ options:
       - They win over computed labels of the same key.
     type: dict
     default: {}
+  sharing:
+    description:
+      - The C(sharing) section of the device plugin's config (NVIDIA's config, version v1).
+      - 'For example C({"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}).'
+      - With C(replicas) of 2 or more for C(nvidia.com/gpu), C(nvidia.com/gpu.replicas) is that number,
+        C(nvidia.com/gpu.sharing-strategy) is C(time-slicing) and the product ends in C(-SHARED) unless
+        C(renameByDefault) is true. Without it they are C(1) and C(none) (C(0) and C(none) when all GPUs of the
+        model are in MIG mode).
+      - C(mps) is refused with one sentence; the collection's device plugin does not run MPS.
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
 - name: Compute the labels of this node
   ansible.builtin.set_fact:
     node_labels: "{{ gpu_info | gpuops.k8s.gpu_labels({'accelerator': 'nvidia-h100'}) }}"
+
+- name: The labels of a node whose GPUs the device plugin time-slices four ways
+  ansible.builtin.set_fact:
+    node_labels: "{{ gpu_info | gpuops.k8s.gpu_labels(sharing=device_plugin_config.sharing) }}"
 """
 
 RETURN = r"""
@@ -48,6 +68,8 @@ _value:
     nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3
     nvidia.com/gpu.count: "8"
     nvidia.com/gpu.family: hopper
+    nvidia.com/gpu.replicas: "1"
+    nvidia.com/gpu.sharing-strategy: none
 """
 
 
@@ -56,10 +78,10 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import Lab
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import gpu_labels as _gpu_labels
 
 
-def gpu_labels(gpu_info, user_labels=None):
+def gpu_labels(gpu_info, user_labels=None, sharing=None):
     """The labels live in module_utils/_node_labels.py, shared with the module gpuops.k8s.node_labels."""
     try:
-        return _gpu_labels(gpu_info, user_labels)
+        return _gpu_labels(gpu_info, user_labels, sharing)
     except LabelError as error:
         raise AnsibleFilterError(str(error)) from None
 

@@ -14,7 +14,9 @@ description:
     API settings. It returns the O(gpuops.k8s.node_labels#module:nodes) list for one run of
     M(gpuops.k8s.node_labels), so a whole batch is labelled by one task on one host, with no task per host.
   - A setting a host does not have among its host variables (inventory, facts, registered results) is taken
-    from O(defaults), the values the calling task sees (the role's defaults, play and role variables).
+    from O(defaults), the values the calling task sees (the role's defaults, play and role variables). For
+    C(sharing), a host without its own C(gpu_node_labels_sharing) whose own C(device_plugin_config) has a
+    C(sharing) section gets that section.
   - The GPU facts are the host's result registered as O(discovered_var) when that is given and the task ran on
     the host, or else the host's variable named by O(gpu_info_var). A host with neither is listed in
     RV(_value.no_facts).
@@ -31,7 +33,7 @@ options:
   defaults:
     description:
       - The values for settings a host does not set itself, under the role's variable names without the
-        C(gpu_node_labels_) prefix (C(user_labels), C(taint), C(taint_key), C(taint_value), C(taint_effect),
+        C(gpu_node_labels_) prefix (C(user_labels), C(sharing), C(taint), C(taint_key), C(taint_value), C(taint_effect),
         C(delegate_to), C(kubeconfig), C(context), C(api_host), C(api_key), C(validate_certs)).
     type: dict
     required: true
@@ -87,9 +89,10 @@ import hashlib
 from ansible.errors import AnsibleFilterError
 
 PREFIX = "gpu_node_labels_"
-_LABEL_SETTINGS = ("user_labels", "taint", "taint_key", "taint_value", "taint_effect")
+_LABEL_SETTINGS = ("user_labels", "sharing", "taint", "taint_key", "taint_value", "taint_effect")
 _API_SETTINGS = ("delegate_to", "kubeconfig", "context", "api_host", "validate_certs")
 _API_KEY = PREFIX + "api_key"
+_DEVICE_PLUGIN_CONFIG = "device_plugin_config"
 
 
 def _usable(result):
@@ -121,6 +124,10 @@ def node_label_requests(hosts, hostvars, defaults, gpu_info_var="gpu_node_labels
             continue
         node = {"name": own.get(PREFIX + "node_name", host), "gpu_info": gpu_info}
         node.update((name, setting(name)) for name in _LABEL_SETTINGS)
+        plugin_config = own.get(_DEVICE_PLUGIN_CONFIG)
+        if PREFIX + "sharing" not in own and isinstance(plugin_config, dict) and "sharing" in plugin_config:
+            # The labels follow the host's own device-plugin config, which shares its GPUs that way.
+            node["sharing"] = plugin_config["sharing"]
         nodes.append(node)
         api = {name: setting(name) for name in _API_SETTINGS}
         token = setting("api_key") or ""

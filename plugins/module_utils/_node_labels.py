@@ -67,7 +67,76 @@ def _split_version(text, parts, what):
     return numbers
 
 
-def gpu_labels(gpu_info, user_labels=None):
+_GFD_PRODUCT_DROPPED = re.compile(r"[^A-Za-z0-9_. -]")
+_SHARED_RESOURCE = "nvidia.com/gpu"
+
+
+def gfd_product_name(*parts):
+    """A product label value as GPU Feature Discovery spells it: each part loses every character but
+    [A-Za-z0-9_. -], its runs of spaces become one '-', and the parts are joined with '-'. Then it is made a
+    valid label value (GFD does not check length or edges; the API server would refuse such a value)."""
+    cleaned = ["-".join(_GFD_PRODUCT_DROPPED.sub("", str(part)).split()) for part in parts]
+    return sanitize_label_value("-".join(part for part in cleaned if part))
+
+
+def _time_slicing(sharing):
+    """(replicas of each nvidia.com/gpu, whether shared GPUs are renamed) from the device plugin's `sharing`
+    section (NVIDIA's config, version v1). Only timeSlicing exists for the collection's plugin."""
+    if sharing in (None, {}):
+        return 1, False
+    where = "gpu_labels: sharing"
+    if not isinstance(sharing, dict):
+        raise LabelError(
+            f"{where} must be the sharing section of the device plugin's config (a dict), not {sharing!r}."
+        )
+    unknown = sorted(set(sharing) - {"timeSlicing"})
+    if unknown:
+        raise LabelError(
+            f"{where} has {', '.join(unknown)}; only timeSlicing is supported (the collection's device plugin does "
+            "not run MPS)."
+        )
+    slicing = sharing.get("timeSlicing") or {}
+    resources = slicing.get("resources") if isinstance(slicing, dict) else None
+    if not isinstance(resources, list) or not all(isinstance(r, dict) for r in resources):
+        raise LabelError(f"{where}.timeSlicing.resources must be a list of resources (name, replicas).")
+    rename_by_default = slicing.get("renameByDefault", False)
+    if not isinstance(rename_by_default, bool):
+        raise LabelError(f"{where}.timeSlicing.renameByDefault must be true or false, not {rename_by_default!r}.")
+    for position, resource in enumerate(resources):
+        replicas = resource.get("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise LabelError(
+                f"{where}.timeSlicing.resources[{position}].replicas must be a whole number of at least 1, "
+                f"not {replicas!r}."
+            )
+        if resource.get("name") == _SHARED_RESOURCE:
+            # As in GFD, a rename of the resource shows in the product label only through renameByDefault.
+            return replicas, rename_by_default
+    return 1, False
+
+
+# PCI classes, compared whole as GFD does: a VGA controller is in graphics mode, a 3D controller in compute mode.
+_GPU_MODES = {0x030000: "graphics", 0x030200: "compute"}
+_MIG_MODES = ("enabled", "disabled", "unsupported")
+
+
+def _gpu_mode(gpus, pci_devices):
+    """GFD's nvidia.com/gpu.mode: the mode of the PCI class all GPUs share, 'unknown' when they do not share one,
+    or a GPU is not among the PCI devices read from sysfs."""
+    classes = {}
+    for device in pci_devices or []:
+        if isinstance(device, dict) and device.get("bus_id"):
+            classes[str(device["bus_id"]).lower()] = device.get("class")
+    seen = set()
+    for gpu in gpus:
+        try:
+            seen.add(int(str(classes[str(gpu.get("pci_bus_id")).lower()]), 16))
+        except (KeyError, ValueError):
+            return "unknown"
+    return _GPU_MODES.get(seen.pop(), "unknown") if len(seen) == 1 else "unknown"
+
+
+def gpu_labels(gpu_info, user_labels=None, sharing=None):
     if not isinstance(gpu_info, dict):
         raise LabelError(
             f"gpu_labels: the input must be the result of nvidia_gpu_info (a dict), got {type(gpu_info).__name__}."
@@ -75,25 +144,42 @@ def gpu_labels(gpu_info, user_labels=None):
     user_labels = user_labels or {}
     if not isinstance(user_labels, dict):
         raise LabelError("gpu_labels: user_labels must be a dict of label key to value.")
+    replicas, renamed = _time_slicing(sharing)
     gpus = gpu_info.get("gpus") or []
     labels = {}
     if gpus:
-        first = gpus[0]
+        # As GFD: a whole GPU is described when the node has one (a GPU in MIG mode only when all are), and
+        # the count is of the GPUs of that model. Of several models GFD picks any; this takes the lowest index.
+        first = ([gpu for gpu in gpus if gpu.get("mig_mode") != "enabled"] or gpus)[0]
         for field in ("name", "memory_total_mib", "compute_capability"):
             if first.get(field) in (None, ""):
-                raise LabelError(f"gpu_labels: GPU 0 in the nvidia_gpu_info result has no {field}.")
+                raise LabelError(
+                    f"gpu_labels: GPU {first.get('index', 0)} in the nvidia_gpu_info result has no {field}."
+                )
+        same_model = [gpu for gpu in gpus if gpu.get("name") == first["name"]]
+        if all(gpu.get("mig_mode") == "enabled" for gpu in same_model):
+            # GFD: a model whose GPUs are all in MIG mode is not shared (its MIG devices are the resources).
+            replicas, renamed = 0, False
+        shared = replicas > 1
         cc_major, cc_minor = _split_version(first["compute_capability"], 2, "compute_capability")
         labels.update(
             {
                 "nvidia.com/gpu.present": "true",
-                "nvidia.com/gpu.product": sanitize_label_value(first["name"]),
-                "nvidia.com/gpu.count": str(len(gpus)),
+                "nvidia.com/gpu.product": gfd_product_name(first["name"], "SHARED" if shared and not renamed else ""),
+                "nvidia.com/gpu.count": str(len(same_model)),
                 "nvidia.com/gpu.memory": str(int(first["memory_total_mib"])),
                 "nvidia.com/gpu.family": gpu_family(first["compute_capability"]),
                 "nvidia.com/gpu.compute.major": str(cc_major),
                 "nvidia.com/gpu.compute.minor": str(cc_minor),
+                "nvidia.com/gpu.replicas": str(replicas),
+                "nvidia.com/gpu.sharing-strategy": "time-slicing" if shared else "none",
+                "nvidia.com/gpu.mode": _gpu_mode(gpus, gpu_info.get("pci_devices")),
             }
         )
+        mig_modes = [gpu.get("mig_mode") for gpu in gpus]
+        if all(mode in _MIG_MODES for mode in mig_modes):
+            # As GFD: capable when any GPU answers for its MIG mode (NVML says NOT_SUPPORTED for the others).
+            labels["nvidia.com/mig.capable"] = "true" if any(m != "unsupported" for m in mig_modes) else "false"
         driver = gpu_info.get("driver_version")
         if driver:
             pieces = str(driver).strip().split(".")
@@ -238,7 +324,7 @@ _TAINT_ARGS = ("taint", "taint_key", "taint_value", "taint_effect")
 def label_batch(requests, api, check_mode=False, conflict_retries=5, before_write=None):
     """Bring every requested Node to its wanted labels and GPU taint with one LIST and one PATCH per node.
 
-    requests: dicts with name, gpu_info, user_labels, taint, taint_key, taint_value, taint_effect.
+    requests: dicts with name, gpu_info, user_labels, sharing, taint, taint_key, taint_value, taint_effect.
     api: an object with list_nodes() -> [node dict], read_node(name) -> node dict or None, and
     patch_node(name, merge_patch) -> the patched node dict, raising Conflict on HTTP 409.
     before_write: called once between the LIST and the first PATCH (tests use it to write in that window).
@@ -255,7 +341,7 @@ def label_batch(requests, api, check_mode=False, conflict_retries=5, before_writ
     for request in requests:
         name = request["name"]
         try:
-            wanted = gpu_labels(request.get("gpu_info") or {}, request.get("user_labels"))
+            wanted = gpu_labels(request.get("gpu_info") or {}, request.get("user_labels"), request.get("sharing"))
         except LabelError as error:
             result["invalid"][name] = str(error)
             continue

@@ -200,9 +200,45 @@ def _json_delete(text, path):
     return _json_remove(text, obj, path[-1])
 
 
-def _converge_entries(new, new_text, source, name, runtime_path, adopt_existing, adopted):
+class _DaemonJsonEdit:
+    """daemon.json changed twice in step: as data (what it must mean) and as text (only our members' bytes)."""
+
+    def __init__(self, body, source):
+        self.source = source
+        self.body = body
+        self.before = parse_docker(body, source)
+        self.data = copy.deepcopy(self.before)
+        self.text = body
+
+    def set(self, path, value):
+        """Set the member at ``path`` (a list of keys), creating the last one if needed."""
+        parent = self.data
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = value
+        self.text = _json_set(self.text, path, value)
+
+    def delete(self, path):
+        """Remove the member at ``path`` (a list of keys)."""
+        parent = self.data
+        for key in path[:-1]:
+            parent = parent[key]
+        del parent[path[-1]]
+        self.text = _json_delete(self.text, path)
+
+    def finish(self):
+        """The new text: unchanged bytes when the meaning is, else the text edit (or, should it ever
+        disagree with the data, the data written out whole: the file is never wrong, only reformatted)."""
+        if self.data == self.before:
+            return self.body
+        if json.loads(self.text) != self.data:
+            return dump_docker(self.data, detect_json_indent(self.body))
+        return self.text
+
+
+def _converge_entries(edit, name, runtime_path, adopt_existing, adopted):
     """Point the nvidia entry and the variants other installers left at our binaries (or refuse)."""
-    runtimes = new.get("runtimes") or {}
+    runtimes = edit.data.get("runtimes") or {}
     for variant in NVIDIA_VARIANTS:
         key = name + variant
         entry = runtimes.get(key)
@@ -214,16 +250,70 @@ def _converge_entries(new, new_text, source, name, runtime_path, adopt_existing,
         if variant and not theirs:
             continue
         if not isinstance(entry, dict) or not (path in (None, "", wanted) or theirs):
-            raise foreign_entry_error(source, f"runtimes.{key}", f"path {json.dumps(path)}", runtime_path)
+            raise foreign_entry_error(edit.source, f"runtimes.{key}", f"path {json.dumps(path)}", runtime_path)
         if path in (None, "", wanted) and (variant or path == wanted):
             continue
         if path not in (None, "", wanted):
             if not adopt_existing:
-                raise adoption_error(source, f"runtimes.{key}", path, wanted)
+                raise adoption_error(edit.source, f"runtimes.{key}", path, wanted)
             adopted.append({"entry": f"runtimes.{key}", "from": path, "to": wanted})
-        entry["path"] = wanted
-        new_text = _json_set(new_text, ["runtimes", key, "path"], wanted)
-    return new_text
+        edit.set(["runtimes", key, "path"], wanted)
+
+
+def _present(edit, memo, name, runtime_path, set_as_default, adopt_existing, adopted):
+    """The nvidia entry listed (with its variants converged) and, where asked, the default runtime."""
+    _converge_entries(edit, name, runtime_path, adopt_existing, adopted)
+    runtimes = edit.data.get("runtimes")
+    if runtimes is None:
+        edit.data["runtimes"] = runtimes = {}
+        memo["added_runtimes"] = True
+    if runtimes.get(name) is None:
+        # "args" is the key nvidia-ctk writes, so entries it made compare equal to ours.
+        entry = {"path": runtime_path, "args": []}
+        if memo.get("added_runtimes") and "runtimes" not in edit.before:
+            edit.set(["runtimes"], {name: entry})
+        else:
+            edit.set(["runtimes", name], entry)
+    if set_as_default and edit.data.get("default-runtime") != name:
+        memo["previous_default_runtime"] = edit.data.get("default-runtime")
+        edit.set(["default-runtime"], name)
+
+
+def _enable_cdi(edit, cdi_spec_dirs):
+    """Docker's CDI feature on, and the spec directories where they are not Docker's own default."""
+    features = edit.data.get("features")
+    if features is not None and not isinstance(features, dict):
+        raise ConfigError(f"{edit.source}: the features key must be a JSON object.")
+    if features is None:
+        edit.set(["features"], {"cdi": True})
+    elif features.get("cdi") is not True:
+        edit.set(["features", "cdi"], True)
+    # Docker's own default directories are ours; other ones are written out.
+    dirs = cdi_dirs(cdi_spec_dirs)
+    if edit.data.get("cdi-spec-dirs", cdi_dirs(None)) != dirs:
+        edit.set(["cdi-spec-dirs"], dirs)
+
+
+def _absent(edit, memo, name, runtime_path):
+    """The nvidia entry gone (refused when it runs another binary), and the default runtime given back."""
+    runtimes = edit.data.get("runtimes") or {}
+    entry = runtimes.get(name)
+    if entry is not None:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not (
+            path in (None, "", runtime_path) or is_nvidia_binary(path, runtime_path)
+        ):
+            raise foreign_entry_error(edit.source, f"runtimes.{name}", f"path {json.dumps(path)}", runtime_path)
+        if set(runtimes) == {name} and memo.get("added_runtimes"):
+            edit.delete(["runtimes"])
+        else:
+            edit.delete(["runtimes", name])
+    if edit.data.get("default-runtime") == name:
+        previous = memo.get("previous_default_runtime")
+        if previous is None:
+            edit.delete(["default-runtime"])
+        else:
+            edit.set(["default-runtime"], previous)
 
 
 def edit_docker(
@@ -245,85 +335,27 @@ def edit_docker(
     ever not, the data is written out whole instead, so the file is never wrong, only reformatted.
     """
     bom = text.startswith("\ufeff")
-    body = text[1:] if bom else text
-    data = parse_docker(body, source)
-    new = copy.deepcopy(data)
-    new_text = body
+    edit = _DaemonJsonEdit(text[1:] if bom else text, source)
     memo = dict(state_doc or {})
     adopted = []
-    runtimes = new.get("runtimes")
-    if runtimes is not None and not isinstance(runtimes, dict):
-        raise ConfigError(f"{source}: the runtimes key must be a JSON object.")
-    current_default = new.get("default-runtime")
-
+    runtimes = edit.data.get("runtimes")
+    if "runtimes" in edit.data and not isinstance(runtimes, dict):
+        raise ConfigError(f"{source}: the runtimes key must be a JSON object, not {json.dumps(runtimes)}.")
     if state == "present":
-        new_text = _converge_entries(new, new_text, source, name, runtime_path, adopt_existing, adopted)
-        if runtimes is None:
-            new["runtimes"] = runtimes = {}
-            memo["added_runtimes"] = True
-        if runtimes.get(name) is None:
-            # "args" is the key nvidia-ctk writes, so entries it made compare equal to ours.
-            runtimes[name] = {"path": runtime_path, "args": []}
-            if memo.get("added_runtimes") and "runtimes" not in data:
-                new_text = _json_set(new_text, ["runtimes"], {name: runtimes[name]})
-            else:
-                new_text = _json_set(new_text, ["runtimes", name], runtimes[name])
-        if set_as_default and current_default != name:
-            memo["previous_default_runtime"] = current_default
-            new["default-runtime"] = name
-            new_text = _json_set(new_text, ["default-runtime"], name)
+        _present(edit, memo, name, runtime_path, set_as_default, adopt_existing, adopted)
         if enable_cdi:
-            features = new.get("features")
-            if features is not None and not isinstance(features, dict):
-                raise ConfigError(f"{source}: the features key must be a JSON object.")
-            if features is None:
-                new["features"] = {"cdi": True}
-                new_text = _json_set(new_text, ["features"], {"cdi": True})
-            elif features.get("cdi") is not True:
-                features["cdi"] = True
-                new_text = _json_set(new_text, ["features", "cdi"], True)
-            # Docker's own default directories are ours; other ones are written out.
-            dirs = cdi_dirs(cdi_spec_dirs)
-            if new.get("cdi-spec-dirs", cdi_dirs(None)) != dirs:
-                new["cdi-spec-dirs"] = dirs
-                new_text = _json_set(new_text, ["cdi-spec-dirs"], dirs)
+            _enable_cdi(edit, cdi_spec_dirs)
     else:
-        entry = (runtimes or {}).get(name)
-        if entry is not None:
-            path = entry.get("path") if isinstance(entry, dict) else None
-            if not isinstance(entry, dict) or not (
-                path in (None, "", runtime_path) or is_nvidia_binary(path, runtime_path)
-            ):
-                raise foreign_entry_error(source, f"runtimes.{name}", f"path {json.dumps(path)}", runtime_path)
-            del runtimes[name]
-            if not runtimes and memo.get("added_runtimes"):
-                del new["runtimes"]
-                new_text = _json_delete(new_text, ["runtimes"])
-            else:
-                new_text = _json_delete(new_text, ["runtimes", name])
-        if current_default == name:
-            previous = memo.get("previous_default_runtime")
-            if previous is None:
-                del new["default-runtime"]
-                new_text = _json_delete(new_text, ["default-runtime"])
-            else:
-                new["default-runtime"] = previous
-                new_text = _json_set(new_text, ["default-runtime"], previous)
+        _absent(edit, memo, name, runtime_path)
         memo = {}
-
-    new_state_doc = memo or None
-    if new == data:
-        new_text = body
-    elif json.loads(new_text) != new:
-        new_text = dump_docker(new, detect_json_indent(body))
+    new_text = edit.finish()
     if bom:
         new_text = "\ufeff" + new_text
-    effective_entry = (new.get("runtimes") or {}).get(name)
     return EditResult(
         new_text,
         new_text != text,
-        effective_entry,
-        new.get("default-runtime", "runc"),
-        state_doc=new_state_doc,
+        (edit.data.get("runtimes") or {}).get(name),
+        edit.data.get("default-runtime", "runc"),
+        state_doc=memo or None,
         adopted=adopted,
     )

@@ -46,6 +46,13 @@ options:
         description: The user's own labels; they win over computed labels of the same key.
         type: dict
         default: {}
+      sharing:
+        description:
+          - The C(sharing) section of the device plugin's config (NVIDIA's config, version v1) on this node, for
+            C(nvidia.com/gpu.replicas), C(nvidia.com/gpu.sharing-strategy) and the C(-SHARED) product, as the
+            P(gpuops.k8s.gpu_labels#filter) filter computes them.
+        type: dict
+        default: {}
       taint:
         description: Whether the node carries the GPU taint.
         type: bool
@@ -154,6 +161,7 @@ import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
+from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import Conflict, LabelError, label_batch
 
 try:
@@ -161,6 +169,7 @@ try:
     from kubernetes import config as k8s_config
     from kubernetes.dynamic import DynamicClient
     from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
+    from urllib3 import exceptions as urllib3_exceptions
 
     KUBERNETES_IMPORT_ERROR = None
 except ImportError:
@@ -226,61 +235,72 @@ def _api_error(error):
     return " ".join(str(text).split())
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec={
-            "nodes": {
-                "type": "list",
-                "elements": "dict",
-                "required": True,
-                "options": {
-                    "name": {"type": "str", "required": True},
-                    "gpu_info": {"type": "dict", "default": {}},
-                    "user_labels": {"type": "dict", "default": {}},
-                    "taint": {"type": "bool", "default": True},
-                    "taint_key": {"type": "str", "default": "nvidia.com/gpu", "no_log": False},
-                    "taint_value": {"type": "str", "default": "present"},
-                    "taint_effect": {
-                        "type": "str",
-                        "default": "NoSchedule",
-                        "choices": ["NoSchedule", "PreferNoSchedule", "NoExecute"],
-                    },
-                },
+ARGUMENT_SPEC = {
+    "nodes": {
+        "type": "list",
+        "elements": "dict",
+        "required": True,
+        "options": {
+            "name": {"type": "str", "required": True},
+            "gpu_info": {"type": "dict", "default": {}},
+            "user_labels": {"type": "dict", "default": {}},
+            "sharing": {"type": "dict", "default": {}},
+            "taint": {"type": "bool", "default": True},
+            "taint_key": {"type": "str", "default": "nvidia.com/gpu", "no_log": False},
+            "taint_value": {"type": "str", "default": "present"},
+            "taint_effect": {
+                "type": "str",
+                "default": "NoSchedule",
+                "choices": ["NoSchedule", "PreferNoSchedule", "NoExecute"],
             },
-            "conflict_retries": {"type": "int", "default": 5},
-            "kubeconfig": {"type": "path", "fallback": (env_fallback, ["K8S_AUTH_KUBECONFIG"])},
-            "context": {"type": "str", "fallback": (env_fallback, ["K8S_AUTH_CONTEXT"])},
-            "host": {"type": "str", "fallback": (env_fallback, ["K8S_AUTH_HOST"])},
-            "api_key": {"type": "str", "no_log": True, "fallback": (env_fallback, ["K8S_AUTH_API_KEY"])},
-            "validate_certs": {
-                "type": "bool",
-                "aliases": ["verify_ssl"],
-                "fallback": (env_fallback, ["K8S_AUTH_VERIFY_SSL"]),
-            },
-            "ca_cert": {
-                "type": "path",
-                "aliases": ["ssl_ca_cert"],
-                "fallback": (env_fallback, ["K8S_AUTH_SSL_CA_CERT"]),
-            },
-            "client_cert": {
-                "type": "path",
-                "aliases": ["cert_file"],
-                "fallback": (env_fallback, ["K8S_AUTH_CERT_FILE"]),
-            },
-            "client_key": {"type": "path", "aliases": ["key_file"], "fallback": (env_fallback, ["K8S_AUTH_KEY_FILE"])},
         },
-        supports_check_mode=True,
-    )
+    },
+    "conflict_retries": {"type": "int", "default": 5},
+    # The connection options, named and read (K8S_AUTH_* included) as kubernetes.core's modules name them.
+    "kubeconfig": {"type": "path", "fallback": (env_fallback, ["K8S_AUTH_KUBECONFIG"])},
+    "context": {"type": "str", "fallback": (env_fallback, ["K8S_AUTH_CONTEXT"])},
+    "host": {"type": "str", "fallback": (env_fallback, ["K8S_AUTH_HOST"])},
+    "api_key": {"type": "str", "no_log": True, "fallback": (env_fallback, ["K8S_AUTH_API_KEY"])},
+    "validate_certs": {
+        "type": "bool",
+        "aliases": ["verify_ssl"],
+        "fallback": (env_fallback, ["K8S_AUTH_VERIFY_SSL"]),
+    },
+    "ca_cert": {
+        "type": "path",
+        "aliases": ["ssl_ca_cert"],
+        "fallback": (env_fallback, ["K8S_AUTH_SSL_CA_CERT"]),
+    },
+    "client_cert": {
+        "type": "path",
+        "aliases": ["cert_file"],
+        "fallback": (env_fallback, ["K8S_AUTH_CERT_FILE"]),
+    },
+    "client_key": {"type": "path", "aliases": ["key_file"], "fallback": (env_fallback, ["K8S_AUTH_KEY_FILE"])},
+}
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_or_fail(module, "node_labels", run_module)
+
+
+def run_module(module):
+    """Check the options, label the batch, and answer with what changed."""
     if KUBERNETES_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=KUBERNETES_IMPORT_ERROR)
     if module.params["conflict_retries"] < 0:
         module.fail_json(
             msg=f"node_labels: conflict_retries must be 0 or more, got {module.params['conflict_retries']}."
         )
+    module.exit_json(**_response(module, _label(module)))
 
+
+def _label(module):
+    """label_batch on the API the options name; each way it can fail, one sentence."""
     try:
         api = NodeApi(_api_client(module.params))
-        result = label_batch(
+        return label_batch(
             module.params["nodes"],
             api,
             check_mode=module.check_mode,
@@ -292,19 +312,23 @@ def main():
         module.fail_json(msg=f"node_labels: cannot set up the Kubernetes client: {error}")
     except DynamicApiError as error:
         module.fail_json(msg=f"node_labels: the Kubernetes API refused a request: {_api_error(error)}")
-    except Exception as error:  # urllib3's connection errors and the like, which have no common base here
+    except urllib3_exceptions.HTTPError as error:  # no connection, TLS, retries exhausted
         module.fail_json(msg=f"node_labels: cannot reach the Kubernetes API: {error}")
 
+
+def _response(module, result):
+    """The module's result. The invocation echoes every node's GPU facts; a fleet's worth is not worth keeping
+    in each host's result, so it says how many nodes there were instead."""
     changed = result["changed"]
-    # The invocation echoes every node's GPU facts; a fleet's worth is not worth keeping in each host's result.
+    nodes = module.params["nodes"]
     response = {
         "changed": bool(changed),
         "nodes_changed": changed,
         "missing": result["missing"],
         "invalid": result["invalid"],
         "conflicts": result["conflicts"],
-        "unchanged": len(module.params["nodes"]) - len(changed) - len(result["missing"]) - len(result["invalid"]),
-        "invocation": {"module_args": {"nodes": f"({len(module.params['nodes'])} nodes)"}},
+        "unchanged": len(nodes) - len(changed) - len(result["missing"]) - len(result["invalid"]),
+        "invocation": {"module_args": {"nodes": f"({len(nodes)} nodes)"}},
     }
     if module._diff and changed:
         names = sorted(changed)
@@ -312,7 +336,7 @@ def main():
             "before": {name: result["diff"][name]["before"] for name in names},
             "after": {name: result["diff"][name]["after"] for name in names},
         }
-    module.exit_json(**response)
+    return response
 
 
 if __name__ == "__main__":

@@ -160,6 +160,7 @@ import re
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 
 MAX_CONTENT = 64 * 1024
 _UNIT_PROPERTIES = ("Id", "LoadState", "ActiveState", "UnitFileState")
@@ -337,6 +338,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+    run_or_fail(module, "node_state", run_module)
+
+
+def run_module(module):
     params = module.params
     try:
         result = dict(

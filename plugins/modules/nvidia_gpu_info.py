@@ -266,6 +266,7 @@ nvswitch_devices:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuops.k8s.plugins.module_utils import _simulated_spec
+from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     DiscoveryError,
     NvmlUnavailable,
@@ -349,6 +350,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+    run_or_fail(module, "nvidia_gpu_info", run_module)
+
+
+def run_module(module):
     simulate_from = module.params["simulate_from"]
     try:
         if simulate_from:

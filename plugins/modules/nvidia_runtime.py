@@ -36,7 +36,8 @@ description:
     the file's indentation are kept."
   - "CRI-O: a drop-in file with C([crio.runtime.runtimes.<name>]) and C([crio.runtime] default_runtime). The other
     files CRI-O reads (C(crio.conf), then every file of C(crio.conf.d) in lexical order, whatever its name ends in,
-    later ones overriding earlier keys and replacing a runtime's whole entry) are read first. An NVIDIA entry an
+    later ones overriding earlier keys and replacing a runtime's whole entry) are read first; one that cannot be
+    parsed stops O(state=present) with nothing written, since CRI-O would not start with it. An NVIDIA entry an
     earlier file defines (C(99-nvidia.conf) of C(nvidia-ctk), say) is adopted into the drop-in with its other keys;
     a later file that overrides the runtime or the default, and on O(state=absent) a runtime another file still
     defines, is reported as a warning."
@@ -292,6 +293,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._files import (
     write_atomic,
 )
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_config import ConfigError
+from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_crio import edit_crio
 from ansible_collections.gpuops.k8s.plugins.module_utils._runtime_docker import edit_docker
 from ansible_collections.gpuops.k8s.plugins.module_utils import _toml_text as tt
@@ -565,6 +567,12 @@ def _crio_neighbours(module, path):
             try:
                 data = tt.loads(read_text(other) or "")
             except (OSError, UnicodeDecodeError, tt.TomlTextError) as exc:
+                # Its runtimes and default cannot be checked against the entry written here; only removing ours goes on.
+                if module.params["state"] == "present":
+                    raise ConfigError(
+                        f"{other} could not be parsed as TOML: {exc}; CRI-O reads it with {path} and would not start, "
+                        "so nothing was written."
+                    ) from None
                 module.warn(f"{other} could not be read as TOML ({exc}); CRI-O will not start with it either.")
         parsed.append((other, data))
     return parsed[:at], parsed[at + 1 :]
@@ -670,7 +678,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    run_module(module)
+    run_or_fail(module, "nvidia_runtime", run_module)
 
 
 if __name__ == "__main__":

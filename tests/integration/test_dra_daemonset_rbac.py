@@ -299,11 +299,11 @@ def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_
     values = {"device_plugin_allocation_mode": mode, "device_plugin_dra_daemonset_node_credentials": node_credentials}
     objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), template, values)}
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9400"
+    assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9402"
     probe = container["readinessProbe"]
     assert {k: probe[k] for k in PROBE_TIMING} == PROBE_TIMING
     command = probe["exec"]["command"]
-    assert command[:4] == ["python3", "-I", "-S", "-c"] and command[5] == "http://127.0.0.1:9400/readyz"
+    assert command[:4] == ["python3", "-I", "-S", "-c"] and command[5] == "http://127.0.0.1:9402/readyz"
     # The probe's script, run as the kubelet runs it, against a health endpoint that answers 200, then 503.
     state = {"code": 200}
 
@@ -338,9 +338,9 @@ def test_a_dra_pod_on_the_hosts_network_is_probed_at_its_address(tmp_path_factor
     values = {"device_plugin_allocation_mode": "dra", "device_plugin_dra_daemonset_node_credentials": True}
     objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), "dra-daemonset.yml.j2", values)}
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9400"
+    assert container["args"][container["args"].index("--metrics-address") + 1] == "127.0.0.1:9402"
     assert container["readinessProbe"] == {
-        "httpGet": {"host": "127.0.0.1", "path": "/readyz", "port": 9400},
+        "httpGet": {"host": "127.0.0.1", "path": "/readyz", "port": 9402},
         **PROBE_TIMING,
     }
 
@@ -440,7 +440,7 @@ def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rend
         "--simulated-spec",
         f"{SPEC_DIR}/gpus.yaml",
         "--metrics-address",
-        "127.0.0.1:9400",
+        "127.0.0.1:9402",
         "--allocation-mode",
         "dra",
         "--driver-name",

@@ -579,3 +579,38 @@ def test_a_node_that_changes_on_every_try_fails_with_a_sentence_and_is_not_writt
     node = core.read_node(name)
     assert "nvidia.com/gpu.present" not in (node.metadata.labels or {})
     assert "example.com/maintenance" in [t.key for t in node.spec.taints]
+
+
+def test_an_api_server_that_does_not_answer_fails_with_a_sentence(tmp_path):
+    """No connection (nothing listens on the port): one sentence saying the API cannot be reached, no traceback."""
+    playbook = tmp_path / "unreachable.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "test",
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "name": "Label",
+                            "gpuops.k8s.node_labels": {
+                                "nodes": [{"name": "gpu-node-1", "gpu_info": H100_INFO}],
+                                "host": "http://127.0.0.1:9",
+                            },
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    env = dict(_ansible_env(), ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
+    argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e"]
+    argv.append(json.dumps({"ansible_python_interpreter": sys.executable}))
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert _failed_messages(report) == [_failed_messages(report)[0]]
+    message = _failed_messages(report)[0]
+    assert message.startswith("node_labels: cannot reach the Kubernetes API: "), message
+    assert "Traceback" not in message and "\n" not in message

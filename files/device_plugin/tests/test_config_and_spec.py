@@ -54,6 +54,18 @@ def test_the_supported_v1_fields(tmp_path):
     assert settings.mounts.driver_root == "/run/nvidia/driver" and settings.mounts.dev_root == "/host/dev"
 
 
+def test_the_feature_flags_default_on_as_in_nvidias_plugin_and_can_be_turned_off(tmp_path):
+    default = config.resolve({}, {})
+    assert (default.gdrcopy_enabled, default.gds_enabled, default.mofed_enabled) == (True, True, True)
+    path = write(tmp_path, "version: v1\nflags:\n  gdrcopyEnabled: false\n  gdsEnabled: false\n  mofedEnabled: true\n")
+    from_file = config.resolve({}, {}, config.load_file(path))
+    assert (from_file.gdrcopy_enabled, from_file.gds_enabled, from_file.mofed_enabled) == (False, False, True)
+    from_env = config.resolve({}, {"MOFED_ENABLED": "false", "GDS_ENABLED": "true"}, config.load_file(path))
+    assert (from_env.gdrcopy_enabled, from_env.gds_enabled, from_env.mofed_enabled) == (False, True, False)
+    with pytest.raises(config.ConfigError, match=r"flags\.gdsEnabled must be true or false"):
+        config.load_file(write(tmp_path, "version: v1\nflags:\n  gdsEnabled: sometimes\n"))
+
+
 def test_precedence_is_flag_then_env_then_file(tmp_path):
     values = config.load_file(write(tmp_path, FULL))
     env = {"MIG_STRATEGY": "single", "DEVICE_ID_STRATEGY": "uuid", "FAIL_ON_INIT_ERROR": "true"}
@@ -70,7 +82,7 @@ def test_precedence_is_flag_then_env_then_file(tmp_path):
         ("version: v2\n", "version must be v1, not 'v2'"),
         ("flags: {}\n", "version must be v1, not None"),
         ("version: v1\nresources: {}\n", "unknown field resources"),
-        ("version: v1\nflags:\n  migStrategy: none\n  gdsEnabled: true\n", "unknown field flags.gdsEnabled"),
+        ("version: v1\nflags:\n  migStrategy: none\n  mpsRoot: /run/nvidia/mps\n", "unknown field flags.mpsRoot"),
         ("version: v1\nflags:\n  plugin:\n    bogus: 1\n", "unknown field flags.plugin.bogus"),
         ("version: v1\nflags:\n  failOnInitError: maybe\n", "flags.failOnInitError must be true or false"),
         ("version: v1\nflags:\n  migStrategy: half\n", "mig strategy must be one of"),

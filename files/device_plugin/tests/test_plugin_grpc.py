@@ -208,6 +208,42 @@ def test_index_ids_and_pass_device_specs(node, plugin, tmp_path):
     assert [d.container_path for d in reply.devices] == ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"]
 
 
+FEATURES = {"NVIDIA_GDRCOPY": "enabled", "NVIDIA_GDS": "enabled", "NVIDIA_MOFED": "enabled"}
+
+
+@pytest.mark.parametrize("strategy", ["envvar", "volume-mounts", "cdi-cri"])
+def test_allocate_asks_for_gdrcopy_gds_and_mofed_as_nvidias_plugin_does(node, plugin, strategy):
+    plugin(device_list_strategy=(strategy,))
+    assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+    envs = allocate(node, [H100[3]]).container_responses[0].envs
+    assert {k: v for k, v in envs.items() if k in FEATURES} == FEATURES
+
+
+def test_allocate_feature_envs_can_be_turned_off(node, plugin):
+    plugin(gdrcopy_enabled=False, gds_enabled=False, mofed_enabled=True)
+    assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+    envs = allocate(node, [H100[3]]).container_responses[0].envs
+    assert dict(envs) == {"NVIDIA_VISIBLE_DEVICES": H100[3], "NVIDIA_MOFED": "enabled"}
+
+
+@pytest.mark.parametrize(
+    ("strategies", "specs"),
+    [(("cdi-cri",), False), (("cdi-annotations", "cdi-cri"), False), (("cdi-cri", "envvar"), True)],
+)
+def test_pass_device_specs_leaves_device_nodes_to_cdi_when_only_cdi_strategies_are_on(
+    node, plugin, tmp_path, strategies, specs
+):
+    from gpu_device_plugin.config import MountsSettings
+
+    _root, dev = _fake_host(tmp_path)
+    plugin(device_list_strategy=strategies, pass_device_specs=True, mounts=MountsSettings(dev_root=dev))
+    assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+    reply = allocate(node, [H100[1]]).container_responses[0]
+    expected = [f"{dev}/nvidia1", f"{dev}/nvidiactl", f"{dev}/nvidia-uvm"] if specs else []
+    assert [d.host_path for d in reply.devices] == expected
+    assert [c.name for c in reply.cdi_devices] == [f"nvidia.com/gpu={H100[1]}"]
+
+
 def preferred(node, available, must=(), size=1, resource=GPU):
     request = api_pb2.PreferredAllocationRequest(
         container_requests=[
@@ -229,6 +265,20 @@ def test_preferred_allocation_follows_nvlink_then_switch_then_numa(node, plugin)
     # Without NVLink between the candidates, the same NUMA node wins over a remote one.
     assert sorted(preferred(node, [H100[0], H100[5], H100[2]], must=[H100[0]], size=2)) == [H100[0], H100[2]]
     assert preferred(node, H100, must=[H100[7], H100[3]], size=2) == [H100[7], H100[3]]
+
+
+def test_preferred_allocation_takes_a_whole_nvlink_island_over_the_best_first_pair(node, plugin):
+    # The best pair (GPUs 0 and 1: NVLink and one switch) sits in an island that has only three GPUs left;
+    # four GPUs that all reach each other over NVLink beat it (NVIDIA's plugin picks them too).
+    plugin()
+    assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+    available = [H100[i] for i in (0, 1, 2, 4, 5, 6, 7)]
+    assert sorted(preferred(node, available, size=4)) == H100[4:]
+    assert sorted(preferred(node, H100, size=4)) == H100[:4]  # a tie between islands: the first
+    assert sorted(preferred(node, [H100[i] for i in (0, 1, 2, 5, 6)], size=3)) == [H100[0], H100[1], H100[2]]
+    # With a must-include GPU: three of one island beside it beat one island partner and a pair elsewhere.
+    got = preferred(node, [H100[i] for i in (1, 2, 5, 6, 7)], must=[H100[1]], size=4)
+    assert got[0] == H100[1] and sorted(got[1:]) == H100[5:]
 
 
 def test_preferred_allocation_refuses_bad_input(node, plugin):

@@ -20,6 +20,7 @@ VOLUME_MOUNT_DIR = "/var/run/nvidia-container-devices"
 CDI_KIND = "nvidia.com/gpu"
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/gpuops-device-plugin_"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CDI_STRATEGIES = ("cdi-annotations", "cdi-cri")
 
 
 class AllocationError(ValueError):
@@ -55,11 +56,20 @@ class ResponseBuilder:
         self.pass_device_specs = config.pass_device_specs
         self.mounts = config.mounts
         self.host_driver = host_driver
+        # The nvidia runtime adds the node's GDRCopy, GDS and MOFED devices for these (none where there are none).
+        features = (
+            ("NVIDIA_GDRCOPY", config.gdrcopy_enabled),
+            ("NVIDIA_GDS", config.gds_enabled),
+            ("NVIDIA_MOFED", config.mofed_enabled),
+        )
+        self.feature_envs = {name: "enabled" for name, on in features if on}
+        # With CDI alone, the CDI spec gives the container its device nodes: DeviceSpecs would only repeat them.
+        self.cdi_only = all(s in CDI_STRATEGIES for s in self.strategies)
 
     def build(self, devices: list[PluginDevice]) -> api_pb2.ContainerAllocateResponse:
         # Replicas of one GPU name the same target once.
         targets = list(dict.fromkeys(d.target for d in devices))
-        response = api_pb2.ContainerAllocateResponse()
+        response = api_pb2.ContainerAllocateResponse(envs=self.feature_envs)
         if "envvar" in self.strategies:
             response.envs[VISIBLE_DEVICES] = ",".join(targets)
         if "volume-mounts" in self.strategies:
@@ -74,7 +84,7 @@ class ResponseBuilder:
                 response.cdi_devices.add(name=f"{CDI_KIND}={target}")
         if "mounts" in self.strategies:
             self._host_mounts(response, devices)
-        elif self.pass_device_specs:
+        elif self.pass_device_specs and not self.cdi_only:
             self._device_specs(response, devices)
         return response
 
@@ -148,19 +158,34 @@ def preferred(
             scores[key] = _pair_score(known[a], known[b], inventory)
         return scores[key]
 
-    if not chosen and size > 1 and len(pool) <= 16:
-        # Small sets: try every starting pair, so the first pick does not lock in a poor island.
-        best = max(itertools.combinations(pool, 2), key=lambda p: score(*p), default=None)
-        if best is not None:
-            chosen = list(best)
-            pool = [i for i in pool if i not in chosen]
-    used_gpus = {known[i].gpu_uuid for i in chosen}
-    while len(chosen) < size and pool:
-        pick = max(
-            pool,
-            key=lambda c: (sum(score(c, o) for o in chosen), known[c].gpu_uuid not in used_gpus, -pool.index(c)),
-        )
-        chosen.append(pick)
-        used_gpus.add(known[pick].gpu_uuid)
-        pool.remove(pick)
+    def extend(start: list[str], rest: list[str]) -> list[str]:
+        """Add the best-connected device, one at a time, until `size` (or `rest` runs out)."""
+        picked, rest = list(start), list(rest)
+        used_gpus = {known[i].gpu_uuid for i in picked}
+        while len(picked) < size and rest:
+            pick = max(
+                rest,
+                key=lambda c: (sum(score(c, o) for o in picked), known[c].gpu_uuid not in used_gpus, -rest.index(c)),
+            )
+            picked.append(pick)
+            used_gpus.add(known[pick].gpu_uuid)
+            rest.remove(pick)
+        return picked
+
+    def quality(ids: list[str]) -> tuple[int, int]:
+        return sum(score(a, b) for a, b in itertools.combinations(ids, 2)), len({known[i].gpu_uuid for i in ids})
+
+    if size > len(chosen) + 1 and len(pool) <= 16:
+        # Small sets: grow a set from every start (each pair, or the must-include devices plus each candidate)
+        # and keep the best-connected whole, the first on a tie; so a good first pick in a broken island does
+        # not beat a whole island elsewhere.
+        starts = [[*chosen, c] for c in pool] if chosen else [list(p) for p in itertools.combinations(pool, 2)]
+        best: Optional[tuple[tuple[int, int], list[str]]] = None
+        for start in starts:
+            candidate = extend(start, [i for i in pool if i not in start])
+            if best is None or quality(candidate) > best[0]:
+                best = (quality(candidate), candidate)
+        chosen = best[1] if best is not None else chosen
+    else:
+        chosen = extend(chosen, pool)
     return chosen[:size] if size > 0 else chosen

@@ -59,6 +59,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device-id-strategy", choices=config.ID_STRATEGIES)
     p.add_argument("--pass-device-specs", type=_bool, nargs="?", const=True, metavar="BOOL")
+    for feature, what in (("gdrcopy", "GDRCopy"), ("gds", "GPUDirect Storage"), ("mofed", "MOFED")):
+        p.add_argument(
+            f"--{feature}-enabled",
+            type=_bool,
+            nargs="?",
+            const=True,
+            metavar="BOOL",
+            help=f"ask the nvidia runtime for the node's {what} devices (default true)",
+        )
     p.add_argument(
         "--pre-start-required",
         type=_bool,

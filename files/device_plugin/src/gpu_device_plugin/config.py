@@ -83,6 +83,11 @@ class Config:
     device_id_strategy: str = "uuid"
     pass_device_specs: bool = False
     pre_start_required: bool = False
+    # Ask the nvidia runtime for GDRCopy, GPUDirect Storage and MOFED devices (NVIDIA_GDRCOPY=enabled ...):
+    # it adds those the node has; on by default, as in NVIDIA's plugin.
+    gdrcopy_enabled: bool = True
+    gds_enabled: bool = True
+    mofed_enabled: bool = True
     health_recovery_seconds: Optional[float] = None  # None: an Unhealthy GPU stays Unhealthy
     disable_healthchecks: str = ""
     enable_healthchecks: str = ""
@@ -128,6 +133,9 @@ _ENV = (
     ("device_list_strategy", "DEVICE_LIST_STRATEGY", "list"),
     ("device_id_strategy", "DEVICE_ID_STRATEGY", "str"),
     ("pass_device_specs", "PASS_DEVICE_SPECS", "bool"),
+    ("gdrcopy_enabled", "GDRCOPY_ENABLED", "bool"),
+    ("gds_enabled", "GDS_ENABLED", "bool"),
+    ("mofed_enabled", "MOFED_ENABLED", "bool"),
     ("health_recovery_seconds", "GPU_DEVICE_PLUGIN_HEALTH_RECOVERY_SECONDS", "float"),
     ("disable_healthchecks", "DP_DISABLE_HEALTHCHECKS", "str"),
     ("enable_healthchecks", "DP_ENABLE_HEALTHCHECKS", "str"),
@@ -211,9 +219,25 @@ class _FileReader:
             raise ConfigError(f"{self.path}: version must be v1, not {data.get('version')!r}.")
         out: dict[str, Any] = {}
         flags = self.mapping(
-            data.get("flags") or {}, "flags", {"migStrategy", "failOnInitError", "nvidiaDriverRoot", "plugin"}
+            data.get("flags") or {},
+            "flags",
+            {
+                "migStrategy",
+                "failOnInitError",
+                "nvidiaDriverRoot",
+                "gdrcopyEnabled",
+                "gdsEnabled",
+                "mofedEnabled",
+                "plugin",
+            },
         )
-        pairs = (("migStrategy", "mig_strategy", "str"), ("failOnInitError", "fail_on_init_error", "bool"))
+        pairs = (
+            ("migStrategy", "mig_strategy", "str"),
+            ("failOnInitError", "fail_on_init_error", "bool"),
+            ("gdrcopyEnabled", "gdrcopy_enabled", "bool"),
+            ("gdsEnabled", "gds_enabled", "bool"),
+            ("mofedEnabled", "mofed_enabled", "bool"),
+        )
         for key, attr, kind in pairs:
             if key in flags:
                 out[attr] = _convert(flags[key], kind, f"{self.path}: flags.{key}")

@@ -46,6 +46,9 @@ def test_h100_labels_are_gfd_names():
         "nvidia.com/gpu.family": "hopper",
         "nvidia.com/gpu.compute.major": "9",
         "nvidia.com/gpu.compute.minor": "0",
+        "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "nvidia.com/gpu.mode": "unknown",
         "nvidia.com/cuda.driver-version.full": "580.95.05",
         "nvidia.com/cuda.driver-version.major": "580",
         "nvidia.com/cuda.driver-version.minor": "95",
@@ -84,8 +87,100 @@ def test_sanitizing(raw, clean):
     assert len(sanitize_label_value(raw)) <= 63
 
 
-def test_product_label_is_sanitized():
-    assert gpu_labels(_info(name="NVIDIA RTX A6000 / Ada"))["nvidia.com/gpu.product"] == "NVIDIA-RTX-A6000---Ada"
+@pytest.mark.parametrize(
+    "name, product",
+    [
+        # GPU Feature Discovery's spelling: other characters dropped, each run of spaces one '-'.
+        ("NVIDIA RTX A6000 / Ada", "NVIDIA-RTX-A6000-Ada"),
+        ("NVIDIA GeForce RTX 4090 (rev a1)", "NVIDIA-GeForce-RTX-4090-rev-a1"),
+        ("Tesla  T4 ", "Tesla-T4"),
+        ("NVIDIA A100-SXM4-40GB", "NVIDIA-A100-SXM4-40GB"),
+        ("Quadro RTX 8000, \u00e9dition", "Quadro-RTX-8000-dition"),
+        # Still a valid label value where GFD's would not be: at most 63 characters, alphanumeric at the edges.
+        ("x" * 80, "x" * 63),
+        ("_GPU_", "GPU"),
+    ],
+)
+def test_product_label_is_spelled_as_gfd_spells_it(name, product):
+    assert gpu_labels(_info(name=name))["nvidia.com/gpu.product"] == product
+
+
+TIME_SLICED = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
+
+
+def test_time_sliced_gpus_are_shared_in_the_labels():
+    labels = gpu_labels(_info(name="NVIDIA L4", count=2, cc="8.9"), sharing=TIME_SLICED)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    # The count stays the physical GPUs.
+    assert labels["nvidia.com/gpu.count"] == "2"
+
+
+def test_renamed_shared_gpus_keep_their_product_name():
+    sharing = {"timeSlicing": dict(TIME_SLICED["timeSlicing"], renameByDefault=True)}
+    labels = gpu_labels(_info(name="NVIDIA L4"), sharing=sharing)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.sharing-strategy"]) == ("4", "time-slicing")
+
+
+@pytest.mark.parametrize(
+    "sharing",
+    [
+        {},
+        None,
+        {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 1}]}},
+        {"timeSlicing": {"resources": [{"name": "nvidia.com/mig-1g.10gb", "replicas": 2}]}},
+    ],
+)
+def test_gpus_that_are_not_time_sliced_have_one_replica(sharing):
+    labels = gpu_labels(_info(), sharing=sharing)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.sharing-strategy"]) == ("1", "none")
+
+
+def _gpu(index, name, mig_mode="disabled", memory=40960, cc="8.0"):
+    return {"index": index, "name": name, "memory_total_mib": memory, "compute_capability": cc, "mig_mode": mig_mode}
+
+
+def test_a_whole_gpu_is_described_before_one_in_mig_mode_and_the_count_is_of_its_model():
+    info = {
+        "gpus": [
+            _gpu(0, "NVIDIA A100-SXM4-80GB", "enabled", 81920),
+            _gpu(1, "NVIDIA A30", memory=24576),
+            _gpu(2, "NVIDIA A30", memory=24576),
+        ]
+    }
+    labels = gpu_labels(info, sharing=TIME_SLICED)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A30-SHARED"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/gpu.memory"] == "24576"
+
+
+def test_a_model_only_in_mig_mode_is_not_shared():
+    info = {"gpus": [_gpu(0, "NVIDIA A100-SXM4-40GB", "enabled"), _gpu(1, "NVIDIA A100-SXM4-40GB", "enabled")]}
+    labels = gpu_labels(info, sharing=TIME_SLICED)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.sharing-strategy"]) == ("0", "none")
+    # One whole GPU of the model is enough for the model to be shared, as in GFD.
+    info["gpus"][1]["mig_mode"] = "disabled"
+    assert gpu_labels(info, sharing=TIME_SLICED)["nvidia.com/gpu.replicas"] == "4"
+
+
+@pytest.mark.parametrize(
+    "sharing, message",
+    [
+        ("time-slicing", "must be the sharing section"),
+        ({"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}, "has mps; only timeSlicing"),
+        ({"timeSlicing": {"resources": "all"}}, "resources must be a list"),
+        ({"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": "four"}]}}, r"resources\[0\]\.replicas"),
+        ({"timeSlicing": {"renameByDefault": "yes", "resources": []}}, "renameByDefault must be true or false"),
+    ],
+)
+def test_bad_sharing_fails_with_one_sentence(sharing, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        gpu_labels(_info(), sharing=sharing)
 
 
 def test_user_labels_added_and_win():
@@ -135,3 +230,45 @@ def test_bad_input_fails_with_one_sentence(info, message):
 
 def test_filter_is_registered():
     assert FilterModule().filters()["gpu_labels"] is gpu_labels
+
+
+def _with_pci(classes, mig_modes=None):
+    info = _info(count=len(classes))
+    for position, gpu in enumerate(info["gpus"]):
+        gpu["pci_bus_id"] = f"0000:{0x18 + position:02x}:00.0"
+        if mig_modes is not None:
+            gpu["mig_mode"] = mig_modes[position]
+    info["pci_devices"] = [
+        {"bus_id": gpu["pci_bus_id"], "class": pci_class} for gpu, pci_class in zip(info["gpus"], classes) if pci_class
+    ]
+    return info
+
+
+@pytest.mark.parametrize(
+    "classes, mode",
+    [
+        (["0x030200", "0x030200"], "compute"),
+        (["0x030000"], "graphics"),
+        (["0x030000", "0x030200"], "unknown"),  # GFD: not all GPUs of one class
+        (["0x030001"], "unknown"),  # neither class exactly
+        (["0x030200", None], "unknown"),  # a GPU sysfs did not show
+    ],
+)
+def test_gpu_mode_follows_the_pci_class_of_every_gpu(classes, mode):
+    assert gpu_labels(_with_pci(classes))["nvidia.com/gpu.mode"] == mode
+
+
+@pytest.mark.parametrize(
+    "modes, capable",
+    [
+        (["unsupported", "unsupported"], "false"),
+        (["disabled", "unsupported"], "true"),
+        (["enabled"], "true"),
+    ],
+)
+def test_mig_capable_when_any_gpu_answers_for_its_mig_mode(modes, capable):
+    assert gpu_labels(_with_pci(["0x030200"] * len(modes), modes))["nvidia.com/mig.capable"] == capable
+
+
+def test_mig_capable_is_left_out_when_the_facts_do_not_say():
+    assert "nvidia.com/mig.capable" not in gpu_labels(_info())

@@ -114,3 +114,20 @@ def test_bad_input_gets_one_sentence(hosts, defaults, message):
 
 def test_the_filter_is_registered():
     assert FilterModule().filters()["node_label_requests"] is node_label_requests
+
+
+def test_sharing_follows_the_hosts_own_device_plugin_config_unless_it_sets_its_own():
+    sliced = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
+    own = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}
+    hostvars = {
+        "plain": {"gpu_node_labels_gpu_info": FACTS},
+        "sliced": {"gpu_node_labels_gpu_info": FACTS, "device_plugin_config": {"version": "v1", "sharing": sliced}},
+        "both": {
+            "gpu_node_labels_gpu_info": FACTS,
+            "device_plugin_config": {"version": "v1", "sharing": sliced},
+            "gpu_node_labels_sharing": own,
+        },
+        "no-sharing": {"gpu_node_labels_gpu_info": FACTS, "device_plugin_config": {"version": "v1"}},
+    }
+    out = node_label_requests(list(hostvars), hostvars, dict(DEFAULTS, sharing={"from": "defaults"}))
+    assert [n["sharing"] for n in out["nodes"]] == [{"from": "defaults"}, sliced, own, {"from": "defaults"}]

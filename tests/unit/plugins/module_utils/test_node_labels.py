@@ -142,3 +142,18 @@ def test_retries_exhausted_is_one_sentence():
     with pytest.raises(LabelError, match=r"the Node a changed between every read and write \(3 tries\)"):
         label_batch([request("a")], store, conflict_retries=2)
     assert store.patches == []
+
+
+def test_each_nodes_sharing_reaches_its_labels():
+    store = NodeStoreDouble("plain", "sliced")
+    sliced = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}
+    bad = {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}
+    result = label_batch([request("plain"), request("sliced", sharing=sliced), request("mps", sharing=bad)], store)
+    plain, shared = (store.nodes[n]["metadata"]["labels"] for n in ("plain", "sliced"))
+    assert (plain["nvidia.com/gpu.product"], plain["nvidia.com/gpu.replicas"]) == ("NVIDIA-L4", "1")
+    assert (shared["nvidia.com/gpu.product"], shared["nvidia.com/gpu.replicas"]) == ("NVIDIA-L4-SHARED", "4")
+    assert shared["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert result["invalid"] == {
+        "mps": "gpu_labels: sharing has mps; only timeSlicing is supported (the collection's "
+        "device plugin does not run MPS)."
+    }

@@ -1,6 +1,7 @@
-# A module run in-process for unit tests: AnsibleModule.exit_json and fail_json raise these exceptions
-# (the `patched` fixture, which conftest.py offers to the tests here, installs them), so a test reads the
-# result instead of the process exiting.
+# A module run in-process for unit tests: AnsibleModule.exit_json and fail_json raise these exceptions (the
+# `patched` fixture, which conftest.py offers to the tests here, installs them), so a test reads the result
+# instead of the process exiting. They are SystemExit, as what the real ones raise, so a module's last resort
+# (module_utils/_last_resort.py) lets them pass as it does in a real run.
 from __future__ import annotations
 
 import pytest
@@ -8,13 +9,13 @@ from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 
-class ModuleExit(Exception):
+class ModuleExit(SystemExit):
     def __init__(self, result):
         super().__init__(result)
         self.result = result
 
 
-class ModuleFail(Exception):
+class ModuleFail(SystemExit):
     def __init__(self, result):
         super().__init__(result)
         self.result = result

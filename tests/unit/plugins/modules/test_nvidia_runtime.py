@@ -290,6 +290,23 @@ def test_crio_drop_in_directory_is_created(tmp_path):
     assert tomllib.loads(path.read_text())["crio"]["runtime"]["default_runtime"] == "nvidia"
 
 
+def test_crio_refuses_to_add_the_runtime_beside_a_crio_conf_it_cannot_parse(tmp_path):
+    # CRI-O would not start with it, and the runtimes it defines cannot be checked against ours: nothing is written
+    # (as nvidia-ctk does). Removing our own entry still works.
+    (tmp_path / "crio.conf").write_text("[crio.runtime\n")
+    path = tmp_path / "crio.conf.d" / "99-nvidia.toml"
+    result = fail({"runtime": "crio", "config_path": str(path)})
+    assert result["msg"] == (
+        f"{tmp_path / 'crio.conf'} could not be parsed as TOML: line 1, column 14: Expected ']' at the end of a table "
+        f"declaration; CRI-O reads it with {path} and would not start, so nothing was written."
+    )
+    assert not path.parent.exists()
+    path.parent.mkdir()
+    path.write_text('[crio.runtime.runtimes.nvidia]\nruntime_path = "/usr/bin/nvidia-container-runtime"\n')
+    assert run({"runtime": "crio", "config_path": str(path), "state": "absent"})["changed"] is True
+    assert path.read_text() == ""
+
+
 def test_write_failure_is_reported(config, monkeypatch):
     def broken(self, src, dest, unsafe_writes=False, **kwargs):
         raise OSError(28, "No space left on device")

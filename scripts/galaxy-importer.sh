@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs galaxy-importer, the check Galaxy and Automation Hub run on import, on the collection tarball as
+# `ansible-galaxy collection build` makes it from the files git knows about. Its environment (requirements/
+# galaxy-importer.txt) is cached under $GPUOPS_CACHE by the requirements' hash, and holds ansible-doc and
+# ansible-lint, so none of the importer's checks is skipped. Fails when the import fails and when the
+# importer warns about anything.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
+python=${PYTHON:-python3.11}
+log() { printf '[galaxy-importer] %s\n' "$*" >&2; }
+
+req="$here/requirements/galaxy-importer.txt"
+venv="$cache/venv-galaxy-importer-$( ("$python" -VV; cat "$req") | sha256sum | cut -c1-12)"
+if [ ! -f "$venv/.complete" ]; then
+  log "creating $venv"
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
+  touch "$venv/.complete"
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tree=$("$here/scripts/collection-tree.sh" "$work/tree/ansible_collections/gpuops/k8s")
+"$venv/bin/ansible-galaxy" collection build "$tree" --output-path "$work" >/dev/null
+tarball=$(compgen -G "$work/gpuops-k8s-*.tar.gz")
+cat > "$work/galaxy-importer.cfg" <<'CFG'
+[galaxy-importer]
+RUN_ANSIBLE_DOC = True
+RUN_ANSIBLE_LINT = True
+CHECK_CHANGELOG = True
+CFG
+log "importing $(basename "$tarball") ($(du -k "$tarball" | cut -f1) KB)"
+rc=0
+# In the work directory: the importer writes its importer_result.json where it runs.
+(cd "$work" && PATH="$venv/bin:$PATH" GALAXY_IMPORTER_CONFIG="$work/galaxy-importer.cfg" \
+  "$venv/bin/python" -m galaxy_importer.main "$tarball" > "$work/import.log" 2>&1) || rc=$?
+if [ "$rc" -ne 0 ] || grep -qE '^(WARNING|ERROR)' "$work/import.log"; then
+  grep -E '^(WARNING|ERROR)' "$work/import.log" >&2 || tail -n 20 "$work/import.log" >&2
+  log "the import failed or warned (exit status $rc); the lines above say why"
+  exit 1
+fi
+log "$(tail -n 1 "$work/import.log")"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What `make test` runs: each tier as its own make target, in order, stopping at the first that fails, and
+# at the end (also after a failure) a table of each tier's minutes, so the 90-minute CI budget is visible.
+#   scripts/make-test.sh TIER...      (MAKE: the make to call, as the Makefile passes it)
+set -uo pipefail
+make=${MAKE:-make}
+names=() minutes=() results=()
+start_all=$(date +%s)
+table() {
+  local total=$(( $(date +%s) - start_all ))
+  printf '\nmake test, minutes per tier:\n'
+  printf '  %-14s %8s  %s\n' tier minutes result
+  local i
+  for i in "${!names[@]}"; do
+    printf '  %-14s %8s  %s\n' "${names[$i]}" "${minutes[$i]}" "${results[$i]}"
+  done
+  printf '  %-14s %8s\n' total "$(awk -v s="$total" 'BEGIN { printf "%.1f", s / 60 }')"
+}
+for tier in "$@"; do
+  begin=$(date +%s)
+  # shellcheck disable=SC2086 # MAKE may carry its own arguments
+  $make --no-print-directory "$tier"
+  rc=$?
+  names+=("$tier")
+  minutes+=("$(awk -v s="$(( $(date +%s) - begin ))" 'BEGIN { printf "%.1f", s / 60 }')")
+  if [ "$rc" -ne 0 ]; then
+    results+=("failed ($rc)")
+    table
+    exit "$rc"
+  fi
+  results+=(passed)
+done
+table
+echo "make test: every tier passed"

@@ -1,0 +1,131 @@
+"""Places that must agree, checked so they cannot drift apart again:
+
+- the daemon's default metrics address, the device_plugin role's default and validate.yml's fallback;
+- the daemon's dependencies as the role installs them on a node, the ranges its pyproject.toml declares and the
+  versions its tests run with (the lower bounds, which have wheels for Python 3.9);
+- the example systemd unit shipped with the daemon and the unit the role writes with its defaults;
+- the example inventory and the README: an unprivileged user with sudo, never root."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import jinja2
+import yaml
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = REPO / "files" / "device_plugin"
+ROLE = REPO / "roles" / "device_plugin"
+
+sys.path.insert(0, str(PLUGIN))
+from lower_bounds import lower_bounds  # noqa: E402
+
+
+def role_defaults() -> dict:
+    """The role's defaults, the kubelet socket (which names the kubelet directory) resolved."""
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    resolved = dict(defaults)
+    for key in ("device_plugin_kubelet_socket",):
+        resolved[key] = environment.from_string(defaults[key]).render(defaults)
+    return resolved
+
+
+def daemon_default(field: str) -> object:
+    """A field's default in the daemon's Config dataclass, read from its source (the daemon's package is not
+    importable here without its own dependencies)."""
+    tree = ast.parse((PLUGIN / "src" / "gpu_device_plugin" / "config.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == field:
+            assert node.value is not None, f"config.py: {field} has no default"
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"config.py declares no field {field}")
+
+
+def test_one_default_metrics_address_for_the_daemon_the_role_and_validate() -> None:
+    daemon = daemon_default("metrics_address")
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())
+    spec_default = specs["argument_specs"]["main"]["options"]["device_plugin_metrics_address"]["default"]
+    validate = (REPO / "playbooks" / "validate.yml").read_text()
+    fallback = re.search(r"device_plugin_metrics_address \| default\('([^']*)'\)", validate)
+    assert fallback, "validate.yml no longer falls back to a default metrics address"
+    assert role_defaults()["device_plugin_metrics_address"] == daemon
+    assert spec_default == daemon
+    assert fallback.group(1) == daemon
+    # 9400 is the port of NVIDIA's DCGM exporter, which often runs on the same nodes.
+    assert not str(daemon).endswith(":9400")
+
+
+def test_the_role_installs_the_daemons_tested_dependency_versions() -> None:
+    defaults = role_defaults()
+    pins = {}
+    for line in defaults["device_plugin_pip_packages"] + defaults["device_plugin_dra_pip_packages"]:
+        name, version = line.split("==")
+        pins[name.lower()] = version
+    pins.pop("setuptools")  # the venv's build tool, not a dependency of the package
+    bounds = {name.lower(): version for name, version in lower_bounds().items()}
+    assert pins == bounds
+    pyproject = (PLUGIN / "pyproject.toml").read_text()
+    dependencies = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.S | re.M)
+    assert dependencies
+    for text in re.findall(r'^\s*"([^"]+)",', dependencies.group(1), re.M):
+        requirement = Requirement(text)
+        assert requirement.specifier.contains(pins[requirement.name.lower()]), (text, pins[requirement.name.lower()])
+
+
+def unit_lines(text: str) -> list[str]:
+    """A unit file's directives, comments dropped and continuation lines joined."""
+    text = re.sub(r"\s*\\\n\s*", " ", text)
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_example_unit_is_the_unit_the_role_writes_with_its_defaults() -> None:
+    defaults = role_defaults()
+    install_dir = defaults["device_plugin_install_dir"]
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    environment.filters["quote"] = shlex.quote
+    template = environment.from_string((ROLE / "templates" / "device-plugin.service.j2").read_text())
+    # The arguments are the role's vars/main.yml expression evaluated for the defaults, written out here; the
+    # comparison below checks them against the example's ExecStart option by option.
+    args = [
+        "--backend",
+        defaults["device_plugin_backend"],
+        "--kubelet-socket",
+        defaults["device_plugin_kubelet_socket"],
+        "--config-file",
+        f"{defaults['device_plugin_config_dir']}/config.yaml",
+        "--device-list-strategy",
+        defaults["device_plugin_device_list_strategy"],
+        "--log-format",
+        defaults["device_plugin_log_format"],
+        "--metrics-address",
+        defaults["device_plugin_metrics_address"],
+    ]
+    rendered = template.render(
+        ansible_managed="managed",
+        __device_plugin_dra=False,
+        device_plugin_backend=defaults["device_plugin_backend"],
+        __device_plugin_venv=f"{install_dir}/venv",
+        __device_plugin_args=args,
+        device_plugin_kubelet_dir=defaults["device_plugin_kubelet_dir"],
+        device_plugin_service_extra=defaults["device_plugin_service_extra"],
+    )
+    example = (PLUGIN / "gpu-device-plugin.service").read_text()
+    role_lines, example_lines = unit_lines(rendered), unit_lines(example)
+    role_exec = [line for line in role_lines if line.startswith("ExecStart=")]
+    example_exec = [line for line in example_lines if line.startswith("ExecStart=")]
+    assert [shlex.split(line) for line in example_exec] == [shlex.split(line) for line in role_exec]
+    assert example_lines == role_lines
+
+
+def test_the_example_inventory_logs_in_as_an_unprivileged_user() -> None:
+    inventory = yaml.safe_load((REPO / "inventory" / "example" / "group_vars" / "all.yml").read_text())
+    readme = (REPO / "README.md").read_text()
+    assert "unprivileged user with `sudo`" in readme
+    assert inventory.get("ansible_user") not in (None, "root")
+    assert not inventory.get("ansible_become")  # the playbooks become where they need to
