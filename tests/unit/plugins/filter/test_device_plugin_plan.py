@@ -50,8 +50,8 @@ def _run(observed, steps, deployment, allocation, state):
     return node
 
 
-@pytest.mark.parametrize("current", CURRENT, ids=lambda c: ".".join(c))
-@pytest.mark.parametrize("wanted", WANTED, ids=lambda w: ".".join(w))
+@pytest.mark.parametrize("current", CURRENT, ids=".".join)
+@pytest.mark.parametrize("wanted", WANTED, ids=".".join)
 def test_every_state_reaches_every_wanted_state_in_one_run_and_the_next_run_plans_nothing(current, wanted):
     observed = _node(*current)
     plan = device_plugin_plan(observed, *wanted)
@@ -76,8 +76,8 @@ def test_every_state_reaches_every_wanted_state_in_one_run_and_the_next_run_plan
         assert steps.index("systemd_remove") < steps.index("daemonset")
 
 
-@pytest.mark.parametrize("current", CURRENT, ids=lambda c: ".".join(c))
-@pytest.mark.parametrize("wanted", WANTED, ids=lambda w: ".".join(w))
+@pytest.mark.parametrize("current", CURRENT, ids=".".join)
+@pytest.mark.parametrize("wanted", WANTED, ids=".".join)
 def test_the_allocation_switch_runs_exactly_when_a_started_node_changes_between_dra_and_not_dra(current, wanted):
     plan = device_plugin_plan(_node(*current), *wanted)
     moves = wanted[2] == "started" and (current[1] == "dra") != (wanted[1] == "dra")
