@@ -57,9 +57,9 @@ EXAMPLES = r"""
     device_plugin_plan: >-
       {{ {'allocation_record': 'device_plugin\n', 'daemonset_record': none, 'systemd_files': true,
           'systemd_lacks': false, 'record_dir_ready': true}
-         | gpuops.k8s.device_plugin_plan('daemonset', 'dra') }}
-# device_plugin_plan.transition is "systemd.device_plugin -> daemonset.dra", and device_plugin_plan.steps is
-# [allocation_switch, systemd_remove, daemonset, allocation_record].
+         | gpuops.k8s.device_plugin_plan('systemd', 'dra') }}
+# device_plugin_plan.transition is "systemd.device_plugin -> systemd.dra", and device_plugin_plan.steps is
+# [allocation_switch, systemd_install, allocation_record].
 """
 
 RETURN = r"""
