@@ -69,6 +69,11 @@ def run(*argv: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
 
 
+def first_fingerprint(listing: str) -> str:
+    """The first fingerprint in gpg's --with-colons listing."""
+    return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -86,7 +91,7 @@ def mirror(tmp_path_factory):
         run(*gpg, "--quick-gen-key", "gpuops test <test@example.invalid>", "ed25519", "sign", "never").returncode == 0
     )
     listing = run(*gpg, "--with-colons", "--list-keys").stdout
-    fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    fingerprint = first_fingerprint(listing)
     repo = root / "repos" / "debian12" / "x86_64"
     package = root / "cuda-toolkit-12-9"
     (package / "DEBIAN").mkdir(parents=True)
@@ -173,7 +178,7 @@ def test_a_mirror_set_once_gives_one_stable_source(node, mirror, spelling):
 
 def test_two_different_mirrors_stop_the_play_with_one_sentence(node, mirror):
     play, cat = node
-    url, _ = mirror
+    url = mirror[0]
     result = play(
         "-e", f"nvidia_driver_cuda_repo_base_url={url}", "-e", "cuda_toolkit_repo_base_url=http://other.invalid"
     )
