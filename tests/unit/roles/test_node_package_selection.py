@@ -122,10 +122,11 @@ def test_driver_ubuntu_proprietary_older_branch():
 )
 def test_driver_cuda_repository_on_apt_platforms(platform, dist):
     role = RoleVars("nvidia_driver", platform, nvidia_driver_source="cuda", nvidia_driver_kernel_modules="proprietary")
+    repository = RoleVars("cuda_repository", platform)
     base = "https://developer.download.nvidia.com/compute/cuda/repos"
-    assert role.get("__nvidia_driver_cuda_repo_url") == f"{base}/{dist}/x86_64"
-    assert role.get("__nvidia_driver_cuda_key_url") == f"{base}/{dist}/x86_64/3bf863cc.pub"
-    assert role.get("__nvidia_driver_cuda_keyring") == "/etc/apt/keyrings/nvidia-cuda.asc"
+    assert repository.get("__cuda_repository_url") == f"{base}/{dist}/x86_64"
+    assert repository.get("__cuda_repository_key_url") == f"{base}/{dist}/x86_64/3bf863cc.pub"
+    assert repository.get("__cuda_repository_keyring") == "/etc/apt/keyrings/nvidia-cuda.asc"
     assert role.get("__nvidia_driver_packages") == ["cuda-drivers-580"]
     assert role.get("__nvidia_driver_src")["repository"] is True
 
@@ -138,7 +139,13 @@ def test_driver_cuda_repository_mirror_and_arm():
         nvidia_driver_source="cuda",
         nvidia_driver_cuda_repo_base_url="http://mirror.example.internal/cuda/repos/",
     )
-    assert role.get("__nvidia_driver_cuda_repo_url") == "http://mirror.example.internal/cuda/repos/ubuntu2404/sbsa"
+    repository = RoleVars(
+        "cuda_repository",
+        "ubuntu2404",
+        arch="aarch64",
+        nvidia_driver_cuda_repo_base_url="http://mirror.example.internal/cuda/repos/",
+    )
+    assert repository.get("__cuda_repository_url") == "http://mirror.example.internal/cuda/repos/ubuntu2404/sbsa"
     assert role.get("__nvidia_driver_packages") == ["nvidia-open-580"]
 
 
@@ -165,8 +172,9 @@ def test_driver_rocky_module_streams(modules, stream):
     assert role.get("__nvidia_driver_packages") == [f"@nvidia-driver:{stream}"]
     assert role.get("__nvidia_driver_src")["module_stream"] == f"nvidia-driver:{stream}"
     base = "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64"
-    assert role.get("__nvidia_driver_cuda_repo_url") == base
-    assert role.get("__nvidia_driver_cuda_key_url") == f"{base}/D42D0685.pub"
+    repository = RoleVars("cuda_repository", "rocky9")
+    assert repository.get("__cuda_repository_url") == base
+    assert repository.get("__cuda_repository_key_url") == f"{base}/D42D0685.pub"
     assert role.get("__nvidia_driver_headers_package") == f"kernel-devel-{KERNEL}"
     assert role.get("__nvidia_driver_fabricmanager_package") == "nvidia-fabric-manager"
     # No distro pynvml on RHEL: pip is used instead.
@@ -290,8 +298,9 @@ def test_cuda_repository_toolkit(platform, dist, key):
     base = f"https://developer.download.nvidia.com/compute/cuda/repos/{dist}/x86_64"
     assert role.get("__cuda_toolkit_packages") == ["cuda-toolkit-12-4"]
     assert role.get("__cuda_toolkit_home") == "/usr/local/cuda-12.4"
-    assert role.get("__cuda_toolkit_repo_url") == base
-    assert role.get("__cuda_toolkit_key_url") == f"{base}/{key}"
+    repository = RoleVars("cuda_repository", platform)
+    assert repository.get("__cuda_repository_url") == base
+    assert repository.get("__cuda_repository_key_url") == f"{base}/{key}"
 
 
 @pytest.mark.parametrize("platform", ["ubuntu2204", "ubuntu2404", "rocky9"])
@@ -378,3 +387,97 @@ def test_argument_specs_document_every_default(role):
     for name, value in defaults.items():
         if "default" in spec[name]:
             assert spec[name]["default"] == value, name
+
+
+# --- cuda_repository: the CUDA repository has one owner, and the repository key check exists once ------------
+# nvidia_driver and cuda_toolkit both need NVIDIA's CUDA repository. When each wrote the source file from its own
+# base URL variable, a mirror set for one role only made the file flip between the mirror and NVIDIA's servers on
+# every run. These tests hold the agreement: one task file writes the file, every spelling of the base URL and of
+# the key fingerprint reaches the same value, and differing spellings stop the play.
+
+CUDA_NVIDIA = "https://developer.download.nvidia.com/compute/cuda/repos"
+CUDA_MIRROR = "http://mirror.example.internal/cuda/repos"
+CUDA_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
+
+
+def task_files_with(text: str) -> list[str]:
+    return sorted(str(path.relative_to(ROLES)) for path in ROLES.glob("*/tasks/*.yml") if text in path.read_text())
+
+
+def test_one_task_file_writes_the_cuda_apt_source():
+    assert task_files_with("/etc/apt/sources.list.d/nvidia-cuda.sources") == ["cuda_repository/tasks/apt.yml"]
+
+
+def test_one_task_file_writes_the_cuda_dnf_repository():
+    assert task_files_with("NVIDIA CUDA {{") == ["cuda_repository/tasks/dnf.yml"]
+
+
+def test_one_task_file_checks_a_fetched_repository_key():
+    # Fetch the key, read its fingerprint, install it only if it matches: the refusal's words mark the check.
+    # (container_toolkit's apt.yml also reads the key already on the node, to decide whether to fetch it again.)
+    assert task_files_with("so it was not installed") == ["cuda_repository/tasks/key.yml"]
+
+
+@pytest.mark.parametrize(
+    "spelling", ["cuda_repository_base_url", "nvidia_driver_cuda_repo_base_url", "cuda_toolkit_repo_base_url"]
+)
+@pytest.mark.parametrize(("platform", "dist"), [("ubuntu2404", "ubuntu2404"), ("rocky9", "rhel9")])
+def test_a_mirror_set_once_is_the_one_url(spelling, platform, dist):
+    role = RoleVars("cuda_repository", platform, **{spelling: CUDA_MIRROR + "/"})
+    assert role.get("__cuda_repository_conflict") == []
+    assert role.get("__cuda_repository_url") == f"{CUDA_MIRROR}/{dist}/x86_64"
+
+
+def test_nvidias_repository_when_nothing_is_set():
+    role = RoleVars("cuda_repository", "debian12", arch="aarch64")
+    assert role.get("__cuda_repository_url") == f"{CUDA_NVIDIA}/debian12/sbsa"
+    assert role.get("__cuda_repository_key_url") == f"{CUDA_NVIDIA}/debian12/sbsa/3bf863cc.pub"
+    assert role.get("__cuda_repository_key_fingerprint") == ""
+
+
+def test_the_same_mirror_in_both_old_spellings_is_no_conflict():
+    role = RoleVars(
+        "cuda_repository",
+        "ubuntu2204",
+        nvidia_driver_cuda_repo_base_url=CUDA_MIRROR,
+        cuda_toolkit_repo_base_url=CUDA_MIRROR + "/",
+    )
+    assert role.get("__cuda_repository_conflict") == []
+    assert role.get("__cuda_repository_url") == f"{CUDA_MIRROR}/ubuntu2204/x86_64"
+
+
+def test_differing_base_urls_are_one_sentence_naming_both():
+    role = RoleVars(
+        "cuda_repository",
+        "ubuntu2204",
+        nvidia_driver_cuda_repo_base_url=CUDA_MIRROR,
+        cuda_toolkit_repo_base_url=CUDA_NVIDIA,
+    )
+    message = role.get("__cuda_repository_conflict_message")
+    assert message.count(". ") == 0 and message.endswith(".")
+    assert f"nvidia_driver_cuda_repo_base_url is {CUDA_MIRROR}" in message
+    assert f"cuda_toolkit_repo_base_url is {CUDA_NVIDIA}" in message
+
+
+def test_differing_fingerprints_are_one_sentence_naming_both():
+    role = RoleVars(
+        "cuda_repository",
+        "rocky9",
+        nvidia_driver_repo_key_fingerprint=CUDA_FINGERPRINT,
+        cuda_toolkit_repo_key_fingerprint="0123456789ABCDEF0123456789ABCDEF01234567",
+    )
+    message = role.get("__cuda_repository_conflict_message")
+    assert "nvidia_driver_repo_key_fingerprint" in message and "cuda_toolkit_repo_key_fingerprint" in message
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["cuda_repository_key_fingerprint", "nvidia_driver_repo_key_fingerprint", "cuda_toolkit_repo_key_fingerprint"],
+)
+def test_a_fingerprint_set_once_is_the_one_fingerprint_and_its_name(spelling):
+    spaced = " ".join(CUDA_FINGERPRINT[i : i + 4] for i in range(0, 40, 4)).lower()
+    role = RoleVars("cuda_repository", "ubuntu2404", **{spelling: spaced})
+    assert role.get("__cuda_repository_conflict") == []
+    assert role.get("__cuda_repository_key_fingerprint") == CUDA_FINGERPRINT
+    # The key check's refusal names the variable the inventory set.
+    assert role.get("__cuda_repository_key_fingerprint_name") == spelling

@@ -1,0 +1,202 @@
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The CUDA repository's one owner, on a real Debian 12 node with a real, signed, locally served mirror.
+
+nvidia_driver and cuda_toolkit both add NVIDIA's CUDA repository. The playbook here runs the driver's repository
+step (roles/nvidia_driver/tasks/repository-apt.yml) and the toolkit's apt step (roles/cuda_toolkit/tasks/apt.yml,
+which installs a package from the mirror) the way the roles run them, in a throwaway container of the local
+Debian 12 image, with the mirror set once. The second run must change nothing: when each role wrote the source
+from its own variable, the file flipped between the mirror and NVIDIA's servers on every run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "localhost/gpuops-debian12:latest"
+SOURCE = "/etc/apt/sources.list.d/nvidia-cuda.sources"
+TOOLS = ("podman", "gpg", "dpkg-deb", "apt-ftparchive")
+
+pytestmark = pytest.mark.skipif(
+    any(shutil.which(tool) is None for tool in TOOLS)
+    or subprocess.run(["podman", "image", "exists", IMAGE], check=False).returncode != 0
+    if shutil.which("podman")
+    else True,
+    reason=f"needs {', '.join(TOOLS)} and the image {IMAGE} (scripts/build-base-image.sh)",
+)
+
+PLAYBOOK = """\
+- name: The CUDA repository as nvidia_driver and cuda_toolkit add it
+  hosts: node
+  gather_facts: true
+  gather_subset: [min]
+  vars:
+    nvidia_driver_source: cuda
+    nvidia_driver_pin: false
+    nvidia_driver_unattended_upgrades_exclude: false
+    cuda_toolkit_source: cuda
+    cuda_toolkit_unattended_upgrades_exclude: false
+  tasks:
+    # What each role's main.yml loads before it (vars/main.yml comes with the role).
+    - name: Load the roles' Debian data
+      ansible.builtin.include_vars:
+        file: "{{ item }}"
+      loop:
+        - ROLES/nvidia_driver/vars/Debian.yml
+        - ROLES/cuda_toolkit/vars/Debian.yml
+
+    - name: The driver's repository step
+      ansible.builtin.include_role:
+        name: gpuops.k8s.nvidia_driver
+        tasks_from: repository-apt
+
+    - name: The toolkit's repository step and install
+      ansible.builtin.include_role:
+        name: gpuops.k8s.cuda_toolkit
+        tasks_from: apt
+"""
+
+
+def run(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
+
+
+def first_fingerprint(listing: str) -> str:
+    """The first fingerprint in gpg's --with-colons listing."""
+    return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    """A signed flat apt repository at <url>/debian12/x86_64 holding cuda-toolkit-12-9, and its key's fingerprint."""
+    root = tmp_path_factory.mktemp("mirror")
+    home = root / "gnupg"
+    home.mkdir(mode=0o700)
+    gpg = ["gpg", "--batch", "--homedir", str(home), "--pinentry-mode", "loopback", "--passphrase", ""]
+    assert (
+        run(*gpg, "--quick-gen-key", "gpuops test <test@example.invalid>", "ed25519", "sign", "never").returncode == 0
+    )
+    listing = run(*gpg, "--with-colons", "--list-keys").stdout
+    fingerprint = first_fingerprint(listing)
+    repo = root / "repos" / "debian12" / "x86_64"
+    package = root / "cuda-toolkit-12-9"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        "Package: cuda-toolkit-12-9\nVersion: 12.9.0-1\nArchitecture: all\nMaintainer: gpuops test\n"
+        "Description: stand-in for the CUDA toolkit\n"
+    )
+    repo.mkdir(parents=True)
+    assert run("dpkg-deb", "--build", str(package), str(repo / "cuda-toolkit-12-9_12.9.0-1_all.deb")).returncode == 0
+    (repo / "Packages").write_text(run("apt-ftparchive", "packages", ".", cwd=repo).stdout)
+    (repo / "Release").write_text(run("apt-ftparchive", "release", ".", cwd=repo).stdout)
+    assert run(*gpg, "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release")).returncode == 0
+    (repo / "3bf863cc.pub").write_text(run(*gpg, "--armor", "--export", fingerprint).stdout)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}/repos", fingerprint
+    finally:
+        server.terminate()
+        server.wait()
+
+
+@pytest.fixture
+def node(tmp_path, collection_root):
+    """A throwaway Debian 12 container on the host's network, with no other apt source; and a playbook runner."""
+    name = f"gpuops-cuda-repository-{os.getpid()}-{tmp_path.name[-12:]}".replace("_", "-")
+    started = run("podman", "run", "-d", "--rm", "--name", name, "--network", "host", "--entrypoint", "/bin/sleep",
+                  IMAGE, "infinity")  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    try:
+        assert run("podman", "exec", name, "sh", "-c",
+                   "rm -f /etc/apt/sources.list /etc/apt/sources.list.d/*").returncode == 0  # fmt: skip
+        (tmp_path / "inventory").write_text(
+            f"node ansible_connection=containers.podman.podman ansible_host={name} "
+            "ansible_python_interpreter=/usr/bin/python3\n"
+        )
+        (tmp_path / "site.yml").write_text(PLAYBOOK.replace("ROLES/", f"{REPO}/roles/"))
+
+        def play(*args: str) -> subprocess.CompletedProcess:
+            env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collection_root), ANSIBLE_NOCOLOR="1")
+            return run("ansible-playbook", "-i", str(tmp_path / "inventory"), str(tmp_path / "site.yml"), *args,
+                       env=env)  # fmt: skip
+
+        def cat(path: str) -> str | None:
+            shown = run("podman", "exec", name, "cat", path)
+            return shown.stdout if shown.returncode == 0 else None
+
+        yield play, cat
+    finally:
+        run("podman", "rm", "-f", "-t", "0", name)
+
+
+def recap(result: subprocess.CompletedProcess) -> str:
+    return next((line for line in result.stdout.splitlines() if line.startswith("node ")), result.stdout[-3000:])
+
+
+@pytest.mark.parametrize(
+    "spelling", ["cuda_repository_base_url", "nvidia_driver_cuda_repo_base_url", "cuda_toolkit_repo_base_url"]
+)
+def test_a_mirror_set_once_gives_one_stable_source(node, mirror, spelling):
+    play, cat = node
+    url, fingerprint = mirror
+    given = ["-e", f"{spelling}={url}", "-e", f"nvidia_driver_repo_key_fingerprint={fingerprint}"]
+
+    checked = play("--check", *given)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr
+    assert cat(SOURCE) is None, "check mode wrote the source"
+
+    first = play(*given)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr
+    assert f"URIs: {url}/debian12/x86_64/\n" in cat(SOURCE)
+    assert cat("/var/lib/dpkg/info/cuda-toolkit-12-9.list") is not None, "the toolkit package was not installed"
+
+    second = play(*given)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr
+    assert "changed=0" in recap(second), recap(second)
+    assert f"URIs: {url}/debian12/x86_64/\n" in cat(SOURCE)
+
+
+def test_two_different_mirrors_stop_the_play_with_one_sentence(node, mirror):
+    play, cat = node
+    url = mirror[0]
+    result = play(
+        "-e", f"nvidia_driver_cuda_repo_base_url={url}", "-e", "cuda_toolkit_repo_base_url=http://other.invalid"
+    )
+    assert result.returncode != 0
+    assert f"nvidia_driver_cuda_repo_base_url is {url} but cuda_toolkit_repo_base_url is http://other.invalid" in (
+        result.stdout
+    ), result.stdout[-3000:]
+    assert cat(SOURCE) is None
+
+
+def test_a_wrong_pinned_key_is_refused_naming_the_variable_set(node, mirror):
+    play, cat = node
+    url, fingerprint = mirror
+    wrong = "0123456789ABCDEF0123456789ABCDEF01234567"
+    result = play("-e", f"cuda_repository_base_url={url}", "-e", f"cuda_toolkit_repo_key_fingerprint={wrong}")
+    assert result.returncode != 0
+    assert (
+        f"cuda_toolkit_repo_key_fingerprint is {wrong}, but the key at {url}/debian12/x86_64/3bf863cc.pub has the "
+        f"fingerprint {fingerprint}, so it was not installed." in result.stdout.replace("\\n", " ")
+    ), result.stdout[-3000:]
+    assert cat(SOURCE) is None and cat("/etc/apt/keyrings/nvidia-cuda.asc") is None
