@@ -614,3 +614,62 @@ def test_an_api_server_that_does_not_answer_fails_with_a_sentence(tmp_path):
     message = _failed_messages(report)[0]
     assert message.startswith("node_labels: cannot reach the Kubernetes API: "), message
     assert "Traceback" not in message and "\n" not in message
+
+
+def _play_verbose(apiserver, role, extra):
+    """Run one role on localhost with -vvv and the default callback, as an operator would read it."""
+    playbook = apiserver["work"] / f"play-verbose-{role}.yml"
+    playbook.write_text(
+        yaml.safe_dump([{"name": "test", "hosts": "localhost", "gather_facts": False, "roles": [f"gpuops.k8s.{role}"]}])
+    )
+    extra_file = apiserver["work"] / "extra-verbose.json"
+    extra_file.write_text(json.dumps(dict(extra, ansible_python_interpreter=sys.executable)))
+    env = {key: value for key, value in _ansible_env().items() if key != "ANSIBLE_STDOUT_CALLBACK"}
+    # No kubeconfig of this machine may stand in for the credentials under test.
+    env.update(ANSIBLE_INVENTORY_UNPARSED_WARNING="false", KUBECONFIG=str(apiserver["work"] / "none"))
+    argv = ["ansible-playbook", "-vvv", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{extra_file}"]
+    run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
+    return run.returncode, run.stdout + run.stderr
+
+
+def test_the_action_group_gives_host_and_token_to_the_roles_api_calls(apiserver):
+    """group/gpuops.k8s.k8s reaches gpuops.k8s.node_labels and, through extend_group, kubernetes.core's modules:
+    with only api_host + api_key set, gpu_node_labels writes the labels and node_drain lists the node's pods."""
+    name = "gpu-labels-token-1"
+    core = apiserver["core"]
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    labels = {
+        "gpu_node_labels_api_host": SERVER,
+        "gpu_node_labels_api_key": TOKEN,
+        "gpu_node_labels_validate_certs": False,
+    }
+    labels.update(gpu_node_labels_node_name=name, gpu_node_labels_simulate_from=str(SPEC))
+    rc, output = _play_verbose(apiserver, "gpu_node_labels", labels)
+    assert rc == 0, output[-4000:]
+    assert core.read_node(name).metadata.labels["nvidia.com/gpu.count"] == "8"
+    assert TOKEN not in output
+
+    # A GPU pod bound to the node (no kubelet runs it): node_drain must find it through the API and stop.
+    core.create_namespace({"metadata": {"name": "drain-token"}})
+    core.create_namespaced_service_account("drain-token", {"metadata": {"name": "default"}})
+    gpu = {"limits": {"nvidia.com/gpu": "1"}}
+    pod = {"name": "trainer", "image": "example.invalid/trainer", "resources": gpu}
+    core.create_namespaced_pod(
+        "drain-token", {"metadata": {"name": "trainer"}, "spec": {"nodeName": name, "containers": [pod]}}
+    )
+    drain = {"node_drain_api_host": SERVER, "node_drain_api_key": TOKEN, "node_drain_validate_certs": False}
+    drain.update(node_drain_node_name=name, node_drain_reason="the test changes it")
+    rc, output = _play_verbose(apiserver, "node_drain", drain)
+    assert rc != 0, output[-4000:]
+    assert f"{name} runs 1 GPU pod(s) (drain-token/trainer) and the test changes it" in output, output[-4000:]
+    assert TOKEN not in output
+
+
+def test_a_failed_api_call_does_not_show_the_token(apiserver):
+    """kubernetes.core returns its arguments, the token too, with a failed call: the role's block hides them."""
+    secret = "gpuops-token-that-must-not-show"
+    drain = {"node_drain_api_host": "https://127.0.0.1:1", "node_drain_api_key": secret, "node_drain_node_name": NODE}
+    rc, output = _play_verbose(apiserver, "node_drain", drain)
+    assert rc != 0, output[-4000:]
+    assert "List the pods on the node" in output
+    assert secret not in output
