@@ -28,6 +28,7 @@ import grpc  # noqa: E402
 import yaml  # noqa: E402
 from gpu_device_plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
 from kubelet_double import KubeletDouble  # noqa: E402
+from proc_stats import cpu_seconds, rss_mb  # noqa: E402
 
 SPEC = os.path.join(HERE, "..", "tests", "fixtures", "simulated", "h100x8.yaml")
 GPU = "nvidia.com/gpu"
@@ -52,20 +53,6 @@ def write_spec(path: str, data: dict) -> None:
     with open(path + ".tmp", "w") as handle:
         yaml.safe_dump(data, handle, sort_keys=False)
     os.replace(path + ".tmp", path)
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ sys.path[:0] = [
 ]
 
 from gpu_device_plugin.api import api_pb2  # noqa: E402
+from proc_stats import cpu_seconds, rss_mb  # noqa: E402
 from test_device_plugin_compared import (  # noqa: E402
     H100,
     NVIDIA,
@@ -48,20 +49,6 @@ KINDS = (NVIDIA, OURS)
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def latencies(run: PluginRun, calls: int) -> dict[str, tuple[float, float]]:
