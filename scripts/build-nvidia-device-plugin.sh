@@ -33,21 +33,9 @@ log() { printf '[build-nvidia-device-plugin] %s\n' "$*" >&2; }
 key=$(printf '%s\n' "$version" "${commands[*]}" "$recipe_revision" "$("$go" env GOVERSION)" | sha256sum | cut -c1-8)
 out="$cache/nvidia-device-plugin-$version-$key"
 
-if [ -f "$out/.complete" ]; then
-  echo "$out/bin"
-  exit 0
-fi
-# One build at a time per output directory; a second caller waits and then reuses the result.
-mkdir -p "$cache"
-exec 9>"$out.lock"
-if ! flock -n 9; then
-  log "another build of $version is running; waiting for it"
-  flock 9
-fi
-if [ -f "$out/.complete" ]; then
-  echo "$out/bin"
-  exit 0
-fi
+# shellcheck source=scripts/build-once.sh
+. "$(dirname "$0")/build-once.sh"
+build_once "$out" "$out/bin" "$module $version"
 
 rm -rf "$out"
 mkdir -p "$out/bin"

@@ -42,21 +42,9 @@ key=$({
 } | sha256sum | cut -c1-8)
 out="$cache/k8s-$version-$key"
 
-if [ -f "$out/.complete" ]; then
-  echo "$out/bin"
-  exit 0
-fi
-# One build at a time per output directory; a second caller waits and then reuses the result.
-mkdir -p "$cache"
-exec 9>"$out.lock"
-if ! flock -n 9; then
-  log "another build of $version is running; waiting for it"
-  flock 9
-fi
-if [ -f "$out/.complete" ]; then
-  echo "$out/bin"
-  exit 0
-fi
+# shellcheck source=scripts/build-once.sh
+. "$here/../../scripts/build-once.sh"
+build_once "$out" "$out/bin" "Kubernetes $version"
 
 rm -rf "$out"
 mkdir -p "$out/src" "$out/bin"
