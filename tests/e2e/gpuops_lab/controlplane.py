@@ -181,11 +181,24 @@ def start_etcd(cfg: LabConfig) -> None:
     _wait_running(cfg, "etcd", "etcd healthy", 60, lambda: succeeds(curl(f"{etcd_client}/health")))
 
 
+def exited(cfg: LabConfig, name: str) -> bool:
+    """Whether the process in ``run/NAME.pid`` is gone or a zombie. Unlike running_pid, it does not look at the
+    command line, which is still the starting Python's between fork and exec, so right after start_bg."""
+    pid = read_pid(cfg, name)
+    if pid is None:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
 def _wait_running(cfg: LabConfig, name: str, what: str, timeout: int, ready: Callable[[], bool]) -> None:
     """wait_for ``ready``, failing at once (with the end of its log) when process NAME has exited."""
 
     def check() -> bool:
-        if running_pid(cfg, name) is None:
+        if exited(cfg, name):
             try:
                 tail = (cfg.logs / f"{name}.log").read_text(errors="replace")[-3000:]
             except OSError:
