@@ -202,11 +202,19 @@ def test_daemonset_and_runtimeclass(apiserver):
     assert container.security_context.allow_privilege_escalation is False
     assert container.security_context.read_only_root_filesystem is True
     assert container.security_context.capabilities.drop == ["ALL"]
-    assert "/var/lib/kubelet/device-plugins" in [v.host_path.path for v in pod.volumes if v.host_path]
-    assert "--config-file" in container.args
+    # The kubelet's device-plugin directory is mounted at the same path, and --config-file names the
+    # ConfigMap's config.yaml where its volume is mounted.
+    volumes = {v.name: v for v in pod.volumes}
+    mounts = {m.name: m.mount_path for m in container.volume_mounts}
+    assert volumes["device-plugins"].host_path.path == mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
+    assert volumes["config"].config_map.name == "gpuops-device-plugin-config"
+    assert container.args[container.args.index("--config-file") + 1] == f"{mounts['config']}/config.yaml"
     cm = apiserver["core"].read_namespaced_config_map("gpuops-device-plugin-config", "gpuops-system")
     assert yaml.safe_load(cm.data["config.yaml"]) == {"version": "v1", "flags": {"migStrategy": "none"}}
-    assert apiserver["core"].read_namespaced_service_account("gpuops-device-plugin", "gpuops-system")
+    # The pods run as the role's ServiceAccount, which exists in the namespace.
+    assert pod.service_account_name == "gpuops-device-plugin"
+    account = apiserver["core"].read_namespaced_service_account("gpuops-device-plugin", "gpuops-system")
+    assert account.metadata.name == pod.service_account_name
 
     changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
     assert changed == 0
