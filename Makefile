@@ -50,6 +50,7 @@ units: setup collection
 integration: setup
 	scripts/build-containerd2.sh >/dev/null && scripts/build-containerd24.sh >/dev/null
 	scripts/build-containerd17.sh >/dev/null
+	scripts/build-nvidia-device-plugin.sh >/dev/null && scripts/build-toolkit-repo.sh >/dev/null
 	python -m pytest -q -p no:cacheprovider tests/integration
 
 daemon: setup

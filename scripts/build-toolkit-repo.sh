@@ -6,8 +6,11 @@
 #
 # What is real and what is a test double:
 #   nvidia-container-toolkit-base  real: nvidia-ctk, nvidia-container-runtime(.cdi/.legacy) and
-#                                  nvidia-cdi-hook built from NVIDIA's Go module at the pinned version
-#   nvidia-container-toolkit       real: nvidia-container-runtime-hook built the same way
+#                                  nvidia-cdi-hook built from NVIDIA's Go module at the pinned version;
+#                                  from 1.18 also the module's own nvidia-cdi-refresh.service/.path units,
+#                                  their environment file and the package's postinst, as NVIDIA ships them
+#   nvidia-container-toolkit       real: nvidia-container-runtime-hook built the same way (and the
+#                                  package's postinst)
 #   libnvidia-container1           TEST DOUBLE: empty stand-in (the C library is not built here)
 #   libnvidia-container-tools      TEST DOUBLE: nvidia-container-cli stand-in that says so and fails
 # Release is signed with a throwaway key made for this repository only.
@@ -87,11 +90,28 @@ cp "$work/bin"/{nvidia-ctk,nvidia-container-runtime,nvidia-container-runtime.cdi
 "$work/bin/nvidia-ctk" --quiet config default --output "$work/pkg/nvidia-container-toolkit-base/etc/nvidia-container-runtime/config.toml"
 mkdir -p "$work/pkg/nvidia-container-toolkit-base/DEBIAN"
 printf '/etc/nvidia-container-runtime/config.toml\n' > "$work/pkg/nvidia-container-toolkit-base/DEBIAN/conffiles"
+# Toolkit 1.18 packages the CDI refresh units and enables them in postinst (packaging/debian in the module):
+# the same files, from the module, in the same places.
+if [ -d "$work/src/deployments/systemd" ]; then
+  base="$work/pkg/nvidia-container-toolkit-base"
+  mkdir -p "$base/etc/systemd/system" "$base/etc/nvidia-container-toolkit"
+  install -m 0644 "$work/src/deployments/systemd/nvidia-cdi-refresh.service" \
+    "$work/src/deployments/systemd/nvidia-cdi-refresh.path" "$base/etc/systemd/system/"
+  install -m 0644 "$work/src/deployments/systemd/nvidia-cdi-refresh.env" "$base/etc/nvidia-container-toolkit/"
+  # debhelper makes every file under /etc a conffile.
+  printf '%s\n' /etc/systemd/system/nvidia-cdi-refresh.service /etc/systemd/system/nvidia-cdi-refresh.path \
+    /etc/nvidia-container-toolkit/nvidia-cdi-refresh.env >> "$base/DEBIAN/conffiles"
+  install -m 0755 "$work/src/packaging/debian/nvidia-container-toolkit-base.postinst" "$base/DEBIAN/postinst"
+  sed -i '/^#DEBHELPER#$/d' "$base/DEBIAN/postinst"
+fi
 package nvidia-container-toolkit-base \
   "NVIDIA container toolkit base (nvidia-ctk, nvidia-container-runtime), built from v$version" ""
 
-mkdir -p "$work/pkg/nvidia-container-toolkit/usr/bin"
+mkdir -p "$work/pkg/nvidia-container-toolkit/usr/bin" "$work/pkg/nvidia-container-toolkit/DEBIAN"
 cp "$work/bin/nvidia-container-runtime-hook" "$work/pkg/nvidia-container-toolkit/usr/bin/"
+# Its postinst links nvidia-container-toolkit to the hook, as NVIDIA's package does.
+install -m 0755 "$work/src/packaging/debian/nvidia-container-toolkit.postinst" "$work/pkg/nvidia-container-toolkit/DEBIAN/postinst"
+sed -i '/^#DEBHELPER#$/d' "$work/pkg/nvidia-container-toolkit/DEBIAN/postinst"
 package nvidia-container-toolkit \
   "NVIDIA container toolkit (nvidia-container-runtime-hook), built from v$version" \
   "nvidia-container-toolkit-base (= $deb_version), libnvidia-container-tools (>= $deb_version), libnvidia-container-tools (<< 2.0.0)"

@@ -157,19 +157,6 @@ def gpu_device_nodes(spec: Path, uuids: list[str]) -> list[str]:
     return sorted(wanted)
 
 
-def ensure_runc_runtime_class(lab: Lab) -> str:
-    """The runc RuntimeClass: a GPU container on the lab's nvidia runtime in its default mode goes to the
-    stand-in nvidia-container-cli, which refuses it (test_site.py says why); pods that must run ask for runc."""
-    try:
-        client.NodeV1Api(lab.api).create_runtime_class(
-            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "runc"}, "handler": "runc"}
-        )
-    except client.ApiException as error:
-        if error.status != 409:
-            raise
-    return "runc"
-
-
 def running_pod(lab: Lab, name: str, timeout: float = 120, namespace: str = "default") -> client.V1Pod:
     """Wait for the pod to run; return it."""
     return lab.wait_until(
@@ -182,8 +169,8 @@ def running_pod(lab: Lab, name: str, timeout: float = 120, namespace: str = "def
 def recovery_vars(path: Path) -> Path:
     """Write site.yml's extra vars for the GPU flows to ``path``: the plugin's config with health recovery on
     (off by default, as in NVIDIA's plugin) after 1 quiet second, so that a GPU an XID marked unhealthy can
-    come back within a test; and the device nodes passed to the kubelet (passDeviceSpecs), so that a pod on
-    the runc runtime gets the /dev/nvidiaN of its GPUs (the lab's nvidia runtime cannot inject them)."""
+    come back within a test; and the device nodes passed to the kubelet (passDeviceSpecs), as NVIDIA's plugin
+    does with the same setting (the nvidia runtime in CDI mode adds the same nodes from nvidia-ctk's spec)."""
     config = {
         "version": "v1",
         "flags": {"migStrategy": "none", "plugin": {"passDeviceSpecs": True}},

@@ -1,7 +1,7 @@
 """The Kubernetes objects of a DRA GPU workload on the lab, shared by tests/e2e/test_site_dra.py and
 bench/bench_dra_pods.py: pods that ask for GPUs through a ResourceClaimTemplate or as nvidia.com/gpu, and
-claim templates with a CEL selector on memory. Pods ask for the runc RuntimeClass (the lab's
-nvidia-container-cli is a stand-in that refuses GPU containers: test_site.py says why)."""
+claim templates with a CEL selector on memory. Pods run on containerd's default runtime, the nvidia runtime in
+CDI mode."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ def pod_manifest(name: str, node: str, *, claim_template: str | None = None, gpu
     spec: dict[str, Any] = {
         # Scheduled, not bound by name: the scheduler allocates the claims.
         "nodeSelector": {"kubernetes.io/hostname": node},
-        "runtimeClassName": "runc",
         "automountServiceAccountToken": False,
         "dnsPolicy": "Default",
         "terminationGracePeriodSeconds": 1,

@@ -27,7 +27,6 @@ from conftest import (
     container_environment,
     container_nvidia_devices,
     container_pid,
-    ensure_runc_runtime_class,
     gpu_device_nodes,
     nvlink_peers,
     recovery_vars,
@@ -40,6 +39,8 @@ from playbook_run import REPO, PlaybookRun, inventory_hostvars, lab_inventory, r
 
 GPU = "nvidia.com/gpu"
 SPEC = REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
+# Where the container_toolkit role writes the CDI spec (toolkit 1.18's refresh units write there too).
+CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 # The unprivileged user the lab inventory logs in as (over SSH, with become).
 LOGIN_HOME = "/home/gpuops"
 # What a check run may touch on the node without writing anything of the product: Ansible's own
@@ -236,13 +237,31 @@ def delete_pod(lab: Lab, name: str) -> None:
     )
 
 
+def test_the_toolkit_runs_in_cdi_mode_with_the_spec_nvidia_ctk_writes(lab: Lab, flow: SiteFlow) -> None:
+    """The lab inventory asks for container_toolkit_runtime_mode: cdi. The role set that one value, wrote the spec
+    NVIDIA's own nvidia-ctk generates from the node's NVML (the mock library, docs/mock-nvml.md) where toolkit
+    1.18's refresh units write it, and left those units enabled."""
+    effective = lab.node_exec(flow.node, "nvidia-ctk", "--quiet", "config").stdout
+    assert re.search(r'(?m)^mode = "cdi"$', effective), effective
+    written = lab.node_exec(flow.node, "cat", CDI_SPEC).stdout
+    generated = lab.node_exec(flow.node, "nvidia-ctk", "--quiet", "cdi", "generate").stdout
+    assert written == generated
+    names = {device["name"] for device in yaml.safe_load(written)["devices"]}
+    assert {gpu["uuid"] for gpu in yaml.safe_load(SPEC.read_text())["gpus"]} <= names
+    units = lab.node_exec(
+        flow.node, "systemctl", "show", "-p", "UnitFileState,ActiveState", "nvidia-cdi-refresh.path"
+    ).stdout.split()
+    assert sorted(units) == ["ActiveState=active", "UnitFileState=enabled"]
+    assert lab.node_exec(flow.node, "systemctl", "is-enabled", "nvidia-cdi-refresh.service").stdout.strip() == "enabled"
+
+
 def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow) -> None:
+    """A GPU pod on containerd's default runtime, NVIDIA's nvidia-container-runtime in CDI mode (the stand-in
+    nvidia-container-cli of legacy mode is not involved): the plugin's Allocate answer names the GPUs, the runtime
+    injects their devices from nvidia-ctk's spec, and the container sees exactly those."""
     lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(flow.node).get(GPU) == "8")
-    # The runc RuntimeClass: see docs/lab.md. The nvidia runtime hands a GPU container to
-    # nvidia-container-cli, which cannot exist on a node without a GPU (the lab's is a stand-in that fails).
-    ensure_runc_runtime_class(lab)
     name = f"gpu-pair-{uuid.uuid4().hex[:8]}"
-    lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, "runc"))
+    lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, None))
     try:
         pod = running_pod(lab, name)
         # The kubelet called Allocate: its checkpoint names two devices for this pod...
@@ -250,76 +269,35 @@ def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow) -> None:
         assert len(devices) == 2, devices
         # ...which the plugin's preferred allocation took from one NVLink island.
         assert devices[1] in nvlink_peers(SPEC)[devices[0]], devices
-        # The container sees them as NVIDIA_VISIBLE_DEVICES (the envvar strategy)...
         container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
-        visible = container_environment(lab, flow.node, container_id)["NVIDIA_VISIBLE_DEVICES"]
-        assert sorted(visible.split(",")) == sorted(devices)
-        # ...and, the plugin passing device specs, their device nodes and no other GPU's.
+        # The device nodes of those GPUs and the control nodes, and no other GPU's.
         assert container_nvidia_devices(lab, flow.node, container_id) == gpu_device_nodes(SPEC, devices)
-    finally:
-        delete_pod(lab, name)
-
-
-def test_gpu_pod_on_the_default_runtime_fails_for_want_of_a_gpu(lab: Lab, flow: SiteFlow) -> None:
-    """Why the pod above asks for runc: with nvidia as containerd's default runtime, a container given GPUs
-    goes through nvidia-container-runtime's prestart hook to nvidia-container-cli, which needs a GPU and its
-    driver. The lab's cli is the local repository's stand-in; its refusal must be what stops the pod. (The
-    pod's sandbox, which asks for no GPU, runs under the nvidia runtime all the same.)"""
-    name = f"gpu-default-{uuid.uuid4().hex[:8]}"
-    lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, None))
-    try:
-
-        def start_error() -> str | None:
-            statuses = lab.core.read_namespaced_pod(name, "default").status.container_statuses or []
-            for status in statuses:
-                for state in (status.state, status.last_state):
-                    detail = state and (state.waiting or state.terminated)
-                    if detail and detail.message and "error running hook" in detail.message:
-                        return str(detail.message)
-            return None
-
-        message = lab.wait_until(f"pod {name} stopped by the nvidia runtime's hook", start_error, timeout=120)
-        assert "nvidia-container-cli: test double" in message
-        assert lab.core.read_namespaced_pod(name, "default").status.pod_ip
-    finally:
-        delete_pod(lab, name)
-
-
-def test_gpu_pod_runs_on_the_nvidia_runtime_in_cdi_mode(lab: Lab, flow: SiteFlow) -> None:
-    """The nvidia runtime class usable by a GPU pod on a node shaped like one with a driver: NVIDIA's own
-    nvidia-ctk writes the CDI spec from the node's NVML (the mock library, docs/mock-nvml.md), and
-    nvidia-container-runtime in its CDI mode (which needs no nvidia-container-cli) gives the container the
-    device nodes of exactly its GPUs and the driver's NVML library. The mode and the spec are set here by
-    hand, as an operator would, and removed afterwards: the roles leave the runtime in its default mode."""
-    config = "/etc/nvidia-container-runtime/config.toml"
-    generated = lab.node_exec(
-        flow.node, "nvidia-ctk", "cdi", "generate", "--output=/var/run/cdi/nvidia.yaml", check=False
-    )
-    assert generated.returncode == 0, generated.stderr[-3000:]
-    cdi = yaml.safe_load(lab.node_exec(flow.node, "cat", "/var/run/cdi/nvidia.yaml").stdout)
-    spec_gpus = yaml.safe_load(SPEC.read_text())["gpus"]
-    assert {gpu["uuid"] for gpu in spec_gpus} <= {device["name"] for device in cdi["devices"]}
-    lab.node_exec(flow.node, "cp", config, f"{config}.gpuops-test")
-    lab.node_exec(flow.node, "nvidia-ctk", "config", "--in-place", "--set", "nvidia-container-runtime.mode=cdi")
-    name = f"gpu-nvidia-{uuid.uuid4().hex[:8]}"
-    lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, "nvidia"))
-    try:
-        pod = running_pod(lab, name)
-        container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
-        devices = lab.checkpoint_devices(flow.node, pod.metadata.uid)
-        nodes = container_nvidia_devices(lab, flow.node, container_id)
-        wanted = gpu_device_nodes(SPEC, devices)
-        gpu_nodes = [n for n in nodes if re.match(r"nvidia[0-9]+ ", n)]
-        assert gpu_nodes == [n for n in wanted if re.match(r"nvidia[0-9]+ ", n)], nodes
-        assert {"nvidiactl c3:ff", "nvidia-uvm 1ff:0"} <= set(nodes), nodes
+        # The spec's common edits: the driver's NVML library, its soname link made by nvidia-cdi-hook, and
+        # NVIDIA_VISIBLE_DEVICES=void, which keeps a later hook from injecting again (the plugin had put the
+        # UUIDs there: the runtime read them as nvidia.com/gpu=<uuid>).
         pid = container_pid(lab, flow.node, container_id)
         version = yaml.safe_load(SPEC.read_text())["driver_version"]
-        library = f"/proc/{pid}/root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"
-        assert lab.node_exec(flow.node, "test", "-f", library, check=False).returncode == 0
+        lib = f"/proc/{pid}/root/usr/lib/x86_64-linux-gnu"
+        assert lab.node_exec(flow.node, "test", "-f", f"{lib}/libnvidia-ml.so.{version}", check=False).returncode == 0
+        link = lab.node_exec(flow.node, "readlink", f"{lib}/libnvidia-ml.so.1").stdout.strip()
+        assert link == f"libnvidia-ml.so.{version}"
+        assert container_environment(lab, flow.node, container_id)["NVIDIA_VISIBLE_DEVICES"] == "void"
     finally:
         delete_pod(lab, name)
-        lab.node_exec(flow.node, "mv", f"{config}.gpuops-test", config)
-        lab.node_exec(flow.node, "rm", "-f", "/var/run/cdi/nvidia.yaml")
+
+
+def test_the_plugins_cdi_names_resolve_in_nvidia_ctks_spec(lab: Lab, flow: SiteFlow) -> None:
+    """The device plugin writes no CDI spec of its own: with the cdi-annotations and cdi-cri strategies it names
+    each GPU nvidia.com/gpu=<UUID>, as the nvidia runtime in CDI mode names the UUIDs of NVIDIA_VISIBLE_DEVICES.
+    Each such name must be a device of nvidia-ctk's spec that brings exactly that GPU's device node
+    (docs/compared-cdi.md)."""
+    spec = yaml.safe_load(lab.node_exec(flow.node, "cat", CDI_SPEC).stdout)
+    assert spec["kind"] == "nvidia.com/gpu"
+    devices = {device["name"]: device["containerEdits"] for device in spec["devices"]}
+    gpus = yaml.safe_load(SPEC.read_text())["gpus"]
+    for index, gpu in enumerate(gpus):
+        nodes = [node["path"] for node in devices[gpu["uuid"]]["deviceNodes"]]
+        assert nodes == [f"/dev/nvidia{gpu.get('minor_number', index)}"], (gpu["uuid"], nodes)
 
 
 def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, flow: SiteFlow) -> None:

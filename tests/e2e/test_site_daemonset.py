@@ -20,7 +20,6 @@ from conftest import (
     PAUSE_IMAGE,
     Lab,
     container_nvidia_devices,
-    ensure_runc_runtime_class,
     gpu_device_nodes,
     nvlink_peers,
     run_lab,
@@ -126,7 +125,6 @@ def test_validate_is_green_on_the_node_and_red_while_its_pod_is_not_ready(lab: L
 
 def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> None:
     lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(ds.node).get(GPU) == "8")
-    ensure_runc_runtime_class(lab)
     name = f"gpu-pair-{uuid.uuid4().hex[:8]}"
     manifest = {
         "apiVersion": "v1",
@@ -134,7 +132,6 @@ def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> Non
         "metadata": {"name": name},
         "spec": {
             "nodeName": ds.node,
-            "runtimeClassName": "runc",
             "automountServiceAccountToken": False,
             "dnsPolicy": "Default",
             "terminationGracePeriodSeconds": 1,

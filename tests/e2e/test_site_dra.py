@@ -7,8 +7,7 @@ driver (its libnvidia-ml.so.1 and device nodes, docs/mock-nvml.md), the only sta
 them through the real NVML bindings and publishes them in a ResourceSlice, the scheduler allocates claims
 from it, the kubelet asks the daemon to prepare them over its DRA socket, and containerd injects the
 per-claim CDI spec into the container: NVIDIA_VISIBLE_DEVICES and the device nodes of exactly its GPUs.
-Pods ask for the runc RuntimeClass: the lab's nvidia-container-cli is a stand-in that refuses every GPU
-container (test_site.py says why).
+Pods run on containerd's default runtime, NVIDIA's nvidia-container-runtime in CDI mode.
 
 The module runs after test_site.py, which leaves the first node in device_plugin mode, and leaves it so.
 """
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cdi_compare
 import pytest
 import tomllib
 import yaml
@@ -86,16 +86,6 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> DraFlow:
 
 
 @pytest.fixture(scope="module")
-def runc_class(lab: Lab) -> str:
-    names = [rc.metadata.name for rc in client.NodeV1Api(lab.api).list_runtime_class().items]
-    if "runc" not in names:
-        client.NodeV1Api(lab.api).create_runtime_class(
-            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "runc"}, "handler": "runc"}
-        )
-    return "runc"
-
-
-@pytest.fixture(scope="module")
 def templates(lab: Lab, flow: DraFlow) -> Iterator[dict[str, str]]:
     """Two claim templates: 2 GPUs of at least 40Gi (every H100 of the node), and 2 of at least 200Gi (none)."""
     api = client.CustomObjectsApi(lab.api)
@@ -144,9 +134,13 @@ def allocated_devices(claim: dict[str, Any]) -> list[str]:
 
 
 def visible_devices(lab: Lab, node: str, pod: client.V1Pod) -> list[str]:
-    """NVIDIA_VISIBLE_DEVICES of the container's process, read from /proc in the node (set by the CDI spec)."""
+    """The UUIDs the claim's CDI spec gave the container's process: its GPUOPS_DEVICE_<NAME> variables, read from
+    /proc in the node. (The spec's NVIDIA_VISIBLE_DEVICES=<UUIDs> has become `void` by then: the nvidia runtime in
+    CDI mode applied nvidia-ctk's spec for those UUIDs, which sets it so; docs/compared-cdi.md.)"""
     container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
-    return sorted(container_environment(lab, node, container_id).get("NVIDIA_VISIBLE_DEVICES", "").split(","))
+    environment = container_environment(lab, node, container_id)
+    assert environment.get("NVIDIA_VISIBLE_DEVICES") == "void", environment.get("NVIDIA_VISIBLE_DEVICES")
+    return sorted(value for key, value in environment.items() if key.startswith("GPUOPS_DEVICE_"))
 
 
 def device_nodes(lab: Lab, node: str, pod: client.V1Pod) -> list[str]:
@@ -255,9 +249,7 @@ def test_second_run_in_dra_mode_changes_nothing(flow: DraFlow) -> None:
 
 
 # --- claims ----------------------------------------------------------------------------------------------
-def test_claim_with_a_cel_selector_gets_exactly_two_gpus(
-    lab: Lab, flow: DraFlow, templates: dict[str, str], runc_class: str
-) -> None:
+def test_claim_with_a_cel_selector_gets_exactly_two_gpus(lab: Lab, flow: DraFlow, templates: dict[str, str]) -> None:
     name = f"dra-pair-{uuid.uuid4().hex[:8]}"
     lab.core.create_namespaced_pod("default", pod_manifest(name, flow.node, claim_template=templates["fits"]))
     try:
@@ -276,6 +268,7 @@ def test_claim_with_a_cel_selector_gets_exactly_two_gpus(
         # ...and containerd injected it: the container sees exactly the claim's two GPUs, and their device nodes.
         assert visible_devices(lab, flow.node, pod) == uuids_of(lab, flow.node, devices)
         assert device_nodes(lab, flow.node, pod) == gpu_device_nodes(SPEC, uuids_of(lab, flow.node, devices))
+        compare_with_nvidia_ctks_spec(lab, flow.node, uid)
     finally:
         delete_pod(lab, name)
     # Deleting the pod unprepares the claim: its spec and checkpoint entry go.
@@ -285,9 +278,24 @@ def test_claim_with_a_cel_selector_gets_exactly_two_gpus(
     assert uid not in checkpoint_claims(lab, flow.node)
 
 
-def test_a_selector_no_gpu_meets_leaves_the_pod_pending(
-    lab: Lab, flow: DraFlow, templates: dict[str, str], runc_class: str
-) -> None:
+def compare_with_nvidia_ctks_spec(lab: Lab, node: str, claim_uid: str) -> None:
+    """The claim's spec against the one nvidia-ctk wrote for the same GPUs: every difference is one that
+    docs/compared-cdi.md names, with the same values, and it names no other (tests/e2e/cdi_compare.py)."""
+    ours = json.loads(lab.node_exec(node, "cat", f"{CDI_DIR}/gpuops.k8s-gpu_{claim_uid}.json").stdout)
+    nvidia = yaml.safe_load(lab.node_exec(node, "cat", f"{CDI_DIR}/nvidia.yaml").stdout)
+    claimed = json.loads(ours["annotations"]["gpuops.k8s/devices"])
+    ours_names = {d["uuid"]: f"{claim_uid}-{d['device']}" for d in claimed}
+    version = yaml.safe_load(SPEC.read_text())["driver_version"]
+    # Each GPU's device brings the same device node in both.
+    for gpu_uuid, name in ours_names.items():
+        assert cdi_compare.gpu_nodes(ours, name) == cdi_compare.gpu_nodes(nvidia, gpu_uuid), gpu_uuid
+    found = cdi_compare.differences(
+        cdi_compare.aspects(nvidia, {u: u for u in ours_names}, version), cdi_compare.aspects(ours, ours_names, version)
+    )
+    assert found == cdi_compare.documented(), found
+
+
+def test_a_selector_no_gpu_meets_leaves_the_pod_pending(lab: Lab, flow: DraFlow, templates: dict[str, str]) -> None:
     name = f"dra-none-{uuid.uuid4().hex[:8]}"
     lab.core.create_namespaced_pod("default", pod_manifest(name, flow.node, claim_template=templates["too-big"]))
     try:
@@ -302,7 +310,7 @@ def test_a_selector_no_gpu_meets_leaves_the_pod_pending(
         delete_pod(lab, name)
 
 
-def test_nvidia_gpu_pod_runs_through_the_extended_resource_mapping(lab: Lab, flow: DraFlow, runc_class: str) -> None:
+def test_nvidia_gpu_pod_runs_through_the_extended_resource_mapping(lab: Lab, flow: DraFlow) -> None:
     name = f"dra-ext-{uuid.uuid4().hex[:8]}"
     lab.core.create_namespaced_pod("default", pod_manifest(name, flow.node, gpus=1))
     try:
@@ -321,9 +329,7 @@ def test_nvidia_gpu_pod_runs_through_the_extended_resource_mapping(lab: Lab, flo
         delete_pod(lab, name)
 
 
-def test_validate_shows_the_dra_node_with_its_claim(
-    lab: Lab, flow: DraFlow, templates: dict[str, str], runc_class: str
-) -> None:
+def test_validate_shows_the_dra_node_with_its_claim(lab: Lab, flow: DraFlow, templates: dict[str, str]) -> None:
     name = f"dra-validate-{uuid.uuid4().hex[:8]}"
     lab.core.create_namespaced_pod("default", pod_manifest(name, flow.node, claim_template=templates["fits"]))
     try:
@@ -340,7 +346,7 @@ def test_validate_shows_the_dra_node_with_its_claim(
     assert re.search(row, done.output), done.output[-3000:]
 
 
-def test_restarts_lose_no_prepared_claim(lab: Lab, flow: DraFlow, templates: dict[str, str], runc_class: str) -> None:
+def test_restarts_lose_no_prepared_claim(lab: Lab, flow: DraFlow, templates: dict[str, str]) -> None:
     name = f"dra-restart-{uuid.uuid4().hex[:8]}"
     lab.core.create_namespaced_pod("default", pod_manifest(name, flow.node, claim_template=templates["fits"]))
     try:
@@ -361,7 +367,7 @@ def test_restarts_lose_no_prepared_claim(lab: Lab, flow: DraFlow, templates: dic
 
 
 def test_xid_on_an_allocated_gpu_shows_in_the_pod_and_the_slice(
-    lab: Lab, flow: DraFlow, templates: dict[str, str], runc_class: str
+    lab: Lab, flow: DraFlow, templates: dict[str, str]
 ) -> None:
     name = f"dra-xid-{uuid.uuid4().hex[:8]}"
     lab.core.create_namespaced_pod("default", pod_manifest(name, flow.node, claim_template=templates["fits"]))

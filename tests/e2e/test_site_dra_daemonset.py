@@ -21,7 +21,6 @@ from conftest import (
     Lab,
     container_environment,
     container_nvidia_devices,
-    ensure_runc_runtime_class,
     gpu_device_nodes,
     run_lab,
     running_pod,
@@ -77,7 +76,8 @@ def test_the_node_runs_the_dra_driver_from_its_daemonset(lab: Lab, dra_ds: tuple
     assert pod.spec.host_network is True and pod.spec.automount_service_account_token is False
     mount = next(m for m in container.volume_mounts if m.name == "driver-root")
     assert (mount.mount_path, mount.read_only) == ("/driver-root", True)
-    assert not [e for e in container.env or [] if e.name == "NVIDIA_VISIBLE_DEVICES"], "the lab's runtime injects none"
+    # The plugin's own pod asks the nvidia runtime for no GPU.
+    assert not [e for e in container.env or [] if e.name == "NVIDIA_VISIBLE_DEVICES"]
     devices = lab.wait_until(
         f"8 GPUs published for {ds.node}", lambda: (d := published(lab, ds.node)) and len(d) == 8 and d, timeout=120
     )
@@ -97,13 +97,16 @@ def test_a_claim_container_sees_the_device_nodes_of_its_gpu(
         *RESOURCE, "default", "resourceclaimtemplates", claim_template(template, 1, "40Gi")
     )
     name = f"dra-ds-{uuid.uuid4().hex[:8]}"
-    ensure_runc_runtime_class(lab)
     lab.core.create_namespaced_pod("default", pod_manifest(name, ds.node, claim_template=template))
     try:
         pod = running_pod(lab, name)
         container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
-        visible = container_environment(lab, ds.node, container_id)["NVIDIA_VISIBLE_DEVICES"].split(",")
+        # The claim's GPU, by the variable its CDI spec sets (NVIDIA_VISIBLE_DEVICES is `void` once the nvidia
+        # runtime in CDI mode has applied nvidia-ctk's spec for it: docs/compared-cdi.md).
+        environment = container_environment(lab, ds.node, container_id)
+        visible = [value for key, value in environment.items() if key.startswith("GPUOPS_DEVICE_")]
         assert len(visible) == 1, visible
+        assert environment["NVIDIA_VISIBLE_DEVICES"] == "void"
         # The CDI spec the pod's driver wrote names the node's device nodes (found under /driver-root/dev).
         assert container_nvidia_devices(lab, ds.node, container_id) == gpu_device_nodes(SPEC, visible)
     finally:

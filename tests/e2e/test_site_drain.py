@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, container_pid, ensure_runc_runtime_class, recovery_vars
+from conftest import PAUSE_IMAGE, Lab, container_pid, recovery_vars
 from kubernetes import client
 from playbook_run import PlaybookRun, lab_inventory, run_playbook
 
@@ -36,7 +36,7 @@ class Busy:
     work: Path
 
 
-def gpu_deployment(app: str, node: str, runtime_class: str) -> dict:
+def gpu_deployment(app: str, node: str) -> dict:
     labels = {"app": app}
     return {
         "apiVersion": "apps/v1",
@@ -51,7 +51,6 @@ def gpu_deployment(app: str, node: str, runtime_class: str) -> dict:
                     "automountServiceAccountToken": False,
                     "dnsPolicy": "Default",
                     "terminationGracePeriodSeconds": 1,
-                    "runtimeClassName": runtime_class,
                     "nodeSelector": {"kubernetes.io/hostname": node},
                     "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [
@@ -134,7 +133,7 @@ def busy(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Busy]:
     lab.wait_until(f"{GPU} on {node}", lambda: int(lab.allocatable(node).get(GPU, "0")) > 0, timeout=180)
     app = f"gpu-app-{uuid.uuid4().hex[:6]}"
     apps = client.AppsV1Api(lab.api)
-    apps.create_namespaced_deployment("default", gpu_deployment(app, node, ensure_runc_runtime_class(lab)))
+    apps.create_namespaced_deployment("default", gpu_deployment(app, node))
     try:
         lab.wait_until(f"{app} running on {node}", lambda: running_on(lab, app, node), timeout=180)
         yield Busy(node=node, app=app, inventory=inventory, work=work)

@@ -299,14 +299,14 @@ def test_each_argument_spec_type_has_its_question_type(tmp_path):
         "variable": "container_toolkit_version",
         "type": "text",
         "required": False,
-        "default": "1.17.8",
+        "default": "1.18.1",
         "choices": "",
         "min": None,
         "max": None,
     }
     assert (asked["container_toolkit_cdi_output"]["type"], asked["container_toolkit_cdi_output"]["default"]) == (
         "text",
-        "/etc/cdi/nvidia.yaml",
+        "/var/run/cdi/nvidia.yaml",
     )
     effect = asked["gpu_node_labels_taint_effect"]
     assert (effect["question_name"], effect["type"], effect["default"]) == (

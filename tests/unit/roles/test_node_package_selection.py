@@ -237,7 +237,7 @@ def test_toolkit_apt_repository_and_pinned_packages(platform):
     role = RoleVars("container_toolkit", platform)
     assert role.vars_file == "Debian.yml"
     assert role.get("__container_toolkit_pkg_mgr") == "apt"
-    assert role.get("__container_toolkit_packages") == [f"{p}=1.17.8-1" for p in TOOLKIT_PACKAGES]
+    assert role.get("__container_toolkit_packages") == [f"{p}=1.18.1-1" for p in TOOLKIT_PACKAGES]
     assert role.get("__container_toolkit_repo_uri") == "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
     assert role.get("container_toolkit_gpg_key_url") == "https://nvidia.github.io/libnvidia-container/gpgkey"
     assert role.get("__container_toolkit_keyring") == "/etc/apt/keyrings/nvidia-container-toolkit.asc"
