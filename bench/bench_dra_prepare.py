@@ -3,13 +3,14 @@
 (tests/fixtures/simulated/h100x8.yaml), for claims of 1 device and of 8 devices.
 
 Every peer a real call touches is real. etcd and a kube-apiserver (built by tests/e2e/build-kubernetes.sh,
-which waits for a build in progress) are started the way tests/integration/test_dra_api.py starts them,
-with its ControlPlane helper: the Node authorizer and NodeRestriction on. The daemon runs as its own
-process with the arguments the role's systemd unit gives it in dra mode (the node's own credentials, JSON
-logs; no config file, which would hold only defaults here, and no metrics port);
-it reads each ResourceClaim from the API server as system:node:<name>, writes the claim's CDI spec and
-the checkpoint, and answers over its DRA unix socket. The kubelet side is the plugin-watcher double of
-the daemon's tests (dra_kubelet_double), which registers the plugin and sends the calls as a kubelet does.
+which waits for a build in progress) are started by the lab package's ScratchControlPlane
+(tests/e2e/gpuops_lab/controlplane.py) with tests/integration/test_dra_api.py's settings: the Node authorizer
+and NodeRestriction on. The daemon runs as its own process with the arguments the role's systemd unit gives
+it in dra mode (the node's own credentials, JSON logs; no config file, which would hold only defaults here,
+and no metrics port); it reads each ResourceClaim from the API server as system:node:<name>, writes the
+claim's CDI spec and the checkpoint, and answers over its DRA unix socket. The kubelet side is the
+plugin-watcher double of the daemon's tests (dra_kubelet_double), which registers the plugin and sends the
+calls as a kubelet does.
 
 Each round: an allocated ResourceClaim is created through the API (its allocation written through the
 status subresource, as the scheduler does) with a pod bound to the node that uses it (so the Node
@@ -17,7 +18,7 @@ authorizer lets the node read it; claims and pods are created in a batch before 
 NodePrepareResources is timed, the spec and checkpoint are checked, and NodeUnprepareResources is timed.
 A few warm-up rounds are not counted. The figures are printed, never asserted; the target in the table is
 the issue's (p99 < 50 ms). `--rounds N` sets the rounds per claim size (default 200).
-Ports: etcd 38379/38380, kube-apiserver 38443."""
+Ports: free ones above every lab instance's (controlplane.free_port_offset)."""
 
 from __future__ import annotations
 
@@ -45,13 +46,7 @@ from dra_kubelet_double import PluginWatcherDouble  # noqa: E402
 from gpu_device_plugin.dra import cdi  # noqa: E402
 from gpu_device_plugin.dra.kubeapi import KubeApi  # noqa: E402
 from kubernetes import client  # noqa: E402
-from local_api import port_open, wait_for  # noqa: E402
-
-# This bench's own ports, so that it can run beside the integration test (ControlPlane reads the etcd
-# port from its module).
-ETCD_PORT = 38379
-API_PORT = 38443
-dra_api.ETCD_PORT = ETCD_PORT
+from local_api import ScratchControlPlane, wait_for  # noqa: E402
 
 NODE = dra_api.NODE
 DRIVER = dra_api.DRIVER
@@ -253,11 +248,6 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
-        if port_open(port):
-            sys.stderr.write(f"port {port} on 127.0.0.1 is taken; this bench needs it\n")
-            return 1
-
     begun = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="gdra-bench-"))
     work_fs = filesystem(work)
@@ -269,11 +259,14 @@ def main() -> int:
     kubelet = PluginWatcherDouble(str(work / "registry"))
     log = open(work / "daemon.log", "w")  # noqa: SIM115 - kept open for the daemon's lifetime
     try:
-        plane = dra_api.ControlPlane(work)
-        plane.etcd()
-        cluster = Cluster(plane.apiserver("apiserver", API_PORT))
+        bin_dir = subprocess.run(
+            [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
+        ).stdout.strip()
+        plane = ScratchControlPlane(work / "control-plane", Path(bin_dir))
+        plane.start(dra_api.API_SERVER)
+        cluster = Cluster(dra_api.admin_client(plane))
         cluster.prepare_namespace()
-        node_kubeconfig = plane.kubeconfig("apiserver", API_PORT, dra_api.NODE_TOKEN, "node.conf")
+        node_kubeconfig = str(plane.kubeconfig(work / "node.conf", token=dra_api.NODE_TOKEN))
         node_api = KubeApi(node_kubeconfig)
         daemon = start_daemon(work, node_kubeconfig, log)
         kubelet.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import os
+import re
 import subprocess
 import uuid
 from datetime import datetime, timezone
@@ -164,6 +165,37 @@ def test_kubelet_restart_comes_back_ready(lab: Lab) -> None:
 SECOND_INSTANCE = 3
 
 
+PLUGIN_SERVICE = "gpuops-device-plugin"
+# The DaemonSets that run the plugin in daemonset mode (device plugin, DRA driver), in the plugin's namespace.
+PLUGIN_DAEMONSETS = ("gpuops-device-plugin", "gpuops-dra-plugin")
+
+
+def plugin_process(lab: Lab, node: str) -> str:
+    """The device plugin's process on ``node``, named so that a restart changes the name. systemd mode: the
+    service's MainPID, after checking that this process is the unit's ExecStart (its command line ends with
+    ExecStart's argv: the console script runs under the venv's interpreter). daemonset mode: the plugin pod's
+    running container."""
+    pid = lab.node_exec(node, "systemctl", "show", "-p", "MainPID", "--value", PLUGIN_SERVICE).stdout.strip()
+    if pid not in ("", "0"):
+        exec_start = lab.node_exec(node, "systemctl", "show", "-p", "ExecStart", "--value", PLUGIN_SERVICE).stdout
+        found = re.search(r"argv\[\]=(.*?) ;", exec_start)
+        assert found, exec_start
+        argv = found.group(1).split()
+        cmdline = lab.node_exec(node, "sh", "-c", f"tr '\\0' '\\n' < /proc/{pid}/cmdline").stdout.splitlines()
+        assert cmdline[-len(argv) :] == argv, (cmdline, argv)
+        return f"pid {pid}"
+    for daemonset in PLUGIN_DAEMONSETS:
+        selector = f"app.kubernetes.io/name={daemonset}"
+        pods = lab.core.list_namespaced_pod(
+            "gpuops-system", label_selector=selector, field_selector=f"spec.nodeName={node}"
+        ).items
+        for pod in pods:
+            for status in pod.status.container_statuses or ():
+                if status.state.running is not None:
+                    return f"{pod.metadata.uid} {status.container_id}"
+    raise AssertionError(f"no device plugin runs on {node}: {PLUGIN_SERVICE} is inactive and no DaemonSet pod runs")
+
+
 def gpus_allocatable(lab: Lab, node: str) -> int:
     return int(lab.allocatable(node).get("nvidia.com/gpu", "0"))
 
@@ -187,6 +219,7 @@ def test_taking_another_instance_down_leaves_this_lab_alone(lab: Lab, tmp_path) 
     services: the node stays Ready with its GPUs, `podman exec` into it works and a new pod runs there."""
     node = node_with_gpus(lab, tmp_path)
     gpus = gpus_allocatable(lab, node)
+    plugin = plugin_process(lab, node)
     second = {**os.environ, "GPUOPS_LAB_INSTANCE": str(SECOND_INSTANCE), "GPUOPS_LAB_NODES": "1"}
     second.pop("GPUOPS_LAB_DIR", None)
     try:
@@ -205,9 +238,10 @@ def test_taking_another_instance_down_leaves_this_lab_alone(lab: Lab, tmp_path) 
         ]
         lab.wait_until(f"{name} Ready after the other lab went", lambda name=name: lab.node_ready(name, since=since))
     assert gpus_allocatable(lab, node) == gpus
-    # The kubelet keeps a vanished plugin's devices allocatable for a grace period: the plugin itself must
-    # still run (the service in systemd mode, the DaemonSet's pod in daemonset mode; both in the node).
-    assert lab.node_exec(node, "pgrep", "-f", "gpu[-_]device[-_]plugin", check=False).returncode == 0
+    # The kubelet keeps a vanished plugin's devices allocatable for a grace period: the plugin must be the
+    # very process that ran before (the service in systemd mode, the DaemonSet pod's container in daemonset
+    # mode; both in the node), not merely some process of that name.
+    assert plugin_process(lab, node) == plugin
     name = f"lab-after-{uuid.uuid4().hex[:8]}"
     manifest = pod_manifest(name, node)
     # Schedulable on that node as any pod is: the GPU node's taint tolerated.

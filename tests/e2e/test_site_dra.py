@@ -24,6 +24,7 @@ from typing import Any
 
 import cdi_compare
 import pytest
+import tomllib
 import yaml
 from conftest import (
     Lab,
@@ -168,6 +169,32 @@ def uuids_of(lab: Lab, node: str, devices: list[str]) -> list[str]:
     return sorted(by_name[d]["attributes"]["uuid"]["string"] for d in devices)
 
 
+def service_argv(lab: Lab, node: str) -> list[str]:
+    """The plugin service's ExecStart argv, as systemd holds it."""
+    exec_start = lab.node_exec(node, "systemctl", "show", "-p", "ExecStart", "--value", SERVICE).stdout
+    found = re.search(r"argv\[\]=(.*?) ;", exec_start)
+    assert found, exec_start
+    return found.group(1).split()
+
+
+def kubelet_registered(lab: Lab, node: str) -> set[str]:
+    """The drivers the kubelet told the running service's daemon it registered (NotifyRegistrationStatus with
+    plugin_registered, logged as "registered with the kubelet"), from the journal of the unit's current run."""
+    invocation = lab.node_exec(node, "systemctl", "show", "-p", "InvocationID", "--value", SERVICE).stdout.strip()
+    if not invocation:
+        return set()
+    journal = lab.node_exec(node, "journalctl", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}").stdout
+    drivers = set()
+    for line in journal.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("msg") == "registered with the kubelet":
+            drivers.add(entry.get("driver"))
+    return drivers
+
+
 # --- the switch to dra ---------------------------------------------------------------------------------
 def test_check_mode_switch_changes_nothing(flow: DraFlow) -> None:
     assert flow.check.returncode == 0, flow.check.summary()
@@ -185,19 +212,27 @@ def test_switch_to_dra(lab: Lab, flow: DraFlow) -> None:
     assert lab.allocatable(flow.node).get(GPU, "0") == "0"
     devices = lab.wait_until("8 devices published", lambda: (d := published(lab, flow.node)) and len(d) == 8 and d)
     assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
-    one = devices["gpu-0"]
-    assert one["attributes"]["productName"]["string"] == "NVIDIA H100 80GB HBM3"
-    assert one["attributes"]["health"]["string"] == "Healthy"
-    assert "memory" in one["capacity"]
-    # One allocator: the daemon serves the plugin watcher's socket, not the device-plugin one.
-    assert lab.node_exec(flow.node, "test", "-S", REGISTRATION_SOCKET, check=False).returncode == 0
+    # Every device is the spec's GPU of that UUID: its product, its memory as capacity, healthy.
+    spec = {gpu["uuid"]: gpu for gpu in yaml.safe_load(SPEC.read_text())["gpus"]}
+    for name, device in devices.items():
+        gpu = spec[device["attributes"]["uuid"]["string"]]
+        assert device["attributes"]["productName"]["string"] == gpu["name"], name
+        assert device["attributes"]["health"]["string"] == "Healthy", name
+        assert device["capacity"] == {"memory": {"value": f"{gpu['memory_mib']}Mi"}}, name
+    assert len({d["attributes"]["uuid"]["string"] for d in devices.values()}) == 8
+    # One allocator: the kubelet registered the daemon as this driver's DRA plugin (its answer to the
+    # plugin watcher reaches the daemon's registration socket, which logs it), and no device-plugin socket.
+    lab.wait_until(f"the kubelet registers {DRIVER}", lambda: DRIVER in kubelet_registered(lab, flow.node))
     sockets = lab.node_exec(flow.node, "ls", "/var/lib/kubelet/device-plugins").stdout.split()
     assert [s for s in sockets if s.endswith(".sock") and s != "kubelet.sock"] == []
-    unit = lab.node_exec(flow.node, "systemctl", "cat", SERVICE).stdout
-    assert "--allocation-mode dra" in unit and "--node-name" in unit
+    argv = service_argv(lab, flow.node)
+    assert argv[argv.index("--allocation-mode") + 1] == "dra"
+    assert argv[argv.index("--node-name") + 1] == flow.node
     # CDI is on in the node's containerd (1.7 needs enable_cdi), as containerd itself loads it.
-    dump = lab.node_exec(flow.node, "containerd", "config", "dump").stdout
-    assert "enable_cdi = true" in dump and CDI_DIR in dump
+    dump = tomllib.loads(lab.node_exec(flow.node, "containerd", "config", "dump").stdout)
+    cri = dump["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["enable_cdi"] is True
+    assert CDI_DIR in cri["cdi_spec_dirs"]
 
 
 def test_device_class_maps_the_extended_resource(lab: Lab, flow: DraFlow) -> None:

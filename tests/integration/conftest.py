@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from local_api import ApiServerSettings, ScratchControlPlane
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -155,3 +156,31 @@ def config_dump_with_warnings(binary, path):
     )
     assert proc.returncode == 0, f"containerd rejected {path}: {proc.stderr}"
     return tomllib.loads(proc.stdout), proc.stderr
+
+
+@pytest.fixture(scope="session")
+def kubernetes_bin():
+    """The directory of the Kubernetes binaries tests/e2e/build-kubernetes.sh builds (cached; waits for a
+    build in progress)."""
+    proc = subprocess.run(
+        [str(REPO / "tests/e2e/build-kubernetes.sh")], capture_output=True, text=True, timeout=3600, check=False
+    )
+    assert proc.returncode == 0, f"tests/e2e/build-kubernetes.sh failed:\n{proc.stderr[-3000:]}"
+    return Path(proc.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def control_plane(request, tmp_path_factory, kubernetes_bin):
+    """etcd and a kube-apiserver (real, started by the lab package as the lab starts them) for one test module,
+    on ports no lab instance and no other module uses.
+
+    What differs between modules is read from the module: ``API_SERVER`` (an ApiServerSettings: authorization
+    modes, admission plugins, feature gates, token users, extra flags; the lab's own by default) and
+    ``CONTROLLER_MANAGER`` (whether a kube-controller-manager runs; False by default)."""
+    settings = getattr(request.module, "API_SERVER", ApiServerSettings())
+    plane = ScratchControlPlane(tmp_path_factory.mktemp("control-plane"), kubernetes_bin)
+    try:
+        plane.start(settings, controller_manager=getattr(request.module, "CONTROLLER_MANAGER", False))
+        yield plane
+    finally:
+        plane.stop()

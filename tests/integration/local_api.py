@@ -1,12 +1,19 @@
-"""What the tests that start their own etcd and kube-apiserver on 127.0.0.1 share (test_labels_api.py,
-test_dra_api.py, test_dra_daemonset_rbac.py, and bench/bench_dra_prepare.py through test_dra_api.py):
-waiting for a condition, and whether a port is taken."""
+"""The lab package's control plane (tests/e2e/gpuops_lab/controlplane.py) for the integration tier and bench/:
+the one place that knows how etcd and a kube-apiserver are started, with which certificates, flags and ports,
+how to wait for them and how to stop them. The ``control_plane`` fixture (conftest.py) is how tests use it."""
 
 from __future__ import annotations
 
-import socket
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+from gpuops_lab.controlplane import ApiServerSettings, ScratchControlPlane, port_open
+
+__all__ = ["ApiServerSettings", "ScratchControlPlane", "port_open", "wait_for"]
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120.0, interval: float = 0.3) -> None:
@@ -17,10 +24,3 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120.0, in
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def port_open(port: int) -> bool:
-    """Whether something listens on 127.0.0.1:``port``."""
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0

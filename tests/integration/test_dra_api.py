@@ -7,22 +7,20 @@ talks to it with a node's identity (system:node:<name> in system:nodes, from a t
 writes), as it does under systemd with the kubelet's credentials. No scheduler, controller-manager or
 kubelet runs: the test writes a claim's allocation through the status subresource as the scheduler
 would, and there is no garbage collector, so the Node owner reference is checked, not acted on.
-Ports (etcd 37379/37380, kube-apiserver 37443 and 37444) and directories are this test's own.
+The control plane is the `control_plane` fixture's (conftest.py), the v1beta1 server a second API server on it.
 """
 
 from __future__ import annotations
 
 import socket
-import ssl
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client, config
-from local_api import port_open, wait_for
+from local_api import ApiServerSettings, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "files/device_plugin/src"))
@@ -32,9 +30,6 @@ from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME, dra_devices  # no
 from gpu_device_plugin.dra.kubeapi import KubeApi, KubeApiError  # noqa: E402
 from gpu_device_plugin.dra.slices import ResourceSlices  # noqa: E402
 
-ETCD_PORT = 37379
-API_PORT = 37443
-BETA_API_PORT = 37444
 NODE = "dra-api-node-a"
 OTHER = "dra-api-node-b"
 ADMIN_TOKEN = "gpuops-dra-api-test-admin"
@@ -64,143 +59,45 @@ def _kubeconfig(path, port, token, ca=None):
     return str(path)
 
 
-class ControlPlane:
-    """etcd and kube-apiservers this test starts and stops."""
+# The control_plane fixture's API server (conftest.py): the Node and RBAC authorizers with NodeRestriction (the
+# lab's), an administrator and node NODE with bearer tokens.
+API_SERVER = ApiServerSettings(
+    tokens=(
+        (ADMIN_TOKEN, "gpuops-admin", "system:masters"),
+        (NODE_TOKEN, f"system:node:{NODE}", "system:nodes"),
+    )
+)
+# A second API server on the same etcd, as on Kubernetes 1.34 and 1.35: resource.k8s.io/v1 off, v1beta1 on,
+# device taints off. The 1.37 Node authorizer watches v1 ResourceSlices, so it runs RBAC alone.
+BETA_API_SERVER = ApiServerSettings(
+    authorization_modes=("RBAC",),
+    admission_plugins=(),
+    feature_gates={"DRADeviceTaints": False, "DRADeviceTaintRules": False},
+    extra_flags=("--runtime-config=resource.k8s.io/v1=false,resource.k8s.io/v1beta1=true",),
+    tokens=API_SERVER.tokens,
+)
 
-    def __init__(self, work):
-        self.work = work
-        self.procs = []
-        self.logs = []
-        self.bindir = subprocess.run(
-            [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
-        ).stdout.strip()
-        subprocess.run(
-            [
-                "openssl",
-                "genpkey",
-                "-algorithm",
-                "EC",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-out",
-                str(work / "sa.key"),
-            ],
-            check=True,
-        )
-        subprocess.run(
-            ["openssl", "pkey", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub")], check=True
-        )
-        (work / "tokens.csv").write_text(
-            f'{ADMIN_TOKEN},gpuops-admin,1000,"system:masters"\n{NODE_TOKEN},system:node:{NODE},1001,"system:nodes"\n'
-        )
 
-    def start(self, name, argv):
-        log = open(self.work / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's lifetime
-        self.logs.append(log)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def etcd(self):
-        self.start(
-            "etcd",
-            [
-                "etcd",
-                "--data-dir",
-                str(self.work / "etcd"),
-                "--listen-client-urls",
-                f"http://127.0.0.1:{ETCD_PORT}",
-                "--advertise-client-urls",
-                f"http://127.0.0.1:{ETCD_PORT}",
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{ETCD_PORT + 1}",
-            ],
-        )
-        wait_for("etcd", lambda: port_open(ETCD_PORT), 60)
-
-    def apiserver(self, name, port, *extra, node_authorizer=True):
-        proc = self.start(
-            name,
-            [
-                f"{self.bindir}/kube-apiserver",
-                f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
-                f"--etcd-prefix=/{name}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # Since 1.37 the kubernetes Service's endpoint may not be a loopback address; no pod
-                # needs that Service here.
-                "--endpoint-reconciler-type=none",
-                f"--secure-port={port}",
-                f"--cert-dir={self.work / name}",
-                f"--token-auth-file={self.work / 'tokens.csv'}",
-                *(
-                    ["--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction"]
-                    if node_authorizer
-                    else ["--authorization-mode=RBAC"]
-                ),
-                f"--service-account-key-file={self.work / 'sa.pub'}",
-                f"--service-account-signing-key-file={self.work / 'sa.key'}",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                "--service-cluster-ip-range=10.238.0.0/24",
-                *extra,
-            ],
-        )
-
-        def ready():
-            # /readyz: serving, and the bootstrap RBAC (discovery for every user) in place.
-            assert proc.poll() is None, (self.work / f"{name}.log").read_text()[-3000:]
-            request = urllib.request.Request(
-                f"https://127.0.0.1:{port}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-            )
-            try:
-                with urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=5) as answer:
-                    return answer.status == 200
-            except OSError:
-                return False
-
-        wait_for(f"{name} on port {port}", ready, 180)
-        admin = config.new_client_from_config(self.kubeconfig(name, port, ADMIN_TOKEN, f"{name}-admin.conf"))
-        core = client.CoreV1Api(admin)
-        for node in (NODE, OTHER):
-            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-        return admin
-
-    def kubeconfig(self, name, port, token, filename):
-        return _kubeconfig(self.work / filename, port, token, self.work / name / "apiserver.crt")
-
-    def stop(self):
-        for proc in reversed(self.procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in self.logs:
-            log.close()
+def admin_client(plane, filename="apiserver-admin.conf", server=None):
+    """An administrator's client of ``server`` (the plane's first API server by default), its kubeconfig at
+    ``filename`` in the plane's directory, after creating the Node objects NODE and OTHER there."""
+    kubeconfig = plane.kubeconfig(plane.work / filename, token=ADMIN_TOKEN, server=server)
+    admin = config.new_client_from_config(str(kubeconfig))
+    core = client.CoreV1Api(admin)
+    for node in (NODE, OTHER):
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    return admin
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory):
-    work = tmp_path_factory.mktemp("dra-api")
-    for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT, BETA_API_PORT):
-        assert not port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
-    plane = ControlPlane(work)
-    try:
-        plane.etcd()
-        yield plane
-    finally:
-        plane.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster(plane):
-    admin = plane.apiserver("apiserver", API_PORT)
+def cluster(control_plane):
+    admin = admin_client(control_plane)
     return {
         "admin": admin,
         "custom": client.CustomObjectsApi(admin),
         "core": client.CoreV1Api(admin),
-        "admin_kubeconfig": str(plane.work / "apiserver-admin.conf"),
-        "node_kubeconfig": plane.kubeconfig("apiserver", API_PORT, NODE_TOKEN, "node-a.conf"),
+        "admin_kubeconfig": str(control_plane.work / "apiserver-admin.conf"),
+        "node_kubeconfig": str(control_plane.kubeconfig(control_plane.work / "node-a.conf", token=NODE_TOKEN)),
     }
 
 
@@ -544,21 +441,16 @@ def test_a_node_manages_its_own_slices_and_no_other_nodes(cluster, publisher):
     admin_slices.delete_all()
 
 
-def test_a_server_serving_only_v1beta1_without_device_taints_gets_the_same_pool(plane, cluster):
+def test_a_server_serving_only_v1beta1_without_device_taints_gets_the_same_pool(control_plane, cluster):
     """The same publisher and claim reader against a server where resource.k8s.io/v1 is switched off
     and v1beta1 (the shape with `basic` and requests without `exactly`) is on, and device taints are
     off, as on Kubernetes 1.34 and 1.35: the unhealthy GPU is left out of the pool instead. (The
     1.37 Node authorizer watches v1 ResourceSlices, so this server runs RBAC alone and the client is
     an administrator.)"""
-    admin = plane.apiserver(
-        "beta-apiserver",
-        BETA_API_PORT,
-        "--runtime-config=resource.k8s.io/v1=false,resource.k8s.io/v1beta1=true",
-        "--feature-gates=DRADeviceTaints=false,DRADeviceTaintRules=false",
-        node_authorizer=False,
-    )
+    server = control_plane.second_apiserver("beta-apiserver", BETA_API_SERVER)
+    admin = admin_client(control_plane, "beta-apiserver-admin.conf", server)
     custom = client.CustomObjectsApi(admin)
-    node_api = KubeApi(str(plane.work / "beta-apiserver-admin.conf"))
+    node_api = KubeApi(str(control_plane.work / "beta-apiserver-admin.conf"))
     assert node_api.probe() == "v1beta1"
     inventory = _inventory("h100x8.yaml")
     slices = ResourceSlices(node_api, NODE, DRIVER)
@@ -588,7 +480,7 @@ def test_a_server_serving_only_v1beta1_without_device_taints_gets_the_same_pool(
         "resourceclaims",
         {"metadata": {"name": "beta"}, "spec": {"devices": {"requests": [{"name": "r", "deviceClassName": "c"}]}}},
     )
-    claim = KubeApi(str(plane.work / "beta-apiserver-admin.conf")).get_resource_claim("default", "beta")
+    claim = KubeApi(str(control_plane.work / "beta-apiserver-admin.conf")).get_resource_claim("default", "beta")
     assert claim["apiVersion"] == f"{GROUP}/v1"
     assert claim["spec"]["devices"]["requests"] == [
         {"name": "r", "exactly": {"deviceClassName": "c", "allocationMode": "ExactCount", "count": 1}}

@@ -16,7 +16,7 @@ authenticates them. No kubelet, scheduler or controller-manager runs.
 - The role's tasks (daemonset.yml, daemonset_leave.yml), on a batch of two nodes, one per allocation
   mode: check mode, both DaemonSets, the labels, the markers, idempotence, the wait for the node's DRA
   pod, and the nodes leaving each DaemonSet.
-Ports (etcd 37579/37580, kube-apiserver 37643) and directories are this test's own.
+The control plane is the `control_plane` fixture's (conftest.py).
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import ssl
 import subprocess
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -36,7 +34,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.config import incluster_config
 from kubernetes.dynamic import DynamicClient
-from local_api import port_open, wait_for
+from local_api import ApiServerSettings, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "files/device_plugin/src"))
@@ -46,8 +44,6 @@ from gpu_device_plugin.dra.devices import dra_devices  # noqa: E402
 from gpu_device_plugin.dra.kubeapi import KubeApi  # noqa: E402
 from gpu_device_plugin.dra.slices import ResourceSlices  # noqa: E402
 
-ETCD_PORT = 37579
-API_PORT = 37643
 ADMIN_TOKEN = "gpuops-dra-daemonset-test-admin"
 NAMESPACE = "gpuops-system"
 ACCOUNT = "gpuops-dra-plugin"
@@ -65,121 +61,34 @@ POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 OTHER_NODE = DP_NODE  # a second Node, whose slices the DRA node's pod must not write
 
 
+# The control_plane fixture's API server (conftest.py): the Node and RBAC authorizers with NodeRestriction (the
+# lab's), and an administrator with a bearer token.
+API_SERVER = ApiServerSettings(tokens=((ADMIN_TOKEN, "gpuops-admin", "system:masters"),))
+
+
 @pytest.fixture(scope="module")
-def apiserver(tmp_path_factory):
-    work = tmp_path_factory.mktemp("dra-daemonset")
-    for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
-        assert not port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
-    bindir = subprocess.run(
-        [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
-    ).stdout.strip()
-    subprocess.run(
-        ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(work / "sa.key")],
-        check=True,
-    )
-    subprocess.run(
-        ["openssl", "pkey", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub")], check=True
-    )
-    (work / "tokens.csv").write_text(f'{ADMIN_TOKEN},gpuops-admin,1000,"system:masters"\n')
-    procs, logs = [], []
-
-    def start(name, argv):
-        log = open(work / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's lifetime
-        logs.append(log)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        procs.append(proc)
-        return proc
-
-    try:
-        start(
-            "etcd",
-            [
-                "etcd",
-                "--data-dir",
-                str(work / "etcd"),
-                "--listen-client-urls",
-                f"http://127.0.0.1:{ETCD_PORT}",
-                "--advertise-client-urls",
-                f"http://127.0.0.1:{ETCD_PORT}",
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{ETCD_PORT + 1}",
-            ],
+def apiserver(control_plane):
+    work = control_plane.work
+    kubeconfig = control_plane.kubeconfig(work / "admin.conf", token=ADMIN_TOKEN)
+    admin = config.new_client_from_config(str(kubeconfig))
+    core = client.CoreV1Api(admin)
+    for node in (NODE, DP_NODE):
+        core.create_node(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": node, "labels": {"nvidia.com/gpu.present": "true"}},
+            }
         )
-        wait_for("etcd", lambda: port_open(ETCD_PORT), 60)
-        proc = start(
-            "kube-apiserver",
-            [
-                f"{bindir}/kube-apiserver",
-                f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # Since 1.37 the kubernetes Service's endpoint may not be a loopback address; the
-                # in-cluster client here is pointed at the server directly.
-                "--endpoint-reconciler-type=none",
-                f"--secure-port={API_PORT}",
-                f"--cert-dir={work / 'certs'}",
-                f"--token-auth-file={work / 'tokens.csv'}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                f"--service-account-key-file={work / 'sa.pub'}",
-                f"--service-account-signing-key-file={work / 'sa.key'}",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                "--service-cluster-ip-range=10.237.0.0/24",
-            ],
-        )
-
-        def ready():
-            # /readyz: serving, and the bootstrap RBAC and priority classes in place.
-            assert proc.poll() is None, (work / "kube-apiserver.log").read_text()[-3000:]
-            request = urllib.request.Request(
-                f"https://127.0.0.1:{API_PORT}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-            )
-            try:
-                with urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=5) as answer:
-                    return answer.status == 200
-            except OSError:
-                return False
-
-        wait_for("kube-apiserver", ready, 180)
-        ca = work / "certs" / "apiserver.crt"
-        kubeconfig = work / "admin.conf"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "t",
-                            "cluster": {"server": f"https://127.0.0.1:{API_PORT}", "certificate-authority": str(ca)},
-                        }
-                    ],
-                    "users": [{"name": "t", "user": {"token": ADMIN_TOKEN}}],
-                    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-                    "current-context": "t",
-                }
-            )
-        )
-        admin = config.new_client_from_config(str(kubeconfig))
-        core = client.CoreV1Api(admin)
-        for node in (NODE, DP_NODE):
-            core.create_node(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": node, "labels": {"nvidia.com/gpu.present": "true"}},
-                }
-            )
-        yield {"work": work, "ca": ca, "kubeconfig": str(kubeconfig), "admin": admin, "core": core}
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in logs:
-            log.close()
+    return {
+        "work": work,
+        "ca": control_plane.ca,
+        "server": control_plane.server,
+        "port": control_plane.cfg.api_port,
+        "kubeconfig": str(kubeconfig),
+        "admin": admin,
+        "core": core,
+    }
 
 
 def _ansible_env(**more):
@@ -580,7 +489,7 @@ def _pod_token(apiserver, node):
 
 def _token_client(apiserver, token):
     settings = client.Configuration()
-    settings.host = f"https://127.0.0.1:{API_PORT}"
+    settings.host = apiserver["server"]
     settings.ssl_ca_cert = str(apiserver["ca"])
     settings.api_key = {"authorization": f"Bearer {token}"}
     return client.ApiClient(settings)
@@ -669,7 +578,7 @@ def in_cluster(apiserver, applied, tmp_path, monkeypatch):
     monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(apiserver["ca"]))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(API_PORT))
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(apiserver["port"]))
     return token
 
 

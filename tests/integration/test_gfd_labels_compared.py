@@ -31,13 +31,10 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client, config
-from local_api import port_open, wait_for
+from local_api import ApiServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "tests/fixtures/simulated"
-# This test's own ports (test_labels_api.py and the DRA tests use others).
-ETCD_PORT = 37779
-API_PORT = 37843
 TOKEN = "gpuops-gfd-compared-admin-token"
 GFD_VERSION = "v0.19.0"
 
@@ -237,82 +234,22 @@ def gfd_labels(binaries, nodes):
     return found
 
 
+# The control_plane fixture's API server (conftest.py): RBAC alone, the default admission plugins, and an
+# administrator with a bearer token.
+API_SERVER = ApiServerSettings(
+    authorization_modes=("RBAC",), admission_plugins=(), tokens=((TOKEN, "gpuops-admin", "system:masters"),)
+)
+
+
 @pytest.fixture(scope="module")
-def apiserver(tmp_path_factory):
-    """etcd and kube-apiserver on 127.0.0.1, with one Node object per shape (no kubelet)."""
-    work = tmp_path_factory.mktemp("apiserver")
-    bindir = _run([str(ROOT / "tests/e2e/build-kubernetes.sh")], timeout=3600).strip()
-    for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
-        assert not port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
-    _run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(work / "sa")])
-    _run(["openssl", "pkey", "-in", str(work / "sa"), "-pubout", "-out", str(work / "sa.pub")])
-    (work / "tokens.csv").write_text(f"{TOKEN},gpuops-admin,1000,system:masters\n")
-    etcd = [
-        "etcd",
-        f"--data-dir={work / 'etcd'}",
-        f"--listen-client-urls=http://127.0.0.1:{ETCD_PORT}",
-        f"--advertise-client-urls=http://127.0.0.1:{ETCD_PORT}",
-        f"--listen-peer-urls=http://127.0.0.1:{ETCD_PORT + 1}",
-    ]
-    apiserver = [
-        f"{bindir}/kube-apiserver",
-        f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
-        "--endpoint-reconciler-type=none",
-        f"--secure-port={API_PORT}",
-        f"--cert-dir={work / 'certs'}",
-        f"--token-auth-file={work / 'tokens.csv'}",
-        "--authorization-mode=RBAC",
-        f"--service-account-key-file={work / 'sa.pub'}",
-        f"--service-account-signing-key-file={work / 'sa'}",
-        "--service-account-issuer=https://kubernetes.default.svc",
-        "--service-cluster-ip-range=10.239.1.0/24",
-    ]
-    kubeconfig = work / "kubeconfig"
-    server = {"server": f"https://127.0.0.1:{API_PORT}", "insecure-skip-tls-verify": True}
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "t", "cluster": server}],
-                "users": [{"name": "t", "user": {"token": TOKEN}}],
-                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-                "current-context": "t",
-            }
-        )
-    )
-    procs, logs = [], []
-    try:
-        for name, argv in (("etcd", etcd), ("kube-apiserver", apiserver)):
-            log = open(work / f"{name}.log", "w")  # noqa: SIM115 - open for the process's lifetime
-            logs.append(log)
-            procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
-            if name == "etcd":
-                wait_for("etcd", lambda: port_open(ETCD_PORT), 60)
-        core = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
-
-        def ready():
-            try:
-                core.list_namespace(limit=1)
-                return True
-            except Exception:
-                return False
-
-        wait_for("kube-apiserver", ready, 180)
-        for name in SHAPES:
-            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-        yield {"kubeconfig": str(kubeconfig), "core": core, "work": work}
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in logs:
-            log.close()
+def apiserver(control_plane):
+    """The control plane's API server, with one Node object per shape (no kubelet)."""
+    work = control_plane.work
+    kubeconfig = control_plane.kubeconfig(work / "kubeconfig", token=TOKEN)
+    core = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
+    for name in SHAPES:
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    return {"kubeconfig": str(kubeconfig), "core": core, "work": work}
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 The peer is real: etcd from Debian and kube-apiserver built from the Kubernetes Go modules by
 tests/e2e/build-kubernetes.sh (cached under $GPUOPS_CACHE). No kubelet runs: the test creates the
 Node object itself, as a kubelet would when it registers, and the roles then talk to the API server
-exactly as they would in a cluster. Ports and directories are this test's own.
+exactly as they would in a cluster. The control plane is the `control_plane` fixture's (conftest.py).
 """
 
 from __future__ import annotations
@@ -18,119 +18,36 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client, config
-from local_api import port_open, wait_for
+from local_api import ApiServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-ETCD_PORT = 36379
-API_PORT = 36443
-SERVER = f"https://127.0.0.1:{API_PORT}"
 NODE = "gpu-labels-test-1"
 TOKEN = "gpuops-labels-test-admin-token"
 SPEC = ROOT / "tests/fixtures/simulated/h100x8.yaml"
 
 
+# The control_plane fixture's API server (conftest.py): RBAC alone, the default admission plugins, and an
+# administrator with a bearer token.
+API_SERVER = ApiServerSettings(
+    authorization_modes=("RBAC",), admission_plugins=(), tokens=((TOKEN, "gpuops-admin", "system:masters"),)
+)
+
+
 @pytest.fixture(scope="module")
-def apiserver(tmp_path_factory):
-    work = tmp_path_factory.mktemp("apiserver")
-    bindir = subprocess.run(
-        [str(ROOT / "tests/e2e/build-kubernetes.sh")], check=True, capture_output=True, text=True, timeout=3600
-    ).stdout.strip()
-    for port in (ETCD_PORT, ETCD_PORT + 1, API_PORT):
-        assert not port_open(port), f"port {port} on 127.0.0.1 is taken; this test needs it"
-    subprocess.run(
-        ["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(work / "sa.key")],
-        check=True,
-    )
-    subprocess.run(
-        ["openssl", "pkey", "-in", str(work / "sa.key"), "-pubout", "-out", str(work / "sa.pub")], check=True
-    )
-    (work / "tokens.csv").write_text(f"{TOKEN},gpuops-admin,1000,system:masters\n")
-    logs = []
-    procs = []
-
-    def start(name, argv):
-        log = open(work / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's lifetime
-        logs.append(log)
-        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
-
-    start(
-        "etcd",
-        [
-            "etcd",
-            "--data-dir",
-            str(work / "etcd"),
-            "--listen-client-urls",
-            f"http://127.0.0.1:{ETCD_PORT}",
-            "--advertise-client-urls",
-            f"http://127.0.0.1:{ETCD_PORT}",
-            "--listen-peer-urls",
-            f"http://127.0.0.1:{ETCD_PORT + 1}",
-        ],
-    )
-    wait_for("etcd", lambda: port_open(ETCD_PORT), 60)
-    start(
-        "kube-apiserver",
-        [
-            f"{bindir}/kube-apiserver",
-            f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            # The 1.37 API server refuses to start when its endpoint reconciler would publish a
-            # loopback address as the kubernetes Service endpoint; this test needs no such endpoint.
-            "--endpoint-reconciler-type=none",
-            f"--secure-port={API_PORT}",
-            f"--cert-dir={work / 'certs'}",
-            f"--token-auth-file={work / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
-            f"--service-account-key-file={work / 'sa.pub'}",
-            f"--service-account-signing-key-file={work / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            "--service-cluster-ip-range=10.239.0.0/24",
-        ],
-    )
-    kubeconfig = work / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "t", "cluster": {"server": SERVER, "insecure-skip-tls-verify": True}}],
-                "users": [{"name": "t", "user": {"token": TOKEN}}],
-                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-                "current-context": "t",
-            }
-        )
-    )
+def apiserver(control_plane):
+    work = control_plane.work
+    kubeconfig = control_plane.kubeconfig(work / "kubeconfig", token=TOKEN)
     api = config.new_client_from_config(str(kubeconfig))
     core = client.CoreV1Api(api)
-
-    def ready():
-        try:
-            core.list_namespace(limit=1)
-            return True
-        except Exception:
-            return False
-
-    try:
-        wait_for("kube-apiserver", ready, 180)
-        core.create_node(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "team": "ml"}},
-                "spec": {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
-            }
-        )
-        yield {"kubeconfig": str(kubeconfig), "api": api, "core": core, "work": work}
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in logs:
-            log.close()
+    core.create_node(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "team": "ml"}},
+            "spec": {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
+        }
+    )
+    return {"kubeconfig": str(kubeconfig), "api": api, "core": core, "work": work}
 
 
 def _ansible_env():
@@ -285,11 +202,19 @@ def test_daemonset_and_runtimeclass(apiserver):
     assert container.security_context.allow_privilege_escalation is False
     assert container.security_context.read_only_root_filesystem is True
     assert container.security_context.capabilities.drop == ["ALL"]
-    assert "/var/lib/kubelet/device-plugins" in [v.host_path.path for v in pod.volumes if v.host_path]
-    assert "--config-file" in container.args
+    # The kubelet's device-plugin directory is mounted at the same path, and --config-file names the
+    # ConfigMap's config.yaml where its volume is mounted.
+    volumes = {v.name: v for v in pod.volumes}
+    mounts = {m.name: m.mount_path for m in container.volume_mounts}
+    assert volumes["device-plugins"].host_path.path == mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
+    assert volumes["config"].config_map.name == "gpuops-device-plugin-config"
+    assert container.args[container.args.index("--config-file") + 1] == f"{mounts['config']}/config.yaml"
     cm = apiserver["core"].read_namespaced_config_map("gpuops-device-plugin-config", "gpuops-system")
     assert yaml.safe_load(cm.data["config.yaml"]) == {"version": "v1", "flags": {"migStrategy": "none"}}
-    assert apiserver["core"].read_namespaced_service_account("gpuops-device-plugin", "gpuops-system")
+    # The pods run as the role's ServiceAccount, which exists in the namespace.
+    assert pod.service_account_name == "gpuops-device-plugin"
+    account = apiserver["core"].read_namespaced_service_account("gpuops-device-plugin", "gpuops-system")
+    assert account.metadata.name == pod.service_account_name
 
     changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver))
     assert changed == 0

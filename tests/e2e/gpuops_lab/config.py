@@ -42,6 +42,9 @@ class LabConfig:
     mirror: str
     ready_timeout: int
     python: str
+    # A control plane of its own (controlplane.scratch_config, for the integration tier) moves every port by
+    # this much instead of by the instance's 1000 * I.
+    port_offset_override: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LabConfig:
@@ -65,6 +68,22 @@ class LabConfig:
             mirror=env.get("GPUOPS_DEBIAN_MIRROR", ""),
             ready_timeout=int(timeout),
             python=env.get("GPUOPS_PYTHON") or "python3",
+        )
+
+    @classmethod
+    def scratch(cls, directory: Path, port_offset: int) -> LabConfig:
+        """A control plane of its own in ``directory`` (no nodes), its ports moved by ``port_offset``: what the
+        integration tier's API server tests start (controlplane.free_port_offset picks a free offset)."""
+        return cls(
+            instance=0,
+            cache=directory,
+            lab=directory,
+            nodes_default="0",
+            connection="ssh",
+            mirror="",
+            ready_timeout=240,
+            python="python3",
+            port_offset_override=port_offset,
         )
 
     # --- names -------------------------------------------------------------------------------
@@ -99,6 +118,8 @@ class LabConfig:
     # --- ports and subnets ---------------------------------------------------------------------
     @property
     def port_offset(self) -> int:
+        if self.port_offset_override is not None:
+            return self.port_offset_override
         return self.instance * 1000
 
     @property

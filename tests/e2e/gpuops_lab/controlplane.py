@@ -9,12 +9,18 @@ never signalled.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import LabError
 from .config import LabConfig
+from .pki import kubeconfig_text, make_pki, write_kubeconfigs
 from .util import log, succeeds, wait_for
 
 # Only the controllers the lab uses: DaemonSets (the device plugin's daemonset mode), Deployments and
@@ -122,11 +128,33 @@ def kubectl(cfg: LabConfig, bin_dir: Path, *args: str) -> list[str | Path]:
     return [bin_dir / "kubectl", "--kubeconfig", cfg.admin_kubeconfig, *args]
 
 
-def start_control_plane(cfg: LabConfig, bin_dir: Path) -> None:
-    """Start (or keep) etcd, the API server, the controller manager and the scheduler; wait for each."""
-    pki, logs = cfg.pki, cfg.logs
+@dataclass(frozen=True)
+class ApiServerSettings:
+    """What differs between the API servers the lab and the tests start; everything else is the same flags.
+
+    ``tokens``: (token, user, groups) rows for a static token file, for tests that act as a node or an admin
+    without a certificate of their own; none by default (the lab's users have certificates).
+    """
+
+    authorization_modes: tuple[str, ...] = ("Node", "RBAC")
+    admission_plugins: tuple[str, ...] = ("NodeRestriction",)
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    extra_flags: tuple[str, ...] = ()
+    tokens: tuple[tuple[str, str, str], ...] = ()
+
+
+# The lab's own API server: the Node authorizer and NodeRestriction, as a kubeadm cluster runs them.
+LAB_API_SERVER = ApiServerSettings()
+
+
+def etcd_url(cfg: LabConfig) -> str:
+    return f"http://127.0.0.1:{cfg.etcd_port}"
+
+
+def start_etcd(cfg: LabConfig) -> None:
+    """Start (or keep) this lab's etcd and wait until it answers /health."""
     etcd_peer = f"http://127.0.0.1:{cfg.etcd_peer_port}"
-    etcd_client = f"http://127.0.0.1:{cfg.etcd_port}"
+    etcd_client = etcd_url(cfg)
     start_bg(
         cfg,
         "etcd",
@@ -150,69 +178,173 @@ def start_control_plane(cfg: LabConfig, bin_dir: Path) -> None:
             "536870912",
         ],
     )
-    wait_for("etcd healthy", 60, lambda: succeeds(curl(f"{etcd_client}/health")), logs)
+    _wait_running(cfg, "etcd", "etcd healthy", 60, lambda: succeeds(curl(f"{etcd_client}/health")))
 
+
+def exited(cfg: LabConfig, name: str) -> bool:
+    """Whether the process in ``run/NAME.pid`` is gone or a zombie. Unlike running_pid, it does not look at the
+    command line, which is still the starting Python's between fork and exec, so right after start_bg."""
+    pid = read_pid(cfg, name)
+    if pid is None:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+def _wait_running(cfg: LabConfig, name: str, what: str, timeout: int, ready: Callable[[], bool]) -> None:
+    """wait_for ``ready``, failing at once (with the end of its log) when process NAME has exited."""
+
+    def check() -> bool:
+        if exited(cfg, name):
+            try:
+                tail = (cfg.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+            except OSError:
+                tail = ""
+            raise LabError(f"{name} exited while waiting for {what} (logs: {cfg.logs}):\n{tail}")
+        return ready()
+
+    wait_for(what, timeout, check, cfg.logs)
+
+
+def apiserver_argv(
+    cfg: LabConfig, bin_dir: Path, settings: ApiServerSettings, *, name: str, port: int
+) -> list[str | Path]:
+    """The kube-apiserver command line: this lab's etcd (under the prefix /<lab>, or /<lab>-<name> for a
+    second server), its PKI, and ``settings``."""
+    pki = cfg.pki
+    prefix = f"/{cfg.name}" if name == "kube-apiserver" else f"/{cfg.name}-{name}"
     # --endpoint-reconciler-type=none: the API server would otherwise try to publish 127.0.0.1 as the
     # kubernetes Service endpoint, which validation refuses (loopback); the 1.37 API server does not start
     # at all with a loopback address and a reconciler.
-    start_bg(
-        cfg,
-        "kube-apiserver",
-        [
-            bin_dir / "kube-apiserver",
-            "--etcd-servers",
-            etcd_client,
-            "--etcd-prefix",
-            f"/{cfg.name}",
-            "--bind-address",
-            "127.0.0.1",
-            "--advertise-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(cfg.api_port),
-            "--endpoint-reconciler-type",
-            "none",
-            "--tls-cert-file",
-            pki / "apiserver.crt",
-            "--tls-private-key-file",
-            pki / "apiserver.key",
-            "--client-ca-file",
-            pki / "ca.crt",
-            "--kubelet-client-certificate",
-            pki / "apiserver-kubelet-client.crt",
-            "--kubelet-client-key",
-            pki / "apiserver-kubelet-client.key",
-            "--kubelet-preferred-address-types",
-            "InternalIP",
-            "--authorization-mode",
-            "Node,RBAC",
-            "--enable-admission-plugins",
-            "NodeRestriction",
-            "--service-account-key-file",
-            pki / "sa.pub",
-            "--service-account-signing-key-file",
-            pki / "sa.key",
-            "--service-account-issuer",
-            "https://kubernetes.default.svc",
-            "--service-cluster-ip-range",
-            cfg.service_range,
-            "--allow-privileged=true",
-            "--profiling=false",
-            "--storage-backend",
-            "etcd3",
-            "--v",
-            "1",
-        ],
-    )
+    argv: list[str | Path] = [
+        bin_dir / "kube-apiserver",
+        "--etcd-servers",
+        etcd_url(cfg),
+        "--etcd-prefix",
+        prefix,
+        "--bind-address",
+        "127.0.0.1",
+        "--advertise-address",
+        "127.0.0.1",
+        "--secure-port",
+        str(port),
+        "--endpoint-reconciler-type",
+        "none",
+        "--tls-cert-file",
+        pki / "apiserver.crt",
+        "--tls-private-key-file",
+        pki / "apiserver.key",
+        "--client-ca-file",
+        pki / "ca.crt",
+        "--kubelet-client-certificate",
+        pki / "apiserver-kubelet-client.crt",
+        "--kubelet-client-key",
+        pki / "apiserver-kubelet-client.key",
+        "--kubelet-preferred-address-types",
+        "InternalIP",
+        "--authorization-mode",
+        ",".join(settings.authorization_modes),
+        "--service-account-key-file",
+        pki / "sa.pub",
+        "--service-account-signing-key-file",
+        pki / "sa.key",
+        "--service-account-issuer",
+        "https://kubernetes.default.svc",
+        "--service-cluster-ip-range",
+        cfg.service_range,
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--storage-backend",
+        "etcd3",
+        "--v",
+        "1",
+    ]
+    if settings.admission_plugins:
+        argv += ["--enable-admission-plugins", ",".join(settings.admission_plugins)]
+    if settings.feature_gates:
+        gates = ",".join(f"{gate}={str(on).lower()}" for gate, on in sorted(settings.feature_gates.items()))
+        argv += ["--feature-gates", gates]
+    if settings.tokens:
+        tokens = cfg.lab / f"{name}.tokens.csv"
+        tokens.write_text("".join(f'{token},{user},{user},"{groups}"\n' for token, user, groups in settings.tokens))
+        tokens.chmod(0o600)
+        argv += ["--token-auth-file", tokens]
+    return argv + list(settings.extra_flags)
+
+
+def start_apiserver(
+    cfg: LabConfig,
+    bin_dir: Path,
+    settings: ApiServerSettings = LAB_API_SERVER,
+    *,
+    name: str = "kube-apiserver",
+    port: int | None = None,
+) -> None:
+    """Start (or keep) an API server on this lab's etcd and wait for its /readyz (serving, with the bootstrap
+    RBAC policy and priority classes in place). NAME and ``port`` for a second server beside the lab's."""
+    port = cfg.api_port if port is None else port
+    start_bg(cfg, name, apiserver_argv(cfg, bin_dir, settings, name=name, port=port))
+    pki = cfg.pki
     admin = ["--cacert", pki / "ca.crt", "--cert", pki / "admin.crt", "--key", pki / "admin.key"]
-    wait_for(
-        "kube-apiserver ready",
-        120,
-        lambda: succeeds(curl(*admin, f"https://127.0.0.1:{cfg.api_port}/readyz")),
-        logs,
+    _wait_running(cfg, name, f"{name} ready", 180, lambda: succeeds(curl(*admin, f"https://127.0.0.1:{port}/readyz")))
+
+
+def start_control_plane(
+    cfg: LabConfig,
+    bin_dir: Path,
+    settings: ApiServerSettings = LAB_API_SERVER,
+    *,
+    controller_manager: bool = True,
+    scheduler: bool = True,
+) -> None:
+    """Start (or keep) etcd and the API server, then the controller manager and the scheduler (unless told
+    not to); wait for each. The PKI and the kubeconfigs (pki.make_pki, pki.write_kubeconfigs) come first."""
+    start_etcd(cfg)
+    start_apiserver(cfg, bin_dir, settings)
+    if controller_manager:
+        start_controller_manager(cfg, bin_dir)
+    if scheduler:
+        start_scheduler(cfg, bin_dir)
+
+
+def stop_control_plane(cfg: LabConfig, extra: tuple[str, ...] = ()) -> None:
+    """Stop this lab's control-plane processes (and the ``extra`` ones, such as a second API server), the
+    last started first."""
+    for name in (*reversed(extra), "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        stop(cfg, name)
+
+
+def free_port_offset(tries: int = 50) -> int:
+    """A port offset (a multiple of 1000 above every lab instance's ports and the lab's serve ports) whose
+    control-plane ports are all free on 127.0.0.1 now."""
+    for _attempt in range(tries):
+        offset = random.randrange(10, 40) * 1000
+        probe = LabConfig.scratch(Path("/nonexistent"), offset)
+        if not any(port_open(port) for port in control_plane_ports(probe)):
+            return offset
+    raise LabError("no free set of control-plane ports on 127.0.0.1")
+
+
+def control_plane_ports(cfg: LabConfig) -> tuple[int, ...]:
+    """The ports a control plane of ``cfg`` listens on; the API server's port + 1 is for a second API server."""
+    return (
+        cfg.etcd_port,
+        cfg.etcd_peer_port,
+        cfg.api_port,
+        cfg.api_port + 1,
+        cfg.controller_manager_port,
+        cfg.scheduler_port,
     )
-    start_controller_manager(cfg, bin_dir)
-    start_scheduler(cfg, bin_dir)
+
+
+def port_open(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port``."""
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _component_args(cfg: LabConfig, component: str, port: int) -> list[str | Path]:
@@ -257,11 +389,12 @@ def start_controller_manager(cfg: LabConfig, bin_dir: Path) -> None:
             "1",
         ],
     )
-    wait_for(
+    _wait_running(
+        cfg,
+        "kube-controller-manager",
         "kube-controller-manager healthy",
         120,
         lambda: succeeds(curl("-k", f"https://127.0.0.1:{cfg.controller_manager_port}/healthz")),
-        cfg.logs,
     )
     # Pods need their namespace's default ServiceAccount to pass admission; the controller makes them.
     for namespace in ("default", "kube-system"):
@@ -288,9 +421,87 @@ def start_scheduler(cfg: LabConfig, bin_dir: Path) -> None:
             "1",
         ],
     )
-    wait_for(
+    _wait_running(
+        cfg,
+        "kube-scheduler",
         "kube-scheduler healthy",
         120,
         lambda: succeeds(curl("-k", f"https://127.0.0.1:{cfg.scheduler_port}/healthz")),
-        cfg.logs,
     )
+
+
+class ScratchControlPlane:
+    """etcd and an API server (and, when asked, the controller manager) started exactly as the lab starts
+    them, in ``directory`` on ports no lab instance uses: the integration tier's API server
+    (tests/integration/conftest.py's ``control_plane`` fixture) and bench/bench_dra_prepare.py."""
+
+    def __init__(self, directory: Path, bin_dir: Path) -> None:
+        self.cfg = LabConfig.scratch(directory, free_port_offset())
+        self.bin_dir = bin_dir
+        self.more: list[str] = []
+
+    @property
+    def work(self) -> Path:
+        return self.cfg.lab
+
+    @property
+    def ca(self) -> Path:
+        """The CA that signed the API servers' serving certificate."""
+        return self.cfg.pki / "ca.crt"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.cfg.api_port}"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        """A kubeconfig of an administrator (group system:masters, a client certificate)."""
+        return self.cfg.admin_kubeconfig
+
+    def start(self, settings: ApiServerSettings = LAB_API_SERVER, *, controller_manager: bool = False) -> None:
+        make_pki(self.cfg)
+        write_kubeconfigs(self.cfg)
+        start_control_plane(self.cfg, self.bin_dir, settings, controller_manager=controller_manager, scheduler=False)
+
+    def second_apiserver(self, name: str, settings: ApiServerSettings) -> str:
+        """Another API server NAME on the same etcd, under its own prefix; returns its URL."""
+        port = self.cfg.api_port + 1
+        self.more.append(name)
+        start_apiserver(self.cfg, self.bin_dir, settings, name=name, port=port)
+        return f"https://127.0.0.1:{port}"
+
+    def kubeconfig(self, path: Path, token: str | None = None, server: str | None = None) -> Path:
+        """A kubeconfig for ``server`` (the first API server by default) that verifies it with the lab CA:
+        the administrator's certificate, or a bearer ``token`` from the settings' token rows."""
+        if token is None:
+            pki = self.cfg.pki
+            text = kubeconfig_text(
+                server or self.server, self.ca, "gpuops-lab-admin", pki / "admin.crt", pki / "admin.key"
+            )
+        else:
+            text = token_kubeconfig_text(server or self.server, self.ca, token)
+        path.write_text(text)
+        return path
+
+    def stop(self) -> None:
+        stop_control_plane(self.cfg, tuple(self.more))
+
+
+def token_kubeconfig_text(server: str, ca: str | Path, token: str) -> str:
+    """A kubeconfig with one cluster and a bearer-token user."""
+    return f"""apiVersion: v1
+kind: Config
+clusters:
+- name: gpuops-lab
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: token
+  user:
+    token: {token}
+contexts:
+- name: gpuops-lab
+  context: {{cluster: gpuops-lab, user: token}}
+current-context: gpuops-lab
+"""
