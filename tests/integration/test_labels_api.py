@@ -47,7 +47,7 @@ def apiserver(control_plane):
             "spec": {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
         }
     )
-    return {"kubeconfig": str(kubeconfig), "api": api, "core": core, "work": work}
+    return {"kubeconfig": str(kubeconfig), "api": api, "core": core, "work": work, "server": control_plane.server}
 
 
 def _ansible_env():
@@ -564,7 +564,7 @@ def test_the_action_group_gives_host_and_token_to_the_roles_api_calls(apiserver)
     core = apiserver["core"]
     core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
     labels = {
-        "gpu_node_labels_api_host": SERVER,
+        "gpu_node_labels_api_host": apiserver["server"],
         "gpu_node_labels_api_key": TOKEN,
         "gpu_node_labels_validate_certs": False,
     }
@@ -582,7 +582,11 @@ def test_the_action_group_gives_host_and_token_to_the_roles_api_calls(apiserver)
     core.create_namespaced_pod(
         "drain-token", {"metadata": {"name": "trainer"}, "spec": {"nodeName": name, "containers": [pod]}}
     )
-    drain = {"node_drain_api_host": SERVER, "node_drain_api_key": TOKEN, "node_drain_validate_certs": False}
+    drain = {
+        "node_drain_api_host": apiserver["server"],
+        "node_drain_api_key": TOKEN,
+        "node_drain_validate_certs": False,
+    }
     drain.update(node_drain_node_name=name, node_drain_reason="the test changes it")
     rc, output = _play_verbose(apiserver, "node_drain", drain)
     assert rc != 0, output[-4000:]
