@@ -21,17 +21,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = "localhost/gpuops-debian12:latest"
 SOURCE = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 TOOLS = ("podman", "gpg", "dpkg-deb", "apt-ftparchive")
 
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(tool) is None for tool in TOOLS)
-    or subprocess.run(["podman", "image", "exists", IMAGE], check=False).returncode != 0
-    if shutil.which("podman")
-    else True,
-    reason=f"needs {', '.join(TOOLS)} and the image {IMAGE} (scripts/build-base-image.sh)",
-)
+
+@pytest.fixture(scope="module")
+def image():
+    """The local Debian 12 image (scripts/build-base-image.sh: built once, cached; molecule and the lab use it)."""
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    assert not missing, f"needs {', '.join(missing)} (scripts/bootstrap.sh installs them)"
+    built = subprocess.run(
+        [str(REPO / "scripts" / "build-base-image.sh")], capture_output=True, text=True, check=False, timeout=1800
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    return built.stdout.strip()
+
 
 PLAYBOOK = """\
 - name: The CUDA repository as nvidia_driver and cuda_toolkit add it
@@ -120,11 +124,11 @@ def mirror(tmp_path_factory):
 
 
 @pytest.fixture
-def node(tmp_path, collection_root):
+def node(tmp_path, collection_root, image):
     """A throwaway Debian 12 container on the host's network, with no other apt source; and a playbook runner."""
     name = f"gpuops-cuda-repository-{os.getpid()}-{tmp_path.name[-12:]}".replace("_", "-")
     started = run("podman", "run", "-d", "--rm", "--name", name, "--network", "host", "--entrypoint", "/bin/sleep",
-                  IMAGE, "infinity")  # fmt: skip
+                  image, "infinity")  # fmt: skip
     assert started.returncode == 0, started.stderr
     try:
         assert run("podman", "exec", name, "sh", "-c",
