@@ -122,7 +122,11 @@ _MIG_MODES = ("enabled", "disabled", "unsupported")
 
 def _gpu_mode(gpus, pci_devices):
     """GFD's nvidia.com/gpu.mode: the mode of the PCI class all GPUs share, 'unknown' when they do not share one,
-    or a GPU is not among the PCI devices read from sysfs."""
+    or a GPU is not among the PCI devices read from sysfs. None (no label) when the facts hold no PCI devices at
+    all: nothing was read to say which mode, and facts read through NVML on a machine whose sysfs shows no NVIDIA
+    device (a lab node) must not say 'unknown' about a node another reading labelled 'compute'."""
+    if not pci_devices:
+        return None
     classes = {}
     for device in pci_devices or []:
         if isinstance(device, dict) and device.get("bus_id"):
@@ -173,9 +177,11 @@ def gpu_labels(gpu_info, user_labels=None, sharing=None):
                 "nvidia.com/gpu.compute.minor": str(cc_minor),
                 "nvidia.com/gpu.replicas": str(replicas),
                 "nvidia.com/gpu.sharing-strategy": "time-slicing" if shared else "none",
-                "nvidia.com/gpu.mode": _gpu_mode(gpus, gpu_info.get("pci_devices")),
             }
         )
+        mode = _gpu_mode(gpus, gpu_info.get("pci_devices"))
+        if mode is not None:
+            labels["nvidia.com/gpu.mode"] = mode
         mig_modes = [gpu.get("mig_mode") for gpu in gpus]
         if all(mode in _MIG_MODES for mode in mig_modes):
             # As GFD: capable when any GPU answers for its MIG mode (NVML says NOT_SUPPORTED for the others).
