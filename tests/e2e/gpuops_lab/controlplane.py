@@ -479,29 +479,9 @@ class ScratchControlPlane:
                 server or self.server, self.ca, "gpuops-lab-admin", pki / "admin.crt", pki / "admin.key"
             )
         else:
-            text = token_kubeconfig_text(server or self.server, self.ca, token)
+            text = kubeconfig_text(server or self.server, self.ca, "token", token=token)
         path.write_text(text)
         return path
 
     def stop(self) -> None:
         stop_control_plane(self.cfg, tuple(self.more))
-
-
-def token_kubeconfig_text(server: str, ca: str | Path, token: str) -> str:
-    """A kubeconfig with one cluster and a bearer-token user."""
-    return f"""apiVersion: v1
-kind: Config
-clusters:
-- name: gpuops-lab
-  cluster:
-    server: {server}
-    certificate-authority: {ca}
-users:
-- name: token
-  user:
-    token: {token}
-contexts:
-- name: gpuops-lab
-  context: {{cluster: gpuops-lab, user: token}}
-current-context: gpuops-lab
-"""

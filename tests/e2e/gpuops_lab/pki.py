@@ -111,8 +111,19 @@ def sign_kubelet_cert(cfg: LabConfig, index: int) -> str:
     return f"kubelet-{node}"
 
 
-def kubeconfig_text(server: str, ca: str | Path, user: str, cert: str | Path, key: str | Path) -> str:
-    """A kubeconfig with one cluster, user and context, all named for the lab."""
+def kubeconfig_text(
+    server: str,
+    ca: str | Path,
+    user: str,
+    cert: str | Path | None = None,
+    key: str | Path | None = None,
+    token: str | None = None,
+) -> str:
+    """A kubeconfig with one cluster, user and context, all named for the lab; the user has a client
+    certificate and key, or a bearer token."""
+    credentials = (
+        f"    token: {token}\n" if token is not None else f"    client-certificate: {cert}\n    client-key: {key}\n"
+    )
     return f"""apiVersion: v1
 kind: Config
 clusters:
@@ -123,9 +134,7 @@ clusters:
 users:
 - name: {user}
   user:
-    client-certificate: {cert}
-    client-key: {key}
-contexts:
+{credentials}contexts:
 - name: gpuops-lab
   context: {{cluster: gpuops-lab, user: {user}}}
 current-context: gpuops-lab
