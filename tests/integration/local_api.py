@@ -13,7 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from gpuops_lab.controlplane import ApiServerSettings, ScratchControlPlane, port_open
 
-__all__ = ["ApiServerSettings", "ScratchControlPlane", "port_open", "wait_for"]
+__all__ = ["ApiServerSettings", "ScratchControlPlane", "port_open", "token_admin_api_server", "wait_for"]
+
+
+def token_admin_api_server(token: str) -> ApiServerSettings:
+    """An API server with RBAC alone, the default admission plugins and an administrator with a bearer token."""
+    return ApiServerSettings(
+        authorization_modes=("RBAC",), admission_plugins=(), tokens=((token, "gpuops-admin", "system:masters"),)
+    )
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120.0, interval: float = 0.3) -> None:

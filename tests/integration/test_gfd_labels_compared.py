@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client, config
-from local_api import ApiServerSettings
+from local_api import token_admin_api_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "tests/fixtures/simulated"
@@ -236,9 +236,7 @@ def gfd_labels(binaries, nodes):
 
 # The control_plane fixture's API server (conftest.py): RBAC alone, the default admission plugins, and an
 # administrator with a bearer token.
-API_SERVER = ApiServerSettings(
-    authorization_modes=("RBAC",), admission_plugins=(), tokens=((TOKEN, "gpuops-admin", "system:masters"),)
-)
+API_SERVER = token_admin_api_server(TOKEN)
 
 
 @pytest.fixture(scope="module")
