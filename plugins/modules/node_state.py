@@ -65,6 +65,35 @@ options:
     type: list
     elements: str
     default: []
+  commands:
+    description:
+      - Commands to run, by a name of the caller's choice; each is an argv list whose first item is an absolute
+        path or a name on the node's C(PATH). Only commands that change nothing belong here (for example
+        C(nvidia-ctk cdi generate), which prints a specification, or C(containerd config dump)).
+      - A command whose program is not installed is reported as C(null) and not run.
+    type: dict
+    default: {}
+  record:
+    description:
+      - A record of the paths a role left in place the last time it converged the node (written from
+        RV(record_text)). The module describes every path the record lists again and reports in RV(record)
+        whether all are as recorded, so that one read tells the role whether anything drifted.
+      - A record that does not exist, or that cannot be read as one, is reported as not current.
+    type: path
+  record_paths:
+    description:
+      - Paths to describe for a new record, returned as RV(record_text) (with O(record_key)). A directory's
+        description lists its entries, each regular file with its SHA-1, so a file added, removed or edited
+        in it shows as a difference.
+    type: list
+    elements: path
+    default: []
+  record_key:
+    description:
+      - What the caller wants recorded with the paths, such as a hash of its settings; returned again as
+        RV(record.key).
+    type: str
+    default: ""
 extends_documentation_fragment:
   - gpuops.k8s.read_only
 attributes:
@@ -149,6 +178,32 @@ python_env:
       description: The O(python_requirements) that what is installed does not meet.
       type: list
       elements: str
+commands:
+  description:
+    - Name of each of O(commands) to its C(rc), C(stdout) and C(stderr), or C(null) when its program is not
+      installed.
+  returned: always
+  type: dict
+  sample: {cdi: {rc: 0, stdout: "cdiVersion: 0.5.0", stderr: ""}, missing: null}
+record:
+  description: What O(record) says about the node.
+  returned: when O(record) is set
+  type: dict
+  contains:
+    key:
+      description: The key the record was written with; C(null) without a readable record.
+      type: str
+    current:
+      description: Whether the record was readable and every path it lists is still as recorded.
+      type: bool
+    differs:
+      description: The recorded paths that are not as recorded any more.
+      type: list
+      elements: str
+record_text:
+  description: The record of O(record_paths) and O(record_key), as JSON text to write where O(record) reads it.
+  returned: when O(record_paths) is set
+  type: str
 """
 
 import glob
@@ -157,6 +212,7 @@ import hashlib
 import os
 import pwd
 import re
+import json
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
@@ -214,6 +270,59 @@ def describe(path, checksum=True):
         except OSError as exc:
             raise StateError(f"cannot read {path}: {exc.strerror or exc}.") from exc
         out["checksum"] = digest.hexdigest()
+    return out
+
+
+def describe_for_record(path):
+    """describe() with, for a directory, its entries (non-recursive): a regular file by its SHA-1, anything
+    else by its type."""
+    out = describe(path, checksum=True)
+    if out["type"] == "directory":
+        try:
+            names = sorted(os.listdir(path))
+        except OSError as exc:
+            raise StateError(f"cannot list {path}: {exc.strerror or exc}.") from exc
+        entries = {}
+        for name in names:
+            entry = describe(os.path.join(path, name), checksum=True)
+            entries[name] = entry.get("checksum", entry["type"])
+        out["entries"] = entries
+    return out
+
+
+def record_text(paths, key):
+    return json.dumps({"key": key, "paths": {path: describe_for_record(path) for path in paths}}, sort_keys=True)
+
+
+def read_record(path):
+    """{key, current, differs} for the record at PATH; an unreadable record is not current."""
+    text = None
+    try:
+        text = read_text(path)
+    except StateError:
+        text = None
+    try:
+        record = json.loads(text) if text is not None else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("paths"), dict):
+        return {"key": None, "current": False, "differs": []}
+    differs = [name for name, wanted in sorted(record["paths"].items()) if describe_for_record(name) != wanted]
+    key = record.get("key")
+    return {"key": key if isinstance(key, str) else None, "current": not differs, "differs": differs}
+
+
+def run_commands(module, commands):
+    out = {}
+    for name, argv in commands.items():
+        if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
+            raise StateError(f"commands: {name} must be a list of strings (the program and its arguments).")
+        program = argv[0] if os.path.isabs(argv[0]) else module.get_bin_path(argv[0])
+        if not program or not os.access(program, os.X_OK):
+            out[name] = None
+            continue
+        rc, stdout, stderr = module.run_command([program, *argv[1:]])
+        out[name] = {"rc": rc, "stdout": stdout, "stderr": stderr}
     return out
 
 
@@ -335,6 +444,10 @@ def main():
             units=dict(type="list", elements="str", default=[]),
             python_env=dict(type="path"),
             python_requirements=dict(type="list", elements="str", default=[]),
+            commands=dict(type="dict", default={}),
+            record=dict(type="path"),
+            record_paths=dict(type="list", elements="path", default=[]),
+            record_key=dict(type="str", default="", no_log=False),
         ),
         supports_check_mode=True,
     )
@@ -351,7 +464,12 @@ def run_module(module):
             packages=packages(module, params["packages"]) if params["packages"] else {},
             units=units_state(module, params["units"]) if params["units"] else {},
             systemd=systemd_running(),
+            commands=run_commands(module, params["commands"]),
         )
+        if params["record"]:
+            result["record"] = read_record(params["record"])
+        if params["record_paths"]:
+            result["record_text"] = record_text(params["record_paths"], params["record_key"])
         if params["python_env"]:
             result["python_env"] = python_env(params["python_env"], params["python_requirements"])
     except StateError as exc:

@@ -44,7 +44,7 @@ def test_a_branch_that_is_not_digits_stops_the_role_before_anything_else(tmp_pat
     rc, tasks = run_role(tmp_path, branch)
     assert rc != 0
     name, result = tasks[-1]
-    assert name == "Check the driver branch"
+    assert name == "Check the source for this platform and the driver branch"
     assert result["msg"] == (
         f"nvidia_driver_branch={json.dumps(branch)} is not a driver branch: give its three or four digits,"
         " such as 580, or leave it empty for the source's default."
@@ -55,4 +55,4 @@ def test_a_branch_that_is_not_digits_stops_the_role_before_anything_else(tmp_pat
 def test_a_branch_of_digits_passes_the_check(tmp_path):
     _rc, tasks = run_role(tmp_path, "580")
     results = dict(tasks)
-    assert results["Check the driver branch"].get("failed") is not True
+    assert results["Check the source for this platform and the driver branch"].get("failed") is not True

@@ -210,3 +210,59 @@ def test_a_virtual_environment_and_its_exact_pins(tmp_path):
 def test_a_missing_virtual_environment_satisfies_nothing(tmp_path):
     env = run({"python_env": str(tmp_path / "none"), "python_requirements": ["grpcio==1.85.1"]})["python_env"]
     assert env == {"exists": False, "distributions": {}, "unsatisfied": ["grpcio==1.85.1"]}
+
+
+def test_a_command_is_run_and_a_missing_program_is_null(tmp_path):
+    script = tmp_path / "print-spec"
+    script.write_text('#!/bin/sh\necho "spec for $1"\necho warning >&2\nexit 3\n')
+    script.chmod(0o755)
+    result = run({"commands": {"spec": [str(script), "gpu0"], "absent": [str(tmp_path / "nvidia-ctk"), "cdi"]}})
+    assert result["commands"] == {"spec": {"rc": 3, "stdout": "spec for gpu0\n", "stderr": "warning\n"}, "absent": None}
+
+
+def test_a_command_that_is_not_an_argv_gets_one_sentence():
+    assert fail({"commands": {"spec": "nvidia-ctk cdi generate"}})["msg"] == (
+        "node_state: commands: spec must be a list of strings (the program and its arguments)."
+    )
+
+
+def test_a_record_is_current_until_a_recorded_path_changes(tmp_path):
+    conf = tmp_path / "config.toml"
+    conf.write_text("version = 2\n")
+    mode = os.stat(conf).st_mode & 0o777
+    dropins = tmp_path / "conf.d"
+    dropins.mkdir()
+    (dropins / "99-nvidia.toml").write_text("[a]\n")
+    record = tmp_path / "record.json"
+    written = run({"record_paths": [str(conf), str(dropins), str(tmp_path / "absent")], "record_key": "k1"})
+    record.write_text(written["record_text"])
+    assert run({"record": str(record)})["record"] == {"key": "k1", "current": True, "differs": []}
+
+    # Content, mode, a file added to a recorded directory, an absent path that appears: each is seen.
+    conf.write_text("version = 3\n")
+    assert run({"record": str(record)})["record"]["differs"] == [str(conf)]
+    conf.write_text("version = 2\n")
+    os.chmod(conf, 0o600)
+    assert run({"record": str(record)})["record"]["differs"] == [str(conf)]
+    os.chmod(conf, mode)
+    record.write_text(
+        run({"record_paths": [str(conf), str(dropins), str(tmp_path / "absent")], "record_key": "k2"})["record_text"]
+    )
+    assert run({"record": str(record)})["record"] == {"key": "k2", "current": True, "differs": []}
+    (dropins / "50-other.toml").write_text("[b]\n")
+    assert run({"record": str(record)})["record"]["differs"] == [str(dropins)]
+    (dropins / "50-other.toml").unlink()
+    (dropins / "99-nvidia.toml").write_text("[c]\n")
+    assert run({"record": str(record)})["record"]["differs"] == [str(dropins)]
+    (dropins / "99-nvidia.toml").write_text("[a]\n")
+    (tmp_path / "absent").write_text("")
+    result = run({"record": str(record)})["record"]
+    assert result == {"key": "k2", "current": False, "differs": [str(tmp_path / "absent")]}
+
+
+@pytest.mark.parametrize("text", [None, "", "not json", "[]", '{"key": "k"}'])
+def test_a_missing_or_unreadable_record_is_not_current(tmp_path, text):
+    record = tmp_path / "record.json"
+    if text is not None:
+        record.write_text(text)
+    assert run({"record": str(record)})["record"] == {"key": None, "current": False, "differs": []}
