@@ -262,6 +262,14 @@ nvswitch_devices:
   type: list
   elements: dict
   sample: []
+host_pci:
+  description:
+    - With O(simulate_from), what the PCI bus in sysfs really holds, under the keys C(pci_devices) and
+      C(nvswitch_devices) (as RV(pci_devices) and RV(nvswitch_devices) would be without O(simulate_from)), so
+      that a role deciding whether to install a driver reads the real machine from the same run.
+  returned: with O(simulate_from)
+  type: dict
+  sample: {pci_devices: [], nvswitch_devices: []}
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -286,8 +294,9 @@ NO_PYNVML_REASON = (
 SIMULATED_REASON = "simulate_from is set, so NVML was not queried and the GPUs come from the simulated-GPU spec."
 
 
-def _simulated(path):
+def _simulated(path, sysfs_root):
     spec = facts_from_spec(_simulated_spec.load_spec(path))
+    host_pci, host_nvswitch = scan_pci(sysfs_root)
     pci_devices = [
         {
             "bus_id": gpu["pci_bus_id"],
@@ -309,6 +318,7 @@ def _simulated(path):
         gpu_count=len(spec["gpus"]),
         pci_devices=pci_devices,
         nvswitch_devices=[],
+        host_pci=dict(pci_devices=host_pci, nvswitch_devices=host_nvswitch),
     )
 
 
@@ -362,7 +372,7 @@ def run_module(module):
                     msg=missing_required_lib("PyYAML"),
                     exception=str(_simulated_spec.YAML_IMPORT_ERROR),
                 )
-            result = _simulated(simulate_from)
+            result = _simulated(simulate_from, module.params["sysfs_root"])
         else:
             result = discover(pynvml, module.params["sysfs_root"])
     except (DiscoveryError, _simulated_spec.SpecError) as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,9 +30,21 @@ KUBELET_CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoin
 KUBERNETES_VERSION = os.environ.get("GPUOPS_K8S_VERSION", "v1.37.2")
 
 
+class LabCommandFailed(Exception):
+    """``lab.py`` failed; the message starts with its last words, so a one-line test summary says why."""
+
+
 def run_lab(*args: str, timeout: float = 1800) -> str:
-    """Run ``lab.py ARGS`` and return its stdout; its progress messages go to the terminal."""
-    done = subprocess.run([str(LAB_PY), *args], check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    """Run ``lab.py ARGS`` and return its stdout. Its progress messages are printed after it ends (pytest shows
+    them with a failing test); when it fails, the exception's first line is its last message and the rest the
+    last 40 lines of its progress."""
+    done = subprocess.run([str(LAB_PY), *args], check=False, capture_output=True, text=True, timeout=timeout)
+    sys.stderr.write(done.stderr)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["(no message)"]
+        raise LabCommandFailed(
+            f"lab.py {' '.join(args)} failed (exit {done.returncode}): {lines[-1]}\n" + "\n".join(lines[-40:])
+        )
     return done.stdout
 
 

@@ -429,6 +429,21 @@ def test_simulated_fixture(monkeypatch, capsys, spec_path, check_mode):
         assert result["pci_devices"][index]["numa_node"] == source.get("numa_node")
 
 
+def test_simulated_gpus_come_with_the_real_pci_bus(monkeypatch, capsys, sysfs, tmp_path):
+    """A lab node's driver role decides from the real bus in the same module run as the simulated GPUs."""
+    spec = os.path.join(COLLECTION_ROOT, "tests", "fixtures", "simulated", "h100x8.yaml")
+    nvml = NvmlTestDouble([], init_error=real_pynvml.NVML_ERROR_UNKNOWN)
+    code, result = run_module(monkeypatch, capsys, nvml, simulate_from=spec, sysfs_root=str(sysfs))
+    assert code == 0
+    assert result["gpu_count"] == 8
+    assert result["host_pci"] == {"pci_devices": NVIDIA_HOST_GPUS, "nvswitch_devices": NVIDIA_HOST_NVSWITCHES}
+    empty = tmp_path / "empty-sys"
+    (empty / "bus" / "pci" / "devices").mkdir(parents=True)
+    code, result = run_module(monkeypatch, capsys, nvml, simulate_from=spec, sysfs_root=str(empty))
+    assert result["host_pci"] == {"pci_devices": [], "nvswitch_devices": []}
+    assert len(result["pci_devices"]) == 8
+
+
 def test_simulated_h100x8_topology(monkeypatch, capsys):
     spec = os.path.join(COLLECTION_ROOT, "tests", "fixtures", "simulated", "h100x8.yaml")
     code, result = run_module(monkeypatch, capsys, None, simulate_from=spec)
