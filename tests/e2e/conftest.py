@@ -220,6 +220,11 @@ def lab_node_count() -> int:
 @pytest.fixture(scope="session")
 def lab() -> Iterator[Lab]:
     """The lab, up for the whole session (``GPUOPS_LAB_KEEP=1`` leaves it running afterwards)."""
+    keep = os.environ.get("GPUOPS_LAB_KEEP") == "1"
+    if not keep:
+        # Nothing left from an earlier session (an interrupted run, or a cache restored from another machine) is
+        # reused: the session starts from no lab.
+        run_lab("down", timeout=300)
     try:
         run_lab("up", str(lab_node_count()))
         kubeconfig = Path(run_lab("kubeconfig").strip())
@@ -228,5 +233,5 @@ def lab() -> Iterator[Lab]:
         yield Lab(kubeconfig=kubeconfig, nodes=nodes, api=api)
         api.close()
     finally:
-        if os.environ.get("GPUOPS_LAB_KEEP") != "1":
+        if not keep:
             run_lab("down", timeout=300)
