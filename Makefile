@@ -5,7 +5,9 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 GPUOPS_CACHE ?= $(HOME)/.cache/gpuops
 export GPUOPS_CACHE
-REQ_HASH := $(shell cat requirements/controller.txt requirements/test.txt | sha256sum | cut -c1-12)
+# Every file requirements/test.txt includes is hashed with it, so that a changed pin makes a new environment
+# (scripts/bootstrap.sh computes the same hash).
+REQ_HASH := $(shell cat requirements/controller.txt requirements/test.txt requirements/mitogen.txt | sha256sum | cut -c1-12)
 VENV := $(GPUOPS_CACHE)/venv-$(REQ_HASH)
 export PATH := $(VENV)/bin:$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build

@@ -47,8 +47,10 @@ if [ ! -f "$conf" ] || ! grep -q 'gpuops.k8s scripts/bootstrap.sh' "$conf"; then
   printf '%s\n' "$want" > "$conf"
 fi
 
-# The Python environment, keyed by the requirement files so a change rebuilds it.
-req_hash=$(cat "$here/requirements/controller.txt" "$here/requirements/test.txt" | sha256sum | cut -c1-12)
+# The Python environment, keyed by the requirement files (test.txt and every file it includes) so a change
+# rebuilds it; the Makefile's REQ_HASH is the same hash.
+req_hash=$(cat "$here/requirements/controller.txt" "$here/requirements/test.txt" "$here/requirements/mitogen.txt" \
+  | sha256sum | cut -c1-12)
 venv="$cache/venv-$req_hash"
 if [ ! -x "$venv/bin/ansible-playbook" ] || [ ! -f "$venv/.complete" ]; then
   log "creating the Python environment $venv"

@@ -3,7 +3,8 @@
 ``lab_inventory`` asks ``lab.py inventory`` for an inventory of the lab's nodes (it also prepares them:
 simulated-GPU specs, the local toolkit repository and the plugin's wheels); ``run_playbook`` runs
 ``ansible-playbook`` on the collection as checked out here and returns a :class:`PlaybookRun` with the
-recap parsed, so a test can say "zero changed" from what Ansible itself reported.
+recap parsed, so a test can say "zero changed" from what Ansible itself reported. ``mitogen_environment``
+gives the environment that runs a playbook under Mitogen's ``mitogen_linear`` strategy (docs/mitogen.md).
 """
 
 from __future__ import annotations
@@ -97,6 +98,22 @@ def inventory_hostvars(inventory: Path, host: str) -> dict[str, Any]:
     return {**group.get("vars", {}), **(group["hosts"].get(host) or {})}
 
 
+def mitogen_strategy_dir() -> Path:
+    """The directory of Mitogen's strategy plugins in this interpreter's environment (requirements/mitogen.txt)."""
+    try:
+        import ansible_mitogen
+    except ImportError as error:
+        raise RuntimeError(
+            "Mitogen is not installed in this Python environment; install requirements/mitogen.txt"
+        ) from error
+    return Path(ansible_mitogen.__file__).resolve().parent / "plugins" / "strategy"
+
+
+def mitogen_environment() -> dict[str, str]:
+    """What ansible-playbook needs in its environment to run every play under mitogen_linear."""
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(mitogen_strategy_dir()), "ANSIBLE_STRATEGY": "mitogen_linear"}
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -104,8 +121,10 @@ def run_playbook(
     extra_vars: Path | None = None,
     limit: str | None = None,
     timeout: float = 3600,
+    env: dict[str, str] | None = None,
 ) -> PlaybookRun:
-    """Run ``ansible-playbook playbooks/PLAYBOOK`` with the lab inventory; never raises on a failed play."""
+    """Run ``ansible-playbook playbooks/PLAYBOOK`` with the lab inventory; never raises on a failed play.
+    ``env`` adds to the environment (e.g. ``mitogen_environment()``)."""
     mirror_collection()
     argv = ["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / playbook), *args]
     if extra_vars is not None:
@@ -119,6 +138,7 @@ def run_playbook(
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
+        **(env or {}),
     }
     start = time.monotonic()
     # A failed play is a result to assert on, not an exception.
