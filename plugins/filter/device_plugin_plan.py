@@ -31,7 +31,8 @@ options:
       - C(systemd_lacks) says whether the systemd deployment lacks anything the role would write (packages,
         directories, the daemon, its config or unit, a running service); it is read only for a wanted systemd
         deployment.
-      - C(record_dir_ready) says whether the directory of the records is there as the role creates it.
+      - C(record_dir_ready) says whether the directory of the records, and the allocation record where there is one,
+        are there as the role writes them (type, owner and mode).
     type: dict
     required: true
   deployment:
