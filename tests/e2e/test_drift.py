@@ -1,5 +1,6 @@
-"""Drift is always seen: on a converged lab node, one thing the roles manage is changed at a time, and the next
-`site.yml` must report a change and repair it, and the run after it must report none.
+"""Drift is always seen: on a converged lab node, the things the roles manage are changed one per role at a time,
+and the next `site.yml` must report a change by each drifted role and repair it, and the run after it must report
+none.
 
 The node is the lab's first one, converged once for this module by `site.yml --limit NODE` in the default
 deployment (the device plugin as a systemd service, device_plugin allocation). What "converged" means is read from
@@ -7,12 +8,13 @@ the node itself and from the API server right after that, with no help from Ansi
 file's type, mode, owner and content, the toolkit's and the plugin's packages with their dpkg state and the apt
 hold, the units' enabled and active states, the plugin's virtual environment (its distributions, its interpreter
 links, whether the daemon imports) and health endpoint, containerd's config as TOML reads it, the node's GPU
-labels, taint and the nvidia RuntimeClass. Each case then
+labels, taint and the nvidia RuntimeClass. The cases run in rounds of at most one per role (``rounds``): a role meets
+one drift per run, so no repair of one drift can hide the miss of another by the same role. Each round then
 
-1. changes one thing on the node, as a person or a half-finished job would, and checks that the observed state
-   now differs from the converged one (so the case can see its own drift);
-2. runs `site.yml`, which must succeed with changed > 0 and bring the observed state back to the converged one
-   (the thing repaired, and nothing else disturbed);
+1. changes, for each of its cases, one thing on the node, as a person or a half-finished job would, and checks
+   that the observed state changed with it (so the case can see its own drift);
+2. runs `site.yml`, which must succeed with a change reported by each drifted role and bring the observed state
+   back to the converged one (each thing repaired, and nothing else disturbed);
 3. runs `site.yml` again, which must report changed == 0.
 
 A drift the roles miss is put back by the test itself, so that the cases after it start from a converged node.
@@ -507,12 +509,11 @@ CASES = [
 ]
 
 
-def save_kept(lab: Lab, node: str, paths: tuple[str, ...]) -> None:
+def save_kept(lab: Lab, node: str, case: Case) -> None:
     """Copy the paths a drift changes to the node's SAVED directory (modes, owners and links kept)."""
-    for index, path in enumerate(paths):
-        lab.node_exec(
-            node, "sh", "-ec", f"rm -rf {SAVED}/{index} && mkdir -p {SAVED}/{index} && cp -a {path} {SAVED}/{index}/"
-        )
+    for index, path in enumerate(case.keep):
+        kept = f"{SAVED}/{case.id}/{index}"
+        lab.node_exec(node, "sh", "-ec", f"rm -rf {kept} && mkdir -p {kept} && cp -a {path} {kept}/")
 
 
 def put_back(lab: Lab, converged: Converged, case: Case) -> None:
@@ -520,7 +521,7 @@ def put_back(lab: Lab, converged: Converged, case: Case) -> None:
     node = converged.node
     for index, path in enumerate(case.keep):
         name = path.rstrip("/").rsplit("/", 1)[1]
-        lab.node_exec(node, "sh", "-ec", f"rm -rf {path} && cp -a {SAVED}/{index}/{name} {path}")
+        lab.node_exec(node, "sh", "-ec", f"rm -rf {path} && cp -a {SAVED}/{case.id}/{index}/{name} {path}")
     if case.undo is not None:
         case.undo(lab, node)
     if case.role == "gpu_node_labels":
@@ -534,30 +535,55 @@ def put_back(lab: Lab, converged: Converged, case: Case) -> None:
             )
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_drift_is_repaired_and_the_next_run_changes_nothing(lab: Lab, converged: Converged, case: Case) -> None:
+def rounds(cases: list[Case]) -> list[tuple[Case, ...]]:
+    """The cases in rounds of at most one per role, in their order: a role meets one drift per run, so no repair
+    of one drift can hide the miss of another by the same role, and a round costs two runs of site.yml whatever
+    the number of roles it drifts."""
+    by_role: dict[str, list[Case]] = {}
+    for case in cases:
+        by_role.setdefault(case.role, []).append(case)
+    return [
+        tuple(role_cases[i] for role_cases in by_role.values() if i < len(role_cases))
+        for i in range(max(len(role_cases) for role_cases in by_role.values()))
+    ]
+
+
+ROUNDS = rounds(CASES)
+
+
+@pytest.mark.parametrize("drifts", ROUNDS, ids=["+".join(case.id for case in drifts) for drifts in ROUNDS])
+def test_drift_is_repaired_and_the_next_run_changes_nothing(
+    lab: Lab, converged: Converged, drifts: tuple[Case, ...]
+) -> None:
     node = converged.node
-    before = differences(observe(lab, node, converged.health_url), converged.state)
-    assert before == {}, f"the node is not converged before the drift (an earlier case left it so): {before}"
-    save_kept(lab, node, case.keep)
+    seen = differences(observe(lab, node, converged.health_url), converged.state)
+    assert seen == {}, f"the node is not converged before the drift (an earlier round left it so): {seen}"
+    names = ", ".join(case.id for case in drifts)
     try:
-        case.drift(lab, node)
-        drifted = observe(lab, node, converged.health_url)
-        assert differences(drifted, converged.state), f"{case.id}: the drift shows nowhere in what the test observes"
+        for case in drifts:
+            save_kept(lab, node, case)
+            case.drift(lab, node)
+            now = differences(observe(lab, node, converged.health_url), converged.state)
+            assert now != seen, f"{case.id}: the drift shows nowhere in what the test observes"
+            seen = now
 
         repair = run_site(converged)
         assert repair.returncode == 0, repair.summary()
         missed = differences(observe(lab, node, converged.health_url), converged.state)
         assert missed == {}, (
-            f"{case.id}: site.yml (changed={repair.recap[node]['changed']}) left the drift: {missed}; "
+            f"{names}: site.yml (changed={repair.recap[node]['changed']}) left a drift: {missed}; "
             f"changed tasks: {repair.changed_tasks()}"
         )
-        assert repair.recap[node]["changed"] > 0, f"{case.id}: repaired without reporting a change"
+        for case in drifts:
+            assert any(task.startswith(f"TASK [gpuops.k8s.{case.role} : ") for task in repair.changed_tasks()), (
+                f"{case.id}: repaired without a change reported by {case.role}: {repair.changed_tasks()}"
+            )
     finally:
         if differences(observe(lab, node, converged.health_url), converged.state):
-            put_back(lab, converged, case)
+            for case in drifts:
+                put_back(lab, converged, case)
 
     after = run_site(converged)
     assert after.returncode == 0, after.summary()
-    assert after.recap[node]["changed"] == 0, f"{case.id}: the run after the repair changed {after.changed_tasks()}"
-    print(f"{case.id}: repair {repair.seconds:.0f}s, next run {after.seconds:.0f}s")
+    assert after.recap[node]["changed"] == 0, f"{names}: the run after the repair changed {after.changed_tasks()}"
+    print(f"{names}: repair {repair.seconds:.0f}s, next run {after.seconds:.0f}s")
