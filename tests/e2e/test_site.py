@@ -141,12 +141,23 @@ def task_outcome(output: str, task: str) -> str:
     return next(line for line in lines[start + 1 :] if line.strip()).split(":", 1)[0]
 
 
-def test_the_driver_role_uses_the_plays_pci_scan_and_scans_itself_where_it_was_simulated(
+def test_the_driver_role_uses_the_plays_pci_scan_and_scans_itself_only_without_one(
     flow: SiteFlow, tmp_path: Path
 ) -> None:
-    """site.yml hands its discovery to the driver role: a real (sysfs) scan answers the role's question, so the
-    node is not asked twice; a simulated one must not (its GPUs are not PCI devices the driver could drive)."""
-    for simulate, expected in ((False, "skipping"), (True, "ok")):
+    """site.yml hands its discovery to the driver role: a real (sysfs) scan answers the role's question, and so does
+    a simulated one, which carries the real bus beside its GPUs (host_pci), so the node is not asked twice; a
+    simulated result without the real bus must not answer it (its GPUs are not PCI devices the driver could drive)."""
+    cases = (
+        ("sysfs", False, "{{ scan }}", "skipping"),
+        ("simulated", True, "{{ scan }}", "skipping"),
+        (
+            "simulated-without-host-pci",
+            True,
+            "{{ scan | dict2items | rejectattr('key', 'equalto', 'host_pci') | items2dict }}",
+            "ok",
+        ),
+    )
+    for name, simulate, given, expected in cases:
         scan = {"name": "Scan the node", "gpuops.k8s.nvidia_gpu_info": {}, "register": "scan"}
         if simulate:
             scan["gpuops.k8s.nvidia_gpu_info"]["simulate_from"] = "{{ gpuops_simulate_from }}"
@@ -159,16 +170,17 @@ def test_the_driver_role_uses_the_plays_pci_scan_and_scans_itself_where_it_was_s
                 "hosts": flow.node,
                 "become": True,
                 "gather_facts": False,
-                "tasks": [scan, dict(role, vars={"nvidia_driver_gpu_info": "{{ scan }}"})],
+                "tasks": [scan, dict(role, vars={"nvidia_driver_gpu_info": given})],
             }
         ]
-        playbook = tmp_path / f"driver-scan-{simulate}.yml"
+        playbook = tmp_path / f"driver-scan-{name}.yml"
         playbook.write_text(yaml.safe_dump(play))
         run = run_playbook(str(playbook), flow.inventory, extra_vars=flow.extra_vars)
         assert run.returncode == 0, run.summary()
         assert run.recap[flow.node]["changed"] == 0
         assert task_outcome(run.output, "gpuops.k8s.nvidia_driver : Look for NVIDIA PCI devices") == expected, (
-            run.output
+            name,
+            run.output,
         )
         # Either way the answer is the node's real PCI devices: none.
         assert f"No NVIDIA PCI device found on {flow.node}; the driver is not installed" in run.output

@@ -7,10 +7,16 @@ step (roles/nvidia_driver/tasks/repository-apt.yml) and the toolkit's apt step (
 which installs a package from the mirror) the way the roles run them, in a throwaway container of the local
 Debian 12 image, with the mirror set once. The second run must change nothing: when each role wrote the source
 from its own variable, the file flipped between the mirror and NVIDIA's servers on every run.
+
+The whole driver role from the same mirror (which holds a stand-in for the driver's package) shows the CUDA
+repository's files are part of the driver role's one read: a converged node costs one module run, and a source or a
+key that drifted is repaired by the next run.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -22,6 +28,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = "/etc/apt/sources.list.d/nvidia-cuda.sources"
+KEY = "/etc/apt/keyrings/nvidia-cuda.asc"
+# The helper molecule's verify uses: the names of a json-callback run's role tasks that ran a module on a node.
+_spec = importlib.util.spec_from_file_location("module_runs", REPO / "molecule" / "shared" / "module_runs.py")
+module_runs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(module_runs)
 TOOLS = ("podman", "gpg", "dpkg-deb", "apt-ftparchive")
 
 
@@ -84,9 +95,42 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+DRIVER_PLAYBOOK = """\
+- name: The driver role from the CUDA repository, given a PCI scan with a GPU as site.yml gives its discovery
+  hosts: node
+  gather_facts: true
+  gather_subset: [min]
+  tasks:
+    - name: The driver role
+      ansible.builtin.include_role:
+        name: gpuops.k8s.nvidia_driver
+"""
+# One NVIDIA GPU, as nvidia_gpu_info reports it from sysfs. The node is a container: nothing is built or loaded.
+GPU_SCAN = {
+    "source": "sysfs",
+    "pci_devices": [
+        {"bus_id": "0000:18:00.0", "vendor_id": "0x10de", "device_id": "0x2330", "class": "0x030200",
+         "numa_node": 0, "driver": None}
+    ],
+    "nvswitch_devices": [],
+}  # fmt: skip
+
+
+def stand_in(build: Path, repo: Path, name: str, version: str) -> None:
+    """An empty package NAME at VERSION, built under BUILD, in the repository directory REPO."""
+    package = build / name
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        f"Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: gpuops test\n"
+        "Description: stand-in for an NVIDIA package\n"
+    )
+    assert run("dpkg-deb", "--build", str(package), str(repo / f"{name}_{version}_all.deb")).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
-    """A signed flat apt repository at <url>/debian12/x86_64 holding cuda-toolkit-12-9, and its key's fingerprint."""
+    """A signed flat apt repository at <url>/debian12/x86_64 holding cuda-toolkit-12-9 and a stand-in for the 580
+    driver (nvidia-open-580), and its key's fingerprint."""
     root = tmp_path_factory.mktemp("mirror")
     home = root / "gnupg"
     home.mkdir(mode=0o700)
@@ -105,6 +149,7 @@ def mirror(tmp_path_factory):
     )
     repo.mkdir(parents=True)
     assert run("dpkg-deb", "--build", str(package), str(repo / "cuda-toolkit-12-9_12.9.0-1_all.deb")).returncode == 0
+    stand_in(root, repo, "nvidia-open-580", "580.95.05-1")
     (repo / "Packages").write_text(run("apt-ftparchive", "packages", ".", cwd=repo).stdout)
     (repo / "Release").write_text(run("apt-ftparchive", "release", ".", cwd=repo).stdout)
     assert run(*gpg, "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release")).returncode == 0
@@ -138,16 +183,23 @@ def node(tmp_path, collection_root, image):
             "ansible_python_interpreter=/usr/bin/python3\n"
         )
         (tmp_path / "site.yml").write_text(PLAYBOOK.replace("ROLES/", f"{REPO}/roles/"))
+        (tmp_path / "driver.yml").write_text(DRIVER_PLAYBOOK)
 
-        def play(*args: str) -> subprocess.CompletedProcess:
+        def play(*args: str, playbook: str = "site.yml", callback: str | None = None) -> subprocess.CompletedProcess:
             env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collection_root), ANSIBLE_NOCOLOR="1")
-            return run("ansible-playbook", "-i", str(tmp_path / "inventory"), str(tmp_path / "site.yml"), *args,
+            if callback:
+                env["ANSIBLE_STDOUT_CALLBACK"] = callback
+            return run("ansible-playbook", "-i", str(tmp_path / "inventory"), str(tmp_path / playbook), *args,
                        env=env)  # fmt: skip
 
         def cat(path: str) -> str | None:
             shown = run("podman", "exec", name, "cat", path)
             return shown.stdout if shown.returncode == 0 else None
 
+        def sh(command: str) -> subprocess.CompletedProcess:
+            return run("podman", "exec", name, "sh", "-c", command)
+
+        play.sh = sh
         yield play, cat
     finally:
         run("podman", "rm", "-f", "-t", "0", name)
@@ -205,3 +257,55 @@ def test_a_wrong_pinned_key_is_refused_naming_the_variable_set(node, mirror):
         f"fingerprint {fingerprint}, so it was not installed." in result.stdout.replace("\\n", " ")
     ), result.stdout[-3000:]
     assert cat(SOURCE) is None and cat("/etc/apt/keyrings/nvidia-cuda.asc") is None
+
+
+def driver_run(play, url: str, fingerprint: str) -> tuple[dict, list[str]]:
+    """The driver role's run from the mirror: its json-callback report and the tasks that ran a module on the node."""
+    extra = {
+        "nvidia_driver_source": "cuda",
+        "cuda_repository_base_url": url,
+        "cuda_repository_key_fingerprint": fingerprint,
+        "nvidia_driver_gpu_info": GPU_SCAN,
+        # The node has no Debian source for python3-pynvml, and no kmod (and so no /etc/modprobe.d) for the blacklist.
+        "nvidia_driver_pynvml": False,
+        "nvidia_driver_blacklist_nouveau": False,
+    }
+    result = play("-e", json.dumps(extra), playbook="driver.yml", callback="ansible.posix.json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    return report, module_runs.module_runs(report)
+
+
+def changes(report: dict) -> int:
+    return report["stats"]["node"]["changed"]
+
+
+READ = "gpuops.k8s.nvidia_driver : Read what the role manages on the node"
+
+
+def test_the_driver_role_reads_the_cuda_repository_once_and_repairs_its_drift(node, mirror):
+    play, cat = node
+    url, fingerprint = mirror
+
+    first, _runs = driver_run(play, url, fingerprint)
+    assert changes(first) > 0
+    assert f"URIs: {url}/debian12/x86_64/\n" in cat(SOURCE)
+    assert play.sh("dpkg-query -W -f '${Version}' nvidia-open-580").stdout == "580.95.05-1"
+
+    converged, runs = driver_run(play, url, fingerprint)
+    assert (changes(converged), runs) == (0, [READ])
+
+    source, key = cat(SOURCE), cat(KEY)
+    drifts = [
+        ("the source edited", f"sed -i 's|^URIs: .*|URIs: http://elsewhere.invalid/|' {SOURCE}"),
+        ("the key's mode", f"chmod 0600 {KEY}"),
+        ("the key replaced", f"echo 'not the key' > {KEY}"),
+    ]
+    for what, change in drifts:
+        assert play.sh(change).returncode == 0, what
+        repaired, _runs = driver_run(play, url, fingerprint)
+        assert changes(repaired) > 0, what
+        assert (cat(SOURCE), cat(KEY)) == (source, key), what
+        assert play.sh(f"stat -c %a {KEY} {SOURCE}").stdout.split() == ["644", "644"], what
+        again, runs = driver_run(play, url, fingerprint)
+        assert (changes(again), runs) == (0, [READ]), what

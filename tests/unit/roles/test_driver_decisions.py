@@ -1,0 +1,257 @@
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the nvidia_driver role decides from its one read of a node (vars/main.yml: __nvidia_driver_todo and the
+facts around it), for reads a node with a GPU could return: converged, and each thing the role manages drifted.
+
+The role's real vars files are rendered with Ansible's own templar (test_node_package_selection.RoleVars), given a
+gpuops.k8s.node_state result built here. Molecule's default scenario runs the role on a container, where neither the
+kernel module nor Secure Boot can be shown; this covers those decisions, and molecule the role's runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+
+import pytest
+from ansible.plugins.loader import init_plugin_loader
+from ansible_collections.gpuops.k8s.tests.unit.roles.test_node_package_selection import KERNEL, RoleVars
+
+# The record's key reads cuda_repository's files with the file and fileglob lookups.
+init_plugin_loader()
+
+ROLES = Path(__file__).resolve().parents[3] / "roles"
+GPU_SCAN = {"source": "sysfs", "pci_devices": [{"bus_id": "0000:18:00.0"}], "nvswitch_devices": []}
+ABSENT = {"type": "absent"}
+DIRECTORY = {"type": "directory", "mode": "0755", "owner": "root", "group": "root"}
+PREF = "/etc/apt/preferences.d/gpuops-nvidia-driver.pref"
+UNATTENDED = "/etc/apt/apt.conf.d/51gpuops-nvidia-driver-unattended-upgrades"
+BLACKLIST = "/etc/modprobe.d/gpuops-blacklist-nouveau.conf"
+OPTIONS = "/etc/modprobe.d/gpuops-nouveau-options.conf"
+PERSISTENCED = "/lib/systemd/system/nvidia-persistenced.service"
+HEADERS = f"linux-headers-{KERNEL}"
+DEBIAN_PACKAGES = ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "nvidia-persistenced"]
+
+
+def written(text: str, mode: str = "0644") -> dict:
+    """node_state's description of a file the role wrote with TEXT."""
+    return {
+        "type": "file",
+        "mode": mode,
+        "owner": "root",
+        "group": "root",
+        "checksum": hashlib.sha1(text.encode()).hexdigest(),
+    }
+
+
+def wanted_text(name: str, **inventory) -> str:
+    return RoleVars("nvidia_driver", "debian12", **inventory).get(name)
+
+
+def converged(**inventory) -> dict:
+    """What node_state reads on a Debian 12 machine with a GPU (not a container) where the role converged: the
+    driver installed and loaded, its files as the role writes them, nvidia-persistenced enabled and running."""
+    paths = {
+        "/run/.containerenv": ABSENT,
+        "/.dockerenv": ABSENT,
+        "/.dockerinit": ABSENT,
+        "/proc/vz": ABSENT,
+        "/proc/lve": ABSENT,
+        "/proc/bc": ABSENT,
+        f"/lib/modules/{KERNEL}/kernel": DIRECTORY,
+        "/sys/firmware/efi": ABSENT,
+        "/sys/module/nvidia": DIRECTORY,
+        "/sys/module/nouveau": ABSENT,
+        "/etc/apt/keyrings": DIRECTORY,
+        "/etc/apt/sources.list.d/gpuops-debian-non-free.sources": ABSENT,
+        PREF: written(wanted_text("__nvidia_driver_pref", **inventory)),
+        UNATTENDED: written(wanted_text("__nvidia_driver_unattended_upgrades", **inventory)),
+        BLACKLIST: written("blacklist nouveau\nblacklist lbm-nouveau\n"),
+        OPTIONS: written(wanted_text("__nvidia_driver_nouveau_options", **inventory)),
+        PERSISTENCED: written("[Unit]\n"),
+    }
+    installed = {name: {"version": "535.247.01-1~deb12u1", "held": False} for name in DEBIAN_PACKAGES}
+    installed[HEADERS] = {"version": "6.1.140-1", "held": False}
+    installed["python3-pynvml"] = {"version": "12.535.133-1", "held": False}
+    return {
+        "changed": False,
+        "paths": paths,
+        "contents": {
+            "/proc/1/cgroup": "0::/init.scope\n",
+            "/run/systemd/container": None,
+            BLACKLIST: "blacklist nouveau\nblacklist lbm-nouveau\n",
+        },
+        "packages": installed,
+        "units": {
+            "nvidia-persistenced.service": {
+                "load_state": "loaded",
+                "active_state": "active",
+                "unit_file_state": "enabled",
+            }
+        },
+        "systemd": True,
+        "commands": {"headers": {"rc": 0, "stdout": f"Package: {HEADERS}\n", "stderr": ""}, "mokutil": None},
+    }
+
+
+def decide(node: dict, **inventory) -> RoleVars:
+    return RoleVars(
+        "nvidia_driver",
+        "debian12",
+        __nvidia_driver_node=node,
+        nvidia_driver_gpu_info=GPU_SCAN,
+        inventory_hostname="gpu-1",
+        role_path=str(ROLES / "nvidia_driver"),
+        **inventory,
+    )
+
+
+def todo(node: dict, **inventory) -> set[str]:
+    """The steps the role would run: the entries of __nvidia_driver_todo that are true."""
+    return {name for name, due in decide(node, **inventory).get("__nvidia_driver_todo").items() if due}
+
+
+def test_a_converged_node_with_a_gpu_has_nothing_to_do():
+    role = decide(converged())
+    assert role.get("__nvidia_driver_in_container") is False
+    assert role.get("__nvidia_driver_module_possible") is True
+    assert role.get("__nvidia_driver_secure_boot_refusal") == ""
+    assert todo(converged()) == set()
+
+
+def drifted(change) -> dict:
+    node = copy.deepcopy(converged())
+    change(node)
+    return node
+
+
+@pytest.mark.parametrize(
+    ("what", "change", "steps"),
+    [
+        ("the hold's content", lambda n: n["paths"][PREF].update(checksum="0" * 40), {"hold"}),
+        ("the hold's mode", lambda n: n["paths"][PREF].update(mode="0600"), {"hold"}),
+        ("the hold's owner", lambda n: n["paths"][PREF].update(owner="nobody"), {"hold"}),
+        ("the unattended-upgrades drop-in removed", lambda n: n["paths"].update({UNATTENDED: ABSENT}),
+         {"unattended_upgrades"}),
+        ("the nouveau options' content", lambda n: n["paths"][OPTIONS].update(checksum="0" * 40), {"nouveau_options"}),
+        ("a name gone from the blacklist", lambda n: n["contents"].update({BLACKLIST: "blacklist nouveau\n"}),
+         {"blacklist"}),
+        ("the blacklist removed", lambda n: n["contents"].update({BLACKLIST: None}), {"blacklist"}),
+        ("a driver package removed", lambda n: n["packages"]["nvidia-smi"].update(version=None), {"install"}),
+        ("pynvml removed", lambda n: n["packages"]["python3-pynvml"].update(version=None), {"pynvml"}),
+        ("the headers removed", lambda n: n["packages"][HEADERS].update(version=None), {"headers"}),
+        ("the daemon disabled", lambda n: n["units"]["nvidia-persistenced.service"].update(unit_file_state="disabled"),
+         {"services"}),
+        ("the daemon stopped", lambda n: n["units"]["nvidia-persistenced.service"].update(active_state="inactive"),
+         {"services"}),
+        ("the module unloaded", lambda n: n["paths"].update({"/sys/module/nvidia": ABSENT}), {"load"}),
+        ("the keyring directory's mode", lambda n: n["paths"]["/etc/apt/keyrings"].update(mode="0700"), set()),
+    ],
+)  # fmt: skip
+def test_each_drift_is_the_step_that_repairs_it(what, change, steps):
+    assert todo(drifted(change)) == steps, what
+
+
+def test_comments_and_other_lines_in_the_blacklist_are_left_alone():
+    node = drifted(
+        lambda n: n["contents"].update(
+            {BLACKLIST: "# mine\nblacklist other\n  blacklist nouveau \nblacklist lbm-nouveau\n"}
+        )
+    )
+    assert todo(node) == set()
+    node = drifted(lambda n: n["contents"].update({BLACKLIST: "#blacklist nouveau\nblacklist lbm-nouveau\n"}))
+    assert todo(node) == {"blacklist"}
+
+
+def test_an_unloaded_module_is_not_loaded_over_nouveau():
+    node = drifted(lambda n: n["paths"].update({"/sys/module/nvidia": ABSENT, "/sys/module/nouveau": DIRECTORY}))
+    assert todo(node) == set()
+    assert decide(node).get("__nvidia_driver_gpu_module_loaded") is True
+
+
+def test_a_stopped_daemon_is_only_enabled_where_the_module_cannot_be_loaded():
+    stopped = drifted(lambda n: n["units"]["nvidia-persistenced.service"].update(active_state="inactive"))
+    stopped["paths"][f"/lib/modules/{KERNEL}/kernel"] = ABSENT
+    assert decide(stopped).get("__nvidia_driver_module_possible") is False
+    assert todo(stopped) == set()
+
+
+def test_headers_the_index_does_not_have_make_the_role_refresh_it_and_ask_again():
+    def change(node):
+        node["packages"][HEADERS]["version"] = None
+        node["commands"]["headers"] = {"rc": 100, "stdout": "", "stderr": "E: No packages found\n"}
+
+    role = decide(drifted(change))
+    assert role.get("__nvidia_driver_module_possible") is False
+    assert todo(drifted(change)) == {"index"}
+    # Where the refreshed index has them (tasks/index.yml registers its answer), the headers are installed.
+    answered = decide(drifted(change), __nvidia_driver_headers_probe={"rc": 0, "stdout": f"Package: {HEADERS}\n"})
+    assert {name for name, due in answered.get("__nvidia_driver_todo").items() if due} == {"headers"}
+
+
+@pytest.mark.parametrize(
+    ("what", "change", "inside"),
+    [
+        ("podman's marker", lambda n: n["paths"].update({"/run/.containerenv": written("")}), True),
+        ("docker in PID 1's cgroup", lambda n: n["contents"].update({"/proc/1/cgroup": "0::/docker/0123abcd\n"}), True),
+        ("LXC by systemd", lambda n: n["contents"].update({"/run/systemd/container": "lxc\n"}), True),
+        ("an OpenVZ guest", lambda n: n["paths"].update({"/proc/vz": DIRECTORY}), True),
+        ("an OpenVZ host", lambda n: n["paths"].update({"/proc/vz": DIRECTORY, "/proc/bc": DIRECTORY}), False),
+        ("WSL by systemd", lambda n: n["contents"].update({"/run/systemd/container": "wsl\n"}), False),
+    ],
+)  # fmt: skip
+def test_a_container_is_seen_as_the_virtualization_facts_see_it(what, change, inside):
+    role = decide(drifted(change))
+    assert role.get("__nvidia_driver_in_container") is inside, what
+    assert role.get("__nvidia_driver_module_possible") is not inside, what
+
+
+def test_secure_boot_stops_the_role_unless_the_modules_are_signed():
+    def change(node):
+        node["paths"]["/sys/firmware/efi"] = DIRECTORY
+        node["commands"]["mokutil"] = {"rc": 0, "stdout": "SecureBoot enabled\n", "stderr": ""}
+
+    assert (
+        decide(drifted(change))
+        .get("__nvidia_driver_secure_boot_refusal")
+        .startswith("Secure Boot is enabled on gpu-1 and would refuse to load unsigned NVIDIA kernel modules.")
+    )
+    signed = decide(drifted(change), nvidia_driver_secure_boot_signed_modules=True)
+    assert signed.get("__nvidia_driver_secure_boot_refusal") == ""
+    without_mokutil = decide(drifted(lambda n: n["paths"].update({"/sys/firmware/efi": DIRECTORY})))
+    assert without_mokutil.get("__nvidia_driver_secure_boot_refusal").startswith(
+        "gpu-1 boots with EFI but has no mokutil"
+    )
+
+
+def test_pinning_and_unattended_upgrades_turned_off_want_the_files_gone():
+    off = {"nvidia_driver_pin": False, "nvidia_driver_unattended_upgrades_exclude": False}
+    assert todo(converged(), **off) == {"hold", "unattended_upgrades"}
+    node = drifted(lambda n: n["paths"].update({PREF: ABSENT, UNATTENDED: ABSENT}))
+    assert todo(node, **off) == set()
+
+
+def test_the_cuda_repository_is_included_where_the_record_does_not_hold():
+    cuda = {"nvidia_driver_source": "cuda"}
+    role = decide(converged(), **cuda)
+    key = role.get("__nvidia_driver_cuda_repository_record_key")
+    node = converged(**cuda)
+    node["packages"] = {
+        "nvidia-open-580": {"version": "580.95.05-1", "held": False},
+        HEADERS: {"version": "6.1.140-1", "held": False},
+        "python3-pynvml": {"version": "12.535.133-1", "held": False},
+    }
+    node["record"] = {"key": key, "current": True, "differs": []}
+    assert todo(node, **cuda) == set()
+    for record in ({"key": key, "current": False, "differs": ["/etc/apt/sources.list.d/nvidia-cuda.sources"]},
+                   {"key": "another", "current": True, "differs": []}):  # fmt: skip
+        node["record"] = record
+        assert todo(node, **cuda) == {"cuda_repository"}
+    # Another mirror is another key: the record made with the first does not hold.
+    assert (
+        decide(converged(), cuda_repository_base_url="http://mirror.invalid", **cuda).get(
+            "__nvidia_driver_cuda_repository_record_key"
+        )
+        != key
+    )
