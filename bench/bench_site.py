@@ -59,29 +59,15 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from playbook_run import mitogen_environment  # noqa: E402
 from proc_stats import cpu_seconds  # noqa: E402
 
+sys.path.insert(0, str(REPO / "molecule" / "shared"))
+# Actions the control host answers alone: a task of these runs no module on the node (molecule counts the same).
+from module_runs import CONTROL_ACTIONS  # noqa: E402
+
 LAB_PY = REPO / "tests" / "e2e" / "lab.py"
 SITE = REPO / "playbooks" / "site.yml"
 RESOURCE = "nvidia.com/gpu"
 # --strategies names -> the strategy ansible-playbook runs.
 STRATEGIES = {"linear": "linear", "mitogen": "mitogen_linear"}
-# Actions the control host answers alone: a task of these runs no module on the node.
-CONTROLLER_ACTIONS = {
-    "add_host",
-    "assert",
-    "debug",
-    "fail",
-    "group_by",
-    "import_role",
-    "import_tasks",
-    "include_role",
-    "include_tasks",
-    "include_vars",
-    "meta",
-    "pause",
-    "set_fact",
-    "set_stats",
-    "validate_argument_spec",
-}
 PROJECTED_NODES = (100, 1_000, 10_000)
 # (label, forks, AWX job slices)
 PROJECTED_LAYOUTS = (("forks 25", 25, 1), ("forks 100", 100, 1), ("10 slices x forks 25", 25, 10))
@@ -401,7 +387,7 @@ def ran_on_the_node(result: dict) -> int:
     the control host: the Kubernetes API tasks) or when the control host answers it alone; one per loop item."""
     if result.get("skipped") or result.get("failed") or "_ansible_delegated_vars" in result:
         return 0
-    if result.get("action", "").rsplit(".", 1)[-1] in CONTROLLER_ACTIONS:
+    if result.get("action", "").rsplit(".", 1)[-1] in CONTROL_ACTIONS:
         return 0
     items = result.get("results")
     if isinstance(items, list):

@@ -6,7 +6,9 @@ host answers alone (an include, set_fact, debug, assert, ...). One name per host
 import json
 import sys
 
+# Also read by bench/bench_site.py, which counts the same module runs.
 CONTROL_ACTIONS = {
+    "add_host",
     "assert",
     "debug",
     "fail",
@@ -17,7 +19,9 @@ CONTROL_ACTIONS = {
     "include_tasks",
     "include_vars",
     "meta",
+    "pause",
     "set_fact",
+    "set_stats",
     "validate_argument_spec",
 }
 
