@@ -823,7 +823,7 @@ static nvmlReturn_t layout_commit(mock_gpu_t *gpu, const mock_mig_t *next)
             write_mig(out, gpu->uuid, gpu->mig_seed, next);
         } else {
             const mock_layout_entry_t *kept = layout_entry(&layout, other->uuid);
-            if (kept)
+            if (kept && strcmp(kept->seed, other->mig_seed) == 0) /* one the spec replaced is gone */
                 write_mig(out, kept->uuid, kept->seed, &kept->mig);
         }
     }

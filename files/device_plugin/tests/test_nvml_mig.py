@@ -106,7 +106,7 @@ def create(nvml: Any, gpu: Any, profile_id: int, ci_profile: Any = None) -> tupl
     instance = nvml.nvmlDeviceCreateGpuInstance(gpu, profile_id)
     info = nvml.nvmlGpuInstanceGetInfo(instance)
     if ci_profile is None:
-        slices = [p for p in GEOMETRY if p[1] == profile_id][0][2]
+        slices = next(p for p in GEOMETRY if p[1] == profile_id)[2]
         ci_profile = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}[slices]
     nvml.nvmlGpuInstanceCreateComputeInstance(instance, ci_profile)
     return info.id, info.placement.start
@@ -238,6 +238,35 @@ def test_all_1g_10gb_on_an_h100_takes_seven_gpu_instances_where_the_driver_puts_
     assert len({m["uuid"] for m in facts["mig_devices"]}) == 7
 
 
+@pytest.mark.parametrize(
+    ("profiles", "ids"),
+    [
+        ([9, 9], [2, 1]),  # `nvidia-smi mig -cgi 9,3g.20gb -C`
+        ([19, 19, 14, 9], [13, 11, 3, None]),  # the order the guide warns of: no room left for the 3g.20gb
+        ([9, 19, 14, 19], [2, 7, 4, 8]),
+        ([14, 19, 19, 19, 19, 19], [5, 13, 7, 8, 9, 10]),
+    ],
+    ids=["two-3g", "3g-last", "3g-first", "2g-and-five-1g"],
+)
+def test_gpu_instances_go_where_nvidias_examples_on_an_a100_show_them(tmp_path, profiles, ids):
+    spec = one_gpu_spec(str(tmp_path / "gpus.yaml"), "NVIDIA A100-SXM4-40GB", mig_mode="enabled")
+    mock = MockNvml(spec, str(tmp_path / "state"))
+    nvml = mock.pynvml
+    nvml.nvmlInit()
+    try:
+        gpu = nvml.nvmlDeviceGetHandleByIndex(0)
+        made = []
+        for profile_id in profiles:
+            try:
+                made.append(nvml.nvmlGpuInstanceGetInfo(nvml.nvmlDeviceCreateGpuInstance(gpu, profile_id)).id)
+            except nvml.NVMLError_InsufficientResources:
+                made.append(None)
+    finally:
+        nvml.nvmlShutdown()
+        mock.close()
+    assert made == ids
+
+
 def test_a_mixed_layout_with_compute_instances_that_share_a_gpu_instance(library):
     nvml = library.pynvml
     gpu = nvml.nvmlDeviceGetHandleByIndex(0)
@@ -250,7 +279,10 @@ def test_a_mixed_layout_with_compute_instances_that_share_a_gpu_instance(library
     # In the 3g.40gb: a 1c and a 2c (1c.3g.40gb takes the last slice, so the 2c still fits at 0).
     one = nvml.nvmlGpuInstanceCreateComputeInstance(big, nvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
     two = nvml.nvmlGpuInstanceCreateComputeInstance(big, nvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
-    assert [(i.id, i.profileId, i.placement.start, i.placement.size) for i in map(nvml.nvmlComputeInstanceGetInfo, (one, two))] == [
+    assert [
+        (i.id, i.profileId, i.placement.start, i.placement.size)
+        for i in map(nvml.nvmlComputeInstanceGetInfo, (one, two))
+    ] == [
         (0, 0, 2, 1),
         (1, 1, 0, 2),
     ]
@@ -264,7 +296,10 @@ def test_a_mixed_layout_with_compute_instances_that_share_a_gpu_instance(library
         (f"{H100} MIG 1g.10gb", 9, 0, 9984),
         (f"{H100} MIG 1g.10gb", 10, 0, 9984),
     ]
-    sms = [nvml.nvmlDeviceGetAttributes_v2(nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, i)).multiprocessorCount for i in range(5)]
+    sms = [
+        nvml.nvmlDeviceGetAttributes_v2(nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, i)).multiprocessorCount
+        for i in range(5)
+    ]
     assert sms == [16, 32, 32, 16, 16]
     # The compute instances as NVIDIA's libraries walk them.
     found = (nvml.c_nvmlComputeInstance_t * 7)()
@@ -337,7 +372,8 @@ def test_placement_conflicts_and_profiles_not_offered(library):
     try:
         t4 = nvml.nvmlDeviceGetHandleByIndex(0)
         assert code(nvml, nvml.nvmlDeviceSetMigMode, t4, 1) == nvml.NVML_ERROR_NOT_SUPPORTED
-        assert code(nvml, nvml.nvmlDeviceGetGpuInstancePossiblePlacements, t4, 19, None, ctypes.byref(ctypes.c_uint())) == 3
+        count = ctypes.byref(ctypes.c_uint())
+        assert code(nvml, nvml.nvmlDeviceGetGpuInstancePossiblePlacements, t4, 19, None, count) == 3
     finally:
         no_mig.close()
 
