@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -478,9 +479,10 @@ static int parse_mig_line(mock_gpu_t *gpu, const char *key, const char *value)
     return 0;
 }
 
+/* Only what a state holds is touched: a GPU's slot is cleared when its line opens it. */
 static int parse_state(FILE *file, mock_state_t *out)
 {
-    memset(out, 0, sizeof *out);
+    memset(out, 0, offsetof(mock_state_t, gpu));
     char line[512];
     mock_gpu_t *gpu = NULL;
     int version_seen = 0;
@@ -506,6 +508,7 @@ static int parse_state(FILE *file, mock_state_t *out)
             if (out->count >= MAX_GPUS)
                 return -1;
             gpu = &out->gpu[out->count];
+            memset(gpu, 0, sizeof *gpu);
             gpu->handle.index = out->count;
             gpu->mig_mode = 0;
             gpu->numa_node = -1;
@@ -652,7 +655,7 @@ static void merge_layouts(void)
  *   ci GI_ID CI_ID PROFILE START SIZE MEMORY_MIB UUID NAME                                               */
 static int parse_layout(FILE *file, mock_layout_t *out)
 {
-    memset(out, 0, sizeof *out);
+    out->count = 0;
     char line[512];
     mock_layout_entry_t *entry = NULL;
     int version_seen = 0;
@@ -667,6 +670,7 @@ static int parse_layout(FILE *file, mock_layout_t *out)
             if (out->count >= MAX_GPUS)
                 return -1;
             entry = &out->entry[out->count++];
+            memset(entry, 0, sizeof *entry);
             if (sscanf(line + 4, "%63s %39s %d %d %lu", entry->uuid, entry->seed, &entry->mig.current,
                        &entry->mig.pending, &entry->mig.serial) != 5)
                 return -1;
@@ -698,7 +702,7 @@ static void read_layout(void)
     int parsed = parse_layout(file, &fresh);
     fclose(file);
     if (parsed == 0)
-        memcpy(&layout, &fresh, sizeof layout);
+        memcpy(&layout, &fresh, offsetof(mock_layout_t, entry) + (size_t)fresh.count * sizeof fresh.entry[0]);
 }
 
 /* Re-read the state and the layout when either file changed; keep every event generation that did not
@@ -743,7 +747,7 @@ static int refresh_locked(void)
             gpu->xid_generation = old ? old->xid_generation + (old->xid != gpu->xid) : (gpu->xid ? 1 : 0);
         }
         /* Copied into the live state: handles point into it and must stay valid. */
-        memcpy(&state, &fresh, sizeof state);
+        memcpy(&state, &fresh, offsetof(mock_state_t, gpu) + (size_t)fresh.count * sizeof fresh.gpu[0]);
         state.valid = 1;
     }
     if (layout_changed)
