@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from gpu_device_plugin._shared import gpu_discovery
-from harness import FIXTURES, fixture, write_spec
+from harness import FIXTURES, fixture, wait_until, write_spec
 from mock_nvml import MockNvml
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -467,19 +467,14 @@ def test_the_declared_layout_holds_until_clients_change_it_and_a_new_declaration
         edited = fixture("a100-mig.yaml")
         edited["gpus"][0]["numa_node"] = 1
         write_spec(spec, edited)
-        assert run_client(mock, "print(json.dumps(layout()))")["devices"][-1][2] == 13
+        assert wait_until(lambda: nvml.nvmlDeviceGetNumaNodeId(gpu) == 1, timeout=5)
+        assert [gi for _name, gi, _ci, _mib in mig_devices(nvml, gpu)] == [1, 11, 12, 13]
         edited["gpus"][0]["mig_devices"] = edited["gpus"][0]["mig_devices"][:1]
         write_spec(spec, edited)
-        assert wait_for(lambda: [d[1] for d in mig_devices(nvml, gpu)] == [1])
+        assert wait_until(lambda: [d[1] for d in mig_devices(nvml, gpu)] == [1], timeout=5)
     finally:
         nvml.nvmlShutdown()
         mock.close()
-
-
-def wait_for(condition: Any, timeout: float = 5.0) -> bool:
-    from harness import wait_until
-
-    return bool(wait_until(condition, timeout=timeout))
 
 
 def test_a_failure_injected_half_way_through_a_layout_leaves_what_came_before(library):
