@@ -164,18 +164,34 @@ def run_client(mock: MockNvml, code_text: str, **env: str) -> Any:
 
 
 class OtherClient:
-    """Another process with NVML initialised (a monitoring agent, a device plugin), until closed."""
+    """Another process with NVML initialised (a monitoring agent, a device plugin), until closed; it tells
+    the layout it sees whenever asked."""
 
     def __init__(self, mock: MockNvml) -> None:
+        loop = (
+            "print(json.dumps(layout()), flush=True)\n"
+            "for _line in sys.stdin:\n"
+            "    print(json.dumps(layout()), flush=True)\n"
+        )
         self.process = subprocess.Popen(
-            [sys.executable, "-c", CLIENT + "print(json.dumps(layout()), flush=True)\nsys.stdin.read()\n"],
+            [sys.executable, "-c", CLIENT + loop],
             env={**os.environ, **mock.env()},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
+        self.seen = self._answer()  # NVML is initialised there once it answers
+
+    def _answer(self) -> Any:
         assert self.process.stdout is not None
-        self.seen = json.loads(self.process.stdout.readline())
+        return json.loads(self.process.stdout.readline())
+
+    def ask(self) -> Any:
+        """The layout the process sees now."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+        return self._answer()
 
     def close(self) -> None:
         self.process.communicate(timeout=20)
@@ -442,7 +458,9 @@ def test_one_layout_for_every_process_on_the_node(library):
             "print(json.dumps(layout()))",
         )
         assert [name for name, *_rest in mig_devices(nvml, gpu)] == [f"{H100} MIG 3g.40gb"]
+        # And a process that had NVML open all along sees the layout as it is now.
         assert watcher.seen["devices"] == []
+        assert [name for _uuid, name, _gi in watcher.ask()["devices"]] == [f"{H100} MIG 3g.40gb"]
     finally:
         watcher.close()
 
