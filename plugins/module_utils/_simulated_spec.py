@@ -10,6 +10,7 @@ gpu_device_plugin/_shared/simulated_spec.py, docs/architecture.md) both parse sp
 _gpu_discovery.facts_from_spec turns the result into GPU facts. It therefore imports nothing from Ansible.
 """
 
+import hashlib
 import re
 
 try:
@@ -268,7 +269,7 @@ def _resolve_peers(gpus, path):
 # ---------------------------------------------------------------------------------------------
 # The mock NVML library's state (labs and CI only; tests/mock_nvml/, docs/mock-nvml.md)
 
-MOCK_NVML_FORMAT = "gpuops-mock-nvml 1"
+MOCK_NVML_FORMAT = "gpuops-mock-nvml 2"
 
 # PCI device IDs (NVML's pciDeviceId: device << 16 | vendor 0x10de) of the products the lab's specs name.
 _PCI_DEVICE_IDS = {
@@ -295,16 +296,133 @@ MOCK_NVML_READINGS = {
     "clocks_mhz": "345 345 2619 765",
     "ecc_errors": "0 0",
 }
-_MIG_PROFILE = re.compile(r"^(?:(?P<ci>[0-9]+)c\.)?(?P<gi>[0-9]+)g\.[0-9]+gb(?P<suffix>\+me\.all|\+me|\+gfx|-me)?$")
-# NVML's GPU-instance profile IDs (NVML_GPU_INSTANCE_PROFILE_*) by (slices, suffix), and its
-# compute-instance profile IDs by slices: what NVIDIA's libraries name a MIG profile from.
-_GI_PROFILE_IDS = {
-    (1, ""): 0, (2, ""): 1, (3, ""): 2, (4, ""): 3, (7, ""): 4, (8, ""): 5, (6, ""): 6,
-    (1, "+me"): 7, (2, "+me"): 8, (1, "+gfx"): 10, (2, "+gfx"): 11, (4, "+gfx"): 12,
-    (1, "-me"): 13, (2, "-me"): 14, (1, "+me.all"): 15, (2, "+me.all"): 16,
-}  # fmt: skip
-_GI_PROFILE_1_SLICE_REV2 = 9  # 1g.20gb on an H100 80GB: a second one-slice profile with more memory
-_CI_PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+# MIG as the mock NVML library models it (labs and CI only; docs/mock-nvml.md). Per product: NVIDIA's
+# GPU-instance profiles as `nvidia-smi mig -lgip` lists them and the MIG user guide tables them, and their
+# placements as `nvidia-smi mig -lgipp` lists them (the first memory slice of each; a GPU has 8 memory slices
+# and 7 compute slices). Each row: NVML_GPU_INSTANCE_PROFILE_* (the index NVML's profile calls take), NVIDIA's
+# profile ID (the one NVML creates GPU instances by and reports them with), name, compute slices,
+# instances, memory MiB, SMs, copy engines, decoders, encoders, JPEG engines, OFA engines, memory slices,
+# placements. The MiB vary a little between driver releases; these are one release's.
+_MIG_PLACEMENTS_1 = (0, 1, 2, 3, 4, 5, 6)
+_MIG_A100_40GB = (
+    (0, 19, "1g.5gb", 1, 7, 4864, 14, 1, 0, 0, 0, 0, 1, _MIG_PLACEMENTS_1),
+    (7, 20, "1g.5gb+me", 1, 1, 4864, 14, 1, 1, 0, 1, 1, 1, _MIG_PLACEMENTS_1),
+    (9, 15, "1g.10gb", 1, 4, 9856, 14, 1, 1, 0, 0, 0, 2, (0, 2, 4, 6)),
+    (1, 14, "2g.10gb", 2, 3, 9856, 28, 2, 1, 0, 0, 0, 2, (0, 2, 4)),
+    (2, 9, "3g.20gb", 3, 2, 19968, 42, 3, 2, 0, 0, 0, 4, (0, 4)),
+    (3, 5, "4g.20gb", 4, 1, 19968, 56, 4, 2, 0, 0, 0, 4, (0,)),
+    (4, 0, "7g.40gb", 7, 1, 40192, 98, 7, 5, 0, 1, 1, 8, (0,)),
+)
+_MIG_A100_80GB = (
+    (0, 19, "1g.10gb", 1, 7, 9728, 14, 1, 0, 0, 0, 0, 1, _MIG_PLACEMENTS_1),
+    (7, 20, "1g.10gb+me", 1, 1, 9728, 14, 1, 1, 0, 1, 1, 1, _MIG_PLACEMENTS_1),
+    (9, 15, "1g.20gb", 1, 4, 19968, 14, 1, 1, 0, 0, 0, 2, (0, 2, 4, 6)),
+    (1, 14, "2g.20gb", 2, 3, 19968, 28, 2, 1, 0, 0, 0, 2, (0, 2, 4)),
+    (2, 9, "3g.40gb", 3, 2, 40192, 42, 3, 2, 0, 0, 0, 4, (0, 4)),
+    (3, 5, "4g.40gb", 4, 1, 40192, 56, 4, 2, 0, 0, 0, 4, (0,)),
+    (4, 0, "7g.80gb", 7, 1, 80896, 98, 7, 5, 0, 1, 1, 8, (0,)),
+)
+_MIG_H100_80GB = (
+    (0, 19, "1g.10gb", 1, 7, 9984, 16, 1, 1, 0, 1, 0, 1, _MIG_PLACEMENTS_1),
+    (7, 20, "1g.10gb+me", 1, 1, 9984, 16, 1, 1, 0, 1, 1, 1, _MIG_PLACEMENTS_1),
+    (9, 15, "1g.20gb", 1, 4, 20096, 26, 1, 1, 0, 1, 0, 2, (0, 2, 4, 6)),
+    (1, 14, "2g.20gb", 2, 3, 20096, 32, 2, 2, 0, 2, 0, 2, (0, 2, 4)),
+    (2, 9, "3g.40gb", 3, 2, 40448, 60, 3, 3, 0, 3, 0, 4, (0, 4)),
+    (3, 5, "4g.40gb", 4, 1, 40448, 64, 4, 4, 0, 4, 0, 4, (0,)),
+    (4, 0, "7g.80gb", 7, 1, 81152, 132, 8, 7, 0, 7, 1, 8, (0,)),
+)
+# The H200's 1g.35gb has the memory of its 2g.35gb, and its 3g.71gb and 4g.71gb twice that and 256 MiB, as
+# the H100's and A100's listings have it; their SMs are those of the H100's profiles of the same slices.
+_MIG_H200 = (
+    (0, 19, "1g.18gb", 1, 7, 16384, 16, 1, 1, 0, 1, 0, 1, _MIG_PLACEMENTS_1),
+    (7, 20, "1g.18gb+me", 1, 1, 16384, 16, 1, 1, 0, 1, 1, 1, _MIG_PLACEMENTS_1),
+    (9, 15, "1g.35gb", 1, 4, 33280, 26, 1, 1, 0, 1, 0, 2, (0, 2, 4, 6)),
+    (1, 14, "2g.35gb", 2, 3, 33280, 32, 2, 2, 0, 2, 0, 2, (0, 2, 4)),
+    (2, 9, "3g.71gb", 3, 2, 66816, 60, 3, 3, 0, 3, 0, 4, (0, 4)),
+    (3, 5, "4g.71gb", 4, 1, 66816, 64, 4, 4, 0, 4, 0, 4, (0,)),
+    (4, 0, "7g.141gb", 7, 1, 143360, 132, 8, 7, 0, 7, 1, 8, (0,)),
+)
+MIG_PRODUCTS = {
+    "NVIDIA A100-SXM4-40GB": _MIG_A100_40GB,
+    "NVIDIA A100-PCIE-40GB": _MIG_A100_40GB,
+    "NVIDIA A100-SXM4-80GB": _MIG_A100_80GB,
+    "NVIDIA A100 80GB PCIe": _MIG_A100_80GB,
+    "NVIDIA H100 80GB HBM3": _MIG_H100_80GB,
+    "NVIDIA H200": _MIG_H200,
+}
+MIG_MEMORY_SLICES = 8
+MIG_COMPUTE_SLICES = 7
+# Compute instances: the slices a compute instance of a GPU instance may have (by the GPU instance's slices, as
+# NVIDIA's mig-parted knows them: 1c.4g, 2c.4g and 4c.4g, no 3c.4g), and NVML_COMPUTE_INSTANCE_PROFILE_*
+# by slices (NVML numbers compute-instance profiles by that index; 1c.3g.20gb is ID 0).
+_MIG_CI_SLICES = {1: (1,), 2: (1, 2), 3: (1, 2, 3), 4: (1, 2, 4), 7: (1, 2, 3, 4, 7)}
+_MIG_CI_PROFILE = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+_MIG_DEVICE_NAME = re.compile(r"^(?:(?P<ci>[0-9]+)c\.)?(?P<gi>[0-9]+g\.[0-9]+gb(?:\+me)?)$")
+
+
+def _mig_ci_profiles(table):
+    """Per GPU-instance profile: its compute-instance profiles as (NVML index, slices, instances, SMs, starts).
+
+    A compute instance of c slices starts on a multiple of the power of two at or above c (a 3c in a 7g at 0
+    or 4); one as large as its GPU instance has the GPU instance's SMs, a smaller one those of the product's
+    GPU instance of c slices."""
+    plain_sms = dict((row[3], row[6]) for row in table if row[0] in (0, 1, 2, 3, 4))
+    result = {}
+    for row in table:
+        slices, sms = row[3], row[6]
+        profiles = []
+        for ci in _MIG_CI_SLICES[slices]:
+            align = 1 << (ci - 1).bit_length()
+            starts = tuple(start for start in range(0, slices, align) if start + ci <= slices)
+            profiles.append((_MIG_CI_PROFILE[ci], ci, len(starts), sms if ci == slices else plain_sms[ci], starts))
+        result[row[0]] = profiles
+    return result
+
+
+def _mig_seed_layout(gpu, path):
+    """The declared MIG devices of a GPU placed as the mock NVML library serves them: per device (GPU-instance
+    profile row, memory-slice start, NVML compute-instance profile index, compute-slice start). Each device is
+    one compute instance in a GPU instance of its own, at the lowest free placement of its profile, in the order
+    listed; a profile the product does not offer, or a device that does not fit, is an error naming both."""
+    label = "Simulated-GPU spec {}, GPU {} ({})".format(path, gpu["index"], gpu["uuid"])
+    table = MIG_PRODUCTS.get(gpu["name"])
+    if not gpu["mig_devices"]:
+        return []
+    if table is None:
+        raise SpecError(
+            "{}: the mock NVML library models MIG on {} only, not on {}.".format(
+                label, ", ".join(sorted(MIG_PRODUCTS)), gpu["name"]
+            )
+        )
+    by_name = dict((row[2], row) for row in table)
+    ci_profiles = _mig_ci_profiles(table)
+    used = []  # (start, size) of the memory slices taken
+    counts = {}
+    placed = []
+    for index, mig in enumerate(gpu["mig_devices"]):
+        match = _MIG_DEVICE_NAME.match(mig["profile"])
+        row = by_name.get(match.group("gi")) if match else None
+        ci = int(match.group("ci") or 0) if row else 0
+        ci_profile = next((p for p in ci_profiles[row[0]] if p[1] == (ci or row[3])), None) if row else None
+        if row is None or ci_profile is None or (ci and ci == row[3]):
+            offered = [r[2] for r in table]
+            raise SpecError(
+                "{}: MIG device {} has profile {}, which an {} does not offer (it offers {}).".format(
+                    label, index, mig["profile"], gpu["name"], ", ".join(offered)
+                )
+            )
+        size = row[12]
+        free = [s for s in row[13] if all(s + size <= u or u + n <= s for u, n in used)]
+        if counts.get(row[2], 0) >= row[4] or not free:
+            raise SpecError(
+                "{}: MIG device {} ({}) does not fit on the {} beside the MIG devices listed before it.".format(
+                    label, index, mig["profile"], gpu["name"]
+                )
+            )
+        counts[row[2]] = counts.get(row[2], 0) + 1
+        used.append((free[0], size))
+        placed.append((row, free[0], ci_profile[0], ci_profile[4][0]))
+    return placed
 
 
 def _nvml_architecture(capability):
@@ -321,28 +439,7 @@ def _nvml_cuda_version(text):
     return major * 1000 + minor * 10
 
 
-def _mig_profiles(gpu):
-    """Per MIG device of a GPU: (GPU-instance slices, compute-instance slices, NVML GPU-instance profile ID,
-    NVML compute-instance profile ID), from its profile's name: 1g.10gb -> (1, 1, 0, 0), 1c.3g.20gb -> (3, 1, 2, 0).
-    A name that is not NVIDIA's pattern counts as one slice of the first profile."""
-    parsed = []
-    for mig in gpu["mig_devices"]:
-        match = _MIG_PROFILE.match(mig["profile"])
-        gi = int(match.group("gi")) if match else 1
-        ci = int(match.group("ci") or gi) if match else 1
-        suffix = (match.group("suffix") or "") if match else ""
-        parsed.append((gi, ci, suffix, mig["memory_mib"]))
-    smallest_one_slice = min((m for gi, _ci, sfx, m in parsed if gi == 1 and not sfx), default=None)
-    result = []
-    for gi, ci, suffix, memory in parsed:
-        profile = _GI_PROFILE_IDS.get((gi, suffix), 0)
-        if (gi, suffix) == (1, "") and memory > smallest_one_slice:
-            profile = _GI_PROFILE_1_SLICE_REV2
-        result.append((gi, ci, profile, _CI_PROFILE_IDS.get(ci, 0)))
-    return result
-
-
-def mock_nvml_state_text(spec):
+def mock_nvml_state_text(spec, path="<spec>"):
     """The mock NVML library's state for a spec (as parse_spec returns it): one `key value` line each.
 
     The library serves exactly this; everything it knows of the GPUs comes from here, so the spec reader
@@ -385,8 +482,33 @@ def mock_nvml_state_text(spec):
             lines.append("pcie_switch " + gpu["pcie_switch"])
         lines += [f"nvlink_peer {by_uuid[peer]}" for peer in gpu["nvlink_peers"]]
         lines += [f"{key} {value}" for key, value in MOCK_NVML_READINGS.items()]
-        # mig UUID MEMORY_MIB PROFILE GI_SLICES CI_SLICES GI_ID CI_ID GI_PROFILE_ID CI_PROFILE_ID
-        for slot, (mig, (gi, ci, gi_profile, ci_profile)) in enumerate(zip(gpu["mig_devices"], _mig_profiles(gpu))):
-            fields = (mig["uuid"], mig["memory_mib"], mig["profile"], gi, ci, slot + 1, 0, gi_profile, ci_profile)
-            lines.append("mig " + " ".join(str(field) for field in fields))
+        lines += _mig_state_lines(gpu, path)
     return "".join(line + "\n" for line in lines)
+
+
+def _mig_state_lines(gpu, path):
+    """A GPU's MIG lines of the state: the product's profiles and placements, and the declared MIG devices placed
+    (mig_seed names that declaration; the library serves it until a client changes the layout)."""
+    seed = _mig_seed_layout(gpu, path)
+    table = MIG_PRODUCTS.get(gpu["name"])
+    lines = []
+    if table is not None and gpu["mig_mode"] != "unsupported":
+        lines.append(f"mig_slices {MIG_MEMORY_SLICES} {MIG_COMPUTE_SLICES}")
+        ci_profiles = _mig_ci_profiles(table)
+        for row in table:
+            # gi_profile INDEX ID NAME SLICES INSTANCES MEMORY_MIB SMS CE DEC ENC JPEG OFA MEMORY_SLICES STARTS
+            lines.append("gi_profile " + " ".join(str(field) for field in row[:13]) + " " + _csv(row[13]))
+            for ci_index, ci_slices, instances, sms, starts in ci_profiles[row[0]]:
+                # ci_profile GI_INDEX CI_INDEX SLICES INSTANCES SMS STARTS
+                lines.append(f"ci_profile {row[0]} {ci_index} {ci_slices} {instances} {sms} {_csv(starts)}")
+    for mig, (row, start, ci_index, ci_start) in zip(gpu["mig_devices"], seed):
+        # mig UUID MEMORY_MIB PROFILE GI_INDEX GI_START CI_INDEX CI_START
+        fields = (mig["uuid"], mig["memory_mib"], mig["profile"], row[0], start, ci_index, ci_start)
+        lines.append("mig " + " ".join(str(field) for field in fields))
+    declared = "{} {} {}".format(gpu["name"], gpu["mig_mode"], lines[-len(seed) :] if seed else [])
+    lines.append("mig_seed " + hashlib.sha256(declared.encode("utf-8")).hexdigest()[:16])
+    return lines
+
+
+def _csv(values):
+    return ",".join(str(value) for value in values)

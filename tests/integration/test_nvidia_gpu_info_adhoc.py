@@ -134,3 +134,39 @@ def test_nvml_without_a_driver_falls_back_to_sysfs_with_the_reason(ansible_env, 
     assert result["nvml_unavailable_reason"] == (
         "NVML could not be initialised (Driver Not Loaded), so the GPUs were read from the PCI bus in sysfs."
     )
+
+
+# A MIG manager's work, in a process of its own: GPU 2 of h100x8 in MIG mode, partitioned as mig-parted's
+# all-balanced (3g.40gb, 2g.20gb, two 1g.10gb), through the real pynvml on the library.
+PARTITION = """
+import pynvml as nvml
+nvml.nvmlInit()
+gpu = nvml.nvmlDeviceGetHandleByIndex(2)
+assert nvml.nvmlDeviceSetMigMode(gpu, nvml.NVML_DEVICE_MIG_ENABLE) == nvml.NVML_SUCCESS
+for profile_id in (9, 14, 19, 19):
+    instance = nvml.nvmlDeviceCreateGpuInstance(gpu, profile_id)
+    slices = nvml.nvmlDeviceGetGpuInstanceProfileInfoById(gpu, profile_id).sliceCount
+    nvml.nvmlGpuInstanceCreateComputeInstance(instance, {1: 0, 2: 1, 3: 2}[slices])
+nvml.nvmlShutdown()
+"""
+
+
+def test_nvml_reports_the_mig_layout_another_process_made(ansible_env, mock_nvml_dir, tmp_path):
+    """MIG devices are the driver's state: the module, a process of its own, reads what another process
+    created through NVML (the library keeps the layout beside its state, docs/mock-nvml.md)."""
+    spec = os.path.join(REPO, "tests", "fixtures", "simulated", "h100x8.yaml")
+    state = tmp_path / "nvml.state"
+    subprocess.run([sys.executable, os.path.join(REPO, "tests", "mock_nvml", "nvml_state.py"), spec, state], check=True)
+    env = dict(ansible_env, LD_LIBRARY_PATH=mock_nvml_dir, GPUOPS_MOCK_NVML_STATE=str(state))
+    subprocess.run([sys.executable, "-c", PARTITION], env=env, check=True, timeout=60)
+    rc, result, stats = run_adhoc(env, f"sysfs_root={tmp_path}", "--check")
+    assert rc == 0, result
+    assert stats["changed"] == 0
+    assert [gpu["mig_mode"] for gpu in result["gpus"]] == ["disabled"] * 2 + ["enabled"] + ["disabled"] * 5
+    assert [(mig["profile"], mig["memory_mib"]) for mig in result["gpus"][2]["mig_devices"]] == [
+        ("3g.40gb", 40448),
+        ("2g.20gb", 20096),
+        ("1g.10gb", 9984),
+        ("1g.10gb", 9984),
+    ]
+    assert all(mig["uuid"].startswith("MIG-") for mig in result["gpus"][2]["mig_devices"])

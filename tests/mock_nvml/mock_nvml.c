@@ -4,8 +4,9 @@
  * NVML client, run unchanged on a machine without a GPU. TEST DOUBLE: nothing here talks to hardware.
  *
  * One source of truth: the state file is written from a simulated-GPU spec by the spec reader
- * (plugins/module_utils/_simulated_spec.py, nvml_state_text; tests/mock_nvml/nvml_state.py writes
- * it). This library parses only that line format, never YAML.
+ * (plugins/module_utils/_simulated_spec.py, mock_nvml_state_text; tests/mock_nvml/nvml_state.py writes
+ * it), MIG profiles and placements per product included. This library parses only that line format,
+ * never YAML.
  *
  * Where the state is: $GPUOPS_MOCK_NVML_STATE, else gpuops-mock-nvml.state in the directory this
  * library was loaded from (so a driver root mounted elsewhere still finds its own state).
@@ -13,15 +14,22 @@
  * nvmlEventSetWait waits): a GPU whose `xid` changes delivers an XID event to the event sets that
  * registered for it; a GPU that becomes `lost` answers NVML_ERROR_GPU_IS_LOST.
  *
- * Test knobs (never set on a node): $GPUOPS_MOCK_NVML_FAIL="fnA:code,fnB:code" makes those
- * functions return that NVML error; $GPUOPS_MOCK_NVML_TRACE=FILE appends each function's name
- * to FILE as it is called.
+ * MIG layouts are the driver's state, shared by every process on the node: what clients change (MIG
+ * mode, GPU and compute instances) is kept in a layout file beside the state (docs/mock-nvml.md), replaced
+ * atomically under a lock and re-read like the state. A GPU's layout there holds while the spec declares
+ * the same MIG layout for it; a spec that declares another one puts that in place.
+ *
+ * Test knobs (never set on a node): $GPUOPS_MOCK_NVML_FAIL="fnA:code,fnB:code@N" makes those
+ * functions return that NVML error (every call, or only the Nth of this process); $GPUOPS_MOCK_NVML_TRACE=FILE
+ * appends each function's name to FILE as it is called; gpuopsMockNvmlResetGpu resets a GPU (what
+ * `nvidia-smi --gpu-reset` does), which applies a pending MIG mode.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -29,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,9 +126,17 @@ typedef struct {
 
 /* ---- the state ---------------------------------------------------------------------------------- */
 #define MAX_GPUS 64
-#define MAX_MIG 8
 #define MAX_LINKS NVML_NVLINK_MAX_LINKS
 #define TEXT 96
+#define UUID_TEXT 64
+#define NAME_TEXT 32
+/* MIG: NVML's profile enumerations, and what one GPU can hold (GPU-instance IDs 0-14 on 8 memory slices). */
+#define GI_PROFILES 0x12 /* NVML_GPU_INSTANCE_PROFILE_COUNT */
+#define CI_PROFILES 0x9  /* NVML_COMPUTE_INSTANCE_PROFILE_COUNT */
+#define MAX_GI 15
+#define MAX_CI 8
+#define MAX_STARTS 8
+#define MAX_MIG_DEVICES 7 /* nvmlDeviceGetMaxMigDeviceCount on the products modelled */
 
 struct mock_device;
 typedef struct mock_device *nvmlDevice_t;
@@ -127,23 +144,64 @@ typedef struct mock_device *nvmlDevice_t;
 /* A handle points at one of these; the first field tells a GPU from a MIG device. */
 struct mock_device {
     int is_mig;
-    int index;        /* the GPU's index; for a MIG device, its slot on the parent */
-    int parent;       /* MIG: the parent GPU's index */
+    int index;        /* the GPU's index (a MIG device: its parent's) */
+    int gi, ci;       /* MIG: its GPU instance and compute instance */
 };
 
-/* A GPU instance or compute instance handle: which MIG device of which GPU it stands for. */
+/* A GPU- or compute-instance handle: where the instance lives (ci < 0 for a GPU instance). */
 struct mock_instance {
-    int gpu, mig, compute;
+    int gpu, gi, ci;
 };
+
+/* What a product offers (the state's gi_profile and ci_profile lines; the spec reader's tables). */
+typedef struct {
+    int offered;
+    unsigned int id; /* NVIDIA's profile ID, e.g. 19 for 1g.10gb */
+    char name[NAME_TEXT];
+    unsigned int slices, instances, memory_slices, sm, ce, dec, enc, jpeg, ofa;
+    unsigned long long memory_mib;
+    int starts;
+    unsigned int start[MAX_STARTS];
+} mock_gi_profile_t;
 
 typedef struct {
-    struct mock_device handle;
-    char uuid[TEXT];
-    char profile[32];
+    int offered;
+    unsigned int slices, instances, sm;
+    int starts;
+    unsigned int start[MAX_STARTS];
+} mock_ci_profile_t;
+
+/* A layout: the MIG mode and the instances in place. A handle's address never changes (slots by ID). */
+typedef struct {
+    int live;
+    unsigned int profile, start, size; /* NVML_COMPUTE_INSTANCE_PROFILE_*, compute slices in its GI */
     unsigned long long memory_mib;
-    unsigned int gi_slices, ci_slices, gi_id, ci_id, gi_profile, ci_profile;
-    struct mock_instance gpu_instance, compute_instance;
+    char uuid[UUID_TEXT];
+    char name[NAME_TEXT]; /* the profile as a MIG device names it: 1g.10gb, 1c.3g.40gb */
+    struct mock_device handle;
+    struct mock_instance instance;
+} mock_ci_t;
+
+typedef struct {
+    int live;
+    unsigned int profile, start, size; /* NVML_GPU_INSTANCE_PROFILE_*, memory slices */
+    struct mock_instance instance;
+    mock_ci_t ci[MAX_CI];
+} mock_gi_t;
+
+typedef struct {
+    int current, pending;  /* NVML_DEVICE_MIG_DISABLE / _ENABLE */
+    unsigned long serial;  /* compute instances created so far: a new one gets a new UUID */
+    mock_gi_t gi[MAX_GI];  /* by GPU-instance ID */
 } mock_mig_t;
+
+/* A MIG device the spec declares: one compute instance in a GPU instance of its own, placed by the reader. */
+typedef struct {
+    char uuid[UUID_TEXT];
+    unsigned long long memory_mib;
+    char name[NAME_TEXT];
+    unsigned int gi_profile, gi_start, ci_profile, ci_start;
+} mock_declared_t;
 
 typedef struct {
     struct mock_device handle;
@@ -151,7 +209,7 @@ typedef struct {
     unsigned int domain, bus, device, function, pci_device_id, pci_subsystem_id;
     unsigned long long memory_mib;
     int cc_major, cc_minor, numa_node, persistence, minor_number;
-    int mig_mode; /* 0 disabled, 1 enabled, -1 unsupported */
+    int mig_mode; /* the spec's: 0 disabled, 1 enabled, -1 unsupported */
     int architecture, brand;
     int lost;
     unsigned long long xid;
@@ -161,8 +219,13 @@ typedef struct {
     unsigned int temperature_c, power_mw, power_limit_mw, util_gpu, util_memory;
     unsigned int clock_graphics, clock_sm, clock_memory, clock_video;
     unsigned long long ecc_corrected, ecc_uncorrected;
-    int mig_count;
-    mock_mig_t mig[MAX_MIG];
+    unsigned int memory_slices, compute_slices; /* 0: the product's MIG profiles are not modelled */
+    mock_gi_profile_t gi_profile[GI_PROFILES];
+    mock_ci_profile_t ci_profile[GI_PROFILES][CI_PROFILES];
+    int declared_count;
+    mock_declared_t declared[MAX_MIG_DEVICES];
+    char mig_seed[40]; /* names the declared MIG layout */
+    mock_mig_t mig;    /* the layout in place */
 } mock_gpu_t;
 
 typedef struct {
@@ -174,13 +237,33 @@ typedef struct {
     mock_gpu_t gpu[MAX_GPUS];
 } mock_state_t;
 
+/* The layout file: per GPU that a client changed, the declaration it started from and its layout now. */
+typedef struct {
+    char uuid[UUID_TEXT];
+    char seed[40];
+    mock_mig_t mig;
+} mock_layout_entry_t;
+
+typedef struct {
+    int count;
+    mock_layout_entry_t entry[MAX_GPUS];
+} mock_layout_t;
+
+struct file_stamp {
+    int exists;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+};
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static mock_state_t state;
+static mock_layout_t layout;
 static int refcount;
 static char state_path[PATH_MAX];
-static struct timespec state_mtime;
-static ino_t state_ino;
-static off_t state_size;
+static char layout_path[PATH_MAX];
+static struct file_stamp state_stamp, layout_stamp;
+static int client_fd = -1; /* held, read-locked, while this process has NVML initialised */
 
 /* ---- test knobs --------------------------------------------------------------------------------- */
 static void trace(const char *name)
@@ -199,7 +282,31 @@ static void trace(const char *name)
     close(fd);
 }
 
-/* The NVML error a test asked this function to return, or NVML_SUCCESS. */
+/* How often this process called each function a failure is asked for (for "fn:code@N"). */
+static pthread_mutex_t calls_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char name[64];
+    unsigned long count;
+} calls[32];
+
+static unsigned long count_call(const char *name)
+{
+    pthread_mutex_lock(&calls_lock);
+    unsigned long n = 0;
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        if (calls[i].name[0] == '\0')
+            snprintf(calls[i].name, sizeof calls[i].name, "%s", name);
+        if (strcmp(calls[i].name, name) == 0) {
+            n = ++calls[i].count;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&calls_lock);
+    return n;
+}
+
+/* The NVML error a test asked this function to return, or NVML_SUCCESS: "fn:code" fails every call,
+ * "fn:code@N" only the Nth call of this process (counted from 1), so a sequence can fail half-way. */
 static nvmlReturn_t injected(const char *name)
 {
     const char *spec = getenv("GPUOPS_MOCK_NVML_FAIL");
@@ -209,8 +316,14 @@ static nvmlReturn_t injected(const char *name)
     for (const char *p = spec; *p;) {
         const char *end = strchr(p, ',');
         size_t item = end ? (size_t)(end - p) : strlen(p);
-        if (item > len && strncmp(p, name, len) == 0 && p[len] == ':')
-            return (nvmlReturn_t)atoi(p + len + 1);
+        if (item > len && strncmp(p, name, len) == 0 && p[len] == ':') {
+            char *rest;
+            long code = strtol(p + len + 1, &rest, 10);
+            if (*rest != '@')
+                return (nvmlReturn_t)code;
+            unsigned long nth = strtoul(rest + 1, NULL, 10);
+            return count_call(name) == nth ? (nvmlReturn_t)code : NVML_SUCCESS;
+        }
         if (!end)
             break;
         p = end + 1;
@@ -226,36 +339,150 @@ static nvmlReturn_t injected(const char *name)
             return injected_error;                   \
     } while (0)
 
-/* ---- reading the state file ------------------------------------------------------------------- */
-static void find_state_path(void)
-{
-    const char *env = getenv("GPUOPS_MOCK_NVML_STATE");
-    if (env && *env) {
-        snprintf(state_path, sizeof state_path, "%s", env);
-        return;
-    }
-    Dl_info info;
-    if (dladdr((void *)find_state_path, &info) && info.dli_fname) {
-        char dir[PATH_MAX - 32];
-        snprintf(dir, sizeof dir, "%s", info.dli_fname);
-        char *slash = strrchr(dir, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(state_path, sizeof state_path, "%s/gpuops-mock-nvml.state", dir);
-            return;
-        }
-    }
-    snprintf(state_path, sizeof state_path, "gpuops-mock-nvml.state");
-}
-
+/* ---- where the files are ------------------------------------------------------------------------ */
 static void copy_text(char *dst, size_t size, const char *src)
 {
     snprintf(dst, size, "%s", src);
 }
 
+/* The directory this library was loaded from, or "" when the loader does not say. */
+static void library_dir(char *dir, size_t size)
+{
+    Dl_info info;
+    dir[0] = '\0';
+    if (dladdr((void *)library_dir, &info) && info.dli_fname) {
+        snprintf(dir, size, "%s", info.dli_fname);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = '\0';
+        else
+            dir[0] = '\0';
+    }
+}
+
+/* Follows symbolic links to the file a path names, which need not exist yet (relative links resolve from
+ * the link's directory, so a driver root mounted elsewhere leads to its own files). */
+static void resolve_links(char *path, size_t size)
+{
+    for (int hops = 0; hops < 8; hops++) {
+        char target[PATH_MAX];
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n <= 0)
+            return;
+        target[n] = '\0';
+        char *slash = target[0] == '/' ? NULL : strrchr(path, '/');
+        size_t keep = slash ? (size_t)(slash - path) + 1 : 0; /* the link's directory, with its slash */
+        if (keep + (size_t)n + 1 > size)
+            return;
+        memmove(path + keep, target, (size_t)n + 1);
+    }
+}
+
+/* The state: $GPUOPS_MOCK_NVML_STATE, else beside the library. The MIG layout: $GPUOPS_MOCK_NVML_MIG_LAYOUT,
+ * else beside the state named by the variable (STATE.mig), else beside the library. */
+static void find_paths(void)
+{
+    const char *env = getenv("GPUOPS_MOCK_NVML_STATE");
+    const char *mig = getenv("GPUOPS_MOCK_NVML_MIG_LAYOUT");
+    char dir[PATH_MAX - 32];
+    library_dir(dir, sizeof dir);
+    if (env && *env)
+        snprintf(state_path, sizeof state_path, "%s", env);
+    else if (dir[0])
+        snprintf(state_path, sizeof state_path, "%s/gpuops-mock-nvml.state", dir);
+    else
+        snprintf(state_path, sizeof state_path, "gpuops-mock-nvml.state");
+    if (mig && *mig)
+        snprintf(layout_path, sizeof layout_path, "%s", mig);
+    else if (env && *env)
+        snprintf(layout_path, sizeof layout_path, "%.*s.mig", PATH_MAX - 8, env);
+    else if (dir[0])
+        snprintf(layout_path, sizeof layout_path, "%s/gpuops-mock-nvml.mig", dir);
+    else
+        snprintf(layout_path, sizeof layout_path, "gpuops-mock-nvml.mig");
+    resolve_links(layout_path, sizeof layout_path);
+}
+
+/* Whether the file changed since the stamp (a file that is gone counts as changed once); updates it. */
+static int file_changed(const char *path, struct file_stamp *stamp)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        int changed = stamp->exists;
+        memset(stamp, 0, sizeof *stamp);
+        return changed;
+    }
+    int changed = !stamp->exists || st.st_ino != stamp->ino || st.st_size != stamp->size ||
+                  st.st_mtim.tv_sec != stamp->mtime.tv_sec || st.st_mtim.tv_nsec != stamp->mtime.tv_nsec;
+    stamp->exists = 1;
+    stamp->ino = st.st_ino;
+    stamp->size = st.st_size;
+    stamp->mtime = st.st_mtim;
+    return changed;
+}
+
+/* ---- reading the state file ------------------------------------------------------------------- */
+static int parse_starts(const char *text, unsigned int *start)
+{
+    int n = 0;
+    for (const char *p = text; *p && n < MAX_STARTS;) {
+        char *end;
+        start[n++] = (unsigned int)strtoul(p, &end, 10);
+        if (*end != ',')
+            break;
+        p = end + 1;
+    }
+    return n;
+}
+
+static int parse_mig_line(mock_gpu_t *gpu, const char *key, const char *value)
+{
+    if (strcmp(key, "mig_slices") == 0) {
+        return sscanf(value, "%u %u", &gpu->memory_slices, &gpu->compute_slices) == 2 ? 0 : -1;
+    } else if (strcmp(key, "gi_profile") == 0) {
+        /* gi_profile INDEX ID NAME SLICES INSTANCES MEMORY_MIB SMS CE DEC ENC JPEG OFA MEMORY_SLICES STARTS */
+        unsigned int index;
+        mock_gi_profile_t p = {0};
+        char starts[64];
+        if (sscanf(value, "%u %u %31s %u %u %llu %u %u %u %u %u %u %u %63s", &index, &p.id, p.name, &p.slices,
+                   &p.instances, &p.memory_mib, &p.sm, &p.ce, &p.dec, &p.enc, &p.jpeg, &p.ofa, &p.memory_slices,
+                   starts) != 14 ||
+            index >= GI_PROFILES || p.memory_slices == 0)
+            return -1;
+        p.offered = 1;
+        p.starts = parse_starts(starts, p.start);
+        gpu->gi_profile[index] = p;
+    } else if (strcmp(key, "ci_profile") == 0) {
+        /* ci_profile GI_INDEX CI_INDEX SLICES INSTANCES SMS STARTS */
+        unsigned int gi, ci;
+        mock_ci_profile_t p = {0};
+        char starts[64];
+        if (sscanf(value, "%u %u %u %u %u %63s", &gi, &ci, &p.slices, &p.instances, &p.sm, starts) != 6 ||
+            gi >= GI_PROFILES || ci >= CI_PROFILES)
+            return -1;
+        p.offered = 1;
+        p.starts = parse_starts(starts, p.start);
+        gpu->ci_profile[gi][ci] = p;
+    } else if (strcmp(key, "mig") == 0) {
+        /* mig UUID MEMORY_MIB PROFILE GI_INDEX GI_START CI_INDEX CI_START */
+        if (gpu->declared_count >= MAX_MIG_DEVICES)
+            return -1;
+        mock_declared_t *d = &gpu->declared[gpu->declared_count];
+        if (sscanf(value, "%63s %llu %31s %u %u %u %u", d->uuid, &d->memory_mib, d->name, &d->gi_profile,
+                   &d->gi_start, &d->ci_profile, &d->ci_start) != 7 ||
+            d->gi_profile >= GI_PROFILES || d->ci_profile >= CI_PROFILES)
+            return -1;
+        gpu->declared_count++;
+    } else if (strcmp(key, "mig_seed") == 0) {
+        copy_text(gpu->mig_seed, sizeof gpu->mig_seed, value);
+    }
+    return 0;
+}
+
+/* Only what a state holds is touched: a GPU's slot is cleared when its line opens it. */
 static int parse_state(FILE *file, mock_state_t *out)
 {
-    memset(out, 0, sizeof *out);
+    memset(out, 0, offsetof(mock_state_t, gpu));
     char line[512];
     mock_gpu_t *gpu = NULL;
     int version_seen = 0;
@@ -270,7 +497,7 @@ static int parse_state(FILE *file, mock_state_t *out)
             value = line + strlen(line);
         const char *key = line;
         if (strcmp(key, "format") == 0) {
-            version_seen = strcmp(value, "gpuops-mock-nvml 1") == 0;
+            version_seen = strcmp(value, "gpuops-mock-nvml 2") == 0;
         } else if (strcmp(key, "driver_version") == 0) {
             copy_text(out->driver_version, sizeof out->driver_version, value);
         } else if (strcmp(key, "nvml_version") == 0) {
@@ -281,6 +508,7 @@ static int parse_state(FILE *file, mock_state_t *out)
             if (out->count >= MAX_GPUS)
                 return -1;
             gpu = &out->gpu[out->count];
+            memset(gpu, 0, sizeof *gpu);
             gpu->handle.index = out->count;
             gpu->mig_mode = 0;
             gpu->numa_node = -1;
@@ -339,67 +567,338 @@ static int parse_state(FILE *file, mock_state_t *out)
                    &gpu->clock_video);
         } else if (strcmp(key, "ecc_errors") == 0) {
             sscanf(value, "%llu %llu", &gpu->ecc_corrected, &gpu->ecc_uncorrected);
-        } else if (strcmp(key, "mig") == 0) {
-            /* mig <uuid> <memory MiB> <profile> <GI slices> <CI slices> <GI id> <CI id> <GI profile> <CI profile> */
-            if (gpu->mig_count >= MAX_MIG)
-                return -1;
-            mock_mig_t *mig = &gpu->mig[gpu->mig_count];
-            if (sscanf(value, "%95s %llu %31s %u %u %u %u %u %u", mig->uuid, &mig->memory_mib, mig->profile,
-                       &mig->gi_slices, &mig->ci_slices, &mig->gi_id, &mig->ci_id, &mig->gi_profile,
-                       &mig->ci_profile) != 9)
-                return -1;
-            mig->handle.is_mig = 1;
-            mig->handle.index = gpu->mig_count;
-            mig->handle.parent = gpu->handle.index;
-            mig->gpu_instance = (struct mock_instance){gpu->handle.index, gpu->mig_count, 0};
-            mig->compute_instance = (struct mock_instance){gpu->handle.index, gpu->mig_count, 1};
-            gpu->mig_count++;
+        } else if (parse_mig_line(gpu, key, value) != 0) {
+            return -1;
         }
     }
     return version_seen ? 0 : -1;
 }
 
-/* Re-read the state when the file changed; keep every event generation that did not change. Locked. */
+/* ---- the MIG layout ----------------------------------------------------------------------------- */
+/* A GPU instance's ID follows from its placement, as NVIDIA's driver numbers them on 8 memory slices:
+ * the whole GPU is 0, the halves 1-2, the quarters 3-6, the eighths 7-14. */
+static int gi_id_of(const mock_gpu_t *gpu, unsigned int start, unsigned int size)
+{
+    if (size == 0 || gpu->memory_slices == 0 || gpu->memory_slices % size || start % size)
+        return -1;
+    int id = (int)(gpu->memory_slices / size - 1 + start / size);
+    return id < MAX_GI ? id : -1;
+}
+
+/* The layout a GPU has when nothing changed it: the spec's MIG mode and declared MIG devices. */
+static void seed_layout(const mock_gpu_t *gpu, mock_mig_t *mig)
+{
+    memset(mig, 0, sizeof *mig);
+    mig->current = mig->pending = gpu->mig_mode == 1;
+    for (int i = 0; mig->current && i < gpu->declared_count; i++) {
+        const mock_declared_t *d = &gpu->declared[i];
+        const mock_gi_profile_t *gp = &gpu->gi_profile[d->gi_profile];
+        const mock_ci_profile_t *cp = &gpu->ci_profile[d->gi_profile][d->ci_profile];
+        int id = gi_id_of(gpu, d->gi_start, gp->memory_slices);
+        if (!gp->offered || !cp->offered || id < 0 || mig->gi[id].live)
+            continue; /* the spec reader placed them; a state that says otherwise is not ours */
+        mock_gi_t *gi = &mig->gi[id];
+        gi->live = 1;
+        gi->profile = d->gi_profile;
+        gi->start = d->gi_start;
+        gi->size = gp->memory_slices;
+        mock_ci_t *ci = &gi->ci[0];
+        ci->live = 1;
+        ci->profile = d->ci_profile;
+        ci->start = d->ci_start;
+        ci->size = cp->slices;
+        ci->memory_mib = d->memory_mib;
+        copy_text(ci->uuid, sizeof ci->uuid, d->uuid);
+        copy_text(ci->name, sizeof ci->name, d->name);
+    }
+}
+
+/* Points every slot's handles at itself: a handle is the slot's address, checked against these. */
+static void set_handles(mock_gpu_t *gpu)
+{
+    for (int g = 0; g < MAX_GI; g++) {
+        mock_gi_t *gi = &gpu->mig.gi[g];
+        gi->instance = (struct mock_instance){gpu->handle.index, g, -1};
+        for (int c = 0; c < MAX_CI; c++) {
+            gi->ci[c].instance = (struct mock_instance){gpu->handle.index, g, c};
+            gi->ci[c].handle = (struct mock_device){1, gpu->handle.index, g, c};
+        }
+    }
+}
+
+static mock_layout_entry_t *layout_entry(mock_layout_t *from, const char *uuid)
+{
+    for (int i = 0; i < from->count; i++)
+        if (strcmp(from->entry[i].uuid, uuid) == 0)
+            return &from->entry[i];
+    return NULL;
+}
+
+/* Each GPU's layout in place: the one the layout file keeps for it while the spec still declares what that
+ * started from, else the declared one. */
+static void merge_layouts(void)
+{
+    for (int i = 0; i < state.count; i++) {
+        mock_gpu_t *gpu = &state.gpu[i];
+        const mock_layout_entry_t *kept = layout_entry(&layout, gpu->uuid);
+        if (kept && gpu->mig_mode >= 0 && strcmp(kept->seed, gpu->mig_seed) == 0)
+            gpu->mig = kept->mig;
+        else
+            seed_layout(gpu, &gpu->mig);
+        set_handles(gpu);
+    }
+}
+
+/* layout file: "format gpuops-mock-nvml-mig 1", then per GPU
+ *   gpu UUID SEED CURRENT PENDING SERIAL
+ *   gi ID PROFILE START SIZE
+ *   ci GI_ID CI_ID PROFILE START SIZE MEMORY_MIB UUID NAME                                               */
+static int parse_layout(FILE *file, mock_layout_t *out)
+{
+    out->count = 0;
+    char line[512];
+    mock_layout_entry_t *entry = NULL;
+    int version_seen = 0;
+    while (fgets(line, sizeof line, file)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        unsigned int g, c, profile, start, size;
+        if (line[0] == '#' || line[0] == '\0') {
+            continue;
+        } else if (strcmp(line, "format gpuops-mock-nvml-mig 1") == 0) {
+            version_seen = 1;
+        } else if (strncmp(line, "gpu ", 4) == 0) {
+            if (out->count >= MAX_GPUS)
+                return -1;
+            entry = &out->entry[out->count++];
+            memset(entry, 0, sizeof *entry);
+            if (sscanf(line + 4, "%63s %39s %d %d %lu", entry->uuid, entry->seed, &entry->mig.current,
+                       &entry->mig.pending, &entry->mig.serial) != 5)
+                return -1;
+        } else if (entry && sscanf(line, "gi %u %u %u %u", &g, &profile, &start, &size) == 4 && g < MAX_GI &&
+                   profile < GI_PROFILES) {
+            entry->mig.gi[g] = (mock_gi_t){.live = 1, .profile = profile, .start = start, .size = size};
+        } else if (entry && strncmp(line, "ci ", 3) == 0) {
+            mock_ci_t ci = {.live = 1};
+            if (sscanf(line + 3, "%u %u %u %u %u %llu %63s %31s", &g, &c, &ci.profile, &ci.start, &ci.size,
+                       &ci.memory_mib, ci.uuid, ci.name) != 8 ||
+                g >= MAX_GI || c >= MAX_CI || !entry->mig.gi[g].live || ci.profile >= CI_PROFILES)
+                return -1;
+            entry->mig.gi[g].ci[c] = ci;
+        } else {
+            return -1;
+        }
+    }
+    return version_seen ? 0 : -1;
+}
+
+static void read_layout(void)
+{
+    static mock_layout_t fresh;
+    FILE *file = fopen(layout_path, "re");
+    if (file == NULL) {
+        layout.count = 0;
+        return;
+    }
+    int parsed = parse_layout(file, &fresh);
+    fclose(file);
+    if (parsed == 0)
+        memcpy(&layout, &fresh, offsetof(mock_layout_t, entry) + (size_t)fresh.count * sizeof fresh.entry[0]);
+}
+
+/* Re-read the state and the layout when either file changed; keep every event generation that did not
+ * change. Locked. */
 static int refresh_locked(void)
 {
-    struct stat st;
-    char previous[PATH_MAX];
-    copy_text(previous, sizeof previous, state_path);
-    find_state_path(); /* the environment may name another file now */
-    if (strcmp(previous, state_path) != 0)
+    char previous_state[PATH_MAX], previous_layout[PATH_MAX];
+    copy_text(previous_state, sizeof previous_state, state_path);
+    copy_text(previous_layout, sizeof previous_layout, layout_path);
+    find_paths(); /* the environment may name other files now */
+    if (strcmp(previous_state, state_path) != 0) {
         state.valid = 0;
-    if (stat(state_path, &st) != 0) {
-        state.valid = 0;
-        return -1;
+        memset(&state_stamp, 0, sizeof state_stamp);
     }
-    if (state.valid && st.st_ino == state_ino && st.st_size == state_size &&
-        st.st_mtim.tv_sec == state_mtime.tv_sec && st.st_mtim.tv_nsec == state_mtime.tv_nsec)
-        return 0;
-    FILE *file = fopen(state_path, "re");
-    if (file == NULL) {
+    if (strcmp(previous_layout, layout_path) != 0)
+        memset(&layout_stamp, 0, sizeof layout_stamp);
+    int state_changed = file_changed(state_path, &state_stamp);
+    if (!state_stamp.exists) {
         state.valid = 0;
         return -1;
     }
-    static mock_state_t fresh;
-    int parsed = parse_state(file, &fresh);
-    fclose(file);
-    if (parsed != 0)
-        return state.valid ? 0 : -1; /* a half-written or foreign file: keep what was read before */
-    for (int i = 0; i < fresh.count; i++) {
-        mock_gpu_t *gpu = &fresh.gpu[i];
-        const mock_gpu_t *old = NULL;
-        for (int j = 0; state.valid && j < state.count; j++)
-            if (strcmp(state.gpu[j].uuid, gpu->uuid) == 0)
-                old = &state.gpu[j];
-        gpu->xid_generation = old ? old->xid_generation + (old->xid != gpu->xid) : (gpu->xid ? 1 : 0);
+    int layout_changed = file_changed(layout_path, &layout_stamp) || strcmp(previous_layout, layout_path) != 0;
+    if (state_changed || !state.valid) {
+        FILE *file = fopen(state_path, "re");
+        if (file == NULL) {
+            state.valid = 0;
+            return -1;
+        }
+        static mock_state_t fresh;
+        int parsed = parse_state(file, &fresh);
+        fclose(file);
+        if (parsed != 0) {
+            memset(&state_stamp, 0, sizeof state_stamp); /* a half-written or foreign file: try again */
+            return state.valid ? 0 : -1;                 /* and keep what was read before */
+        }
+        for (int i = 0; i < fresh.count; i++) {
+            mock_gpu_t *gpu = &fresh.gpu[i];
+            const mock_gpu_t *old = NULL;
+            for (int j = 0; state.valid && j < state.count; j++)
+                if (strcmp(state.gpu[j].uuid, gpu->uuid) == 0)
+                    old = &state.gpu[j];
+            gpu->xid_generation = old ? old->xid_generation + (old->xid != gpu->xid) : (gpu->xid ? 1 : 0);
+        }
+        /* Copied into the live state: handles point into it and must stay valid. */
+        memcpy(&state, &fresh, offsetof(mock_state_t, gpu) + (size_t)fresh.count * sizeof fresh.gpu[0]);
+        state.valid = 1;
     }
-    /* Copy field by field into the live state: handles point into it and must stay valid. */
-    memcpy(&state, &fresh, sizeof state);
-    state.valid = 1;
-    state_ino = st.st_ino;
-    state_size = st.st_size;
-    state_mtime = st.st_mtim;
+    if (layout_changed)
+        read_layout();
+    if (state_changed || layout_changed)
+        merge_layouts();
     return 0;
+}
+
+/* ---- changing the layout: one writer at a time on the node, a new file renamed over the old ---------- */
+static int layout_lock_fd = -1;
+
+/* Takes the node-wide writer lock and reads the layout anew, so a change starts from what is in place. */
+static nvmlReturn_t layout_begin(void)
+{
+    char lock_path[PATH_MAX + 8];
+    snprintf(lock_path, sizeof lock_path, "%s.lock", layout_path);
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return errno == EACCES || errno == EROFS || errno == EPERM ? NVML_ERROR_NO_PERMISSION
+                                                                   : NVML_ERROR_UNKNOWN;
+    if (flock(fd, LOCK_EX) != 0) {
+        close(fd);
+        return NVML_ERROR_UNKNOWN;
+    }
+    layout_lock_fd = fd;
+    memset(&layout_stamp, 0, sizeof layout_stamp);
+    file_changed(layout_path, &layout_stamp);
+    read_layout();
+    merge_layouts();
+    return NVML_SUCCESS;
+}
+
+static void layout_end(void)
+{
+    if (layout_lock_fd >= 0) {
+        flock(layout_lock_fd, LOCK_UN);
+        close(layout_lock_fd);
+        layout_lock_fd = -1;
+    }
+}
+
+static void write_mig(FILE *out, const char *uuid, const char *seed, const mock_mig_t *mig)
+{
+    fprintf(out, "gpu %s %s %d %d %lu\n", uuid, seed[0] ? seed : "-", mig->current, mig->pending, mig->serial);
+    for (int g = 0; g < MAX_GI; g++) {
+        const mock_gi_t *gi = &mig->gi[g];
+        if (!gi->live)
+            continue;
+        fprintf(out, "gi %d %u %u %u\n", g, gi->profile, gi->start, gi->size);
+        for (int c = 0; c < MAX_CI; c++) {
+            const mock_ci_t *ci = &gi->ci[c];
+            if (ci->live)
+                fprintf(out, "ci %d %d %u %u %u %llu %s %s\n", g, c, ci->profile, ci->start, ci->size,
+                        ci->memory_mib, ci->uuid, ci->name);
+        }
+    }
+}
+
+/* Puts GPU `gpu`'s new layout in place for every process: the layout file with that GPU's entry replaced
+ * (entries of GPUs the state no longer has are dropped), renamed over the old one. Ends the change. */
+static nvmlReturn_t layout_commit(mock_gpu_t *gpu, const mock_mig_t *next)
+{
+    char temp[PATH_MAX + 32];
+    snprintf(temp, sizeof temp, "%s.%ld.tmp", layout_path, (long)getpid());
+    FILE *out = fopen(temp, "we");
+    if (out == NULL) {
+        layout_end();
+        return errno == EACCES || errno == EROFS || errno == EPERM ? NVML_ERROR_NO_PERMISSION
+                                                                   : NVML_ERROR_UNKNOWN;
+    }
+    fprintf(out, "# The MIG layouts NVML clients made (mock libnvidia-ml.so.1, labs and CI only).\n");
+    fprintf(out, "format gpuops-mock-nvml-mig 1\n");
+    for (int i = 0; i < state.count; i++) {
+        const mock_gpu_t *other = &state.gpu[i];
+        if (other == gpu) {
+            write_mig(out, gpu->uuid, gpu->mig_seed, next);
+        } else {
+            const mock_layout_entry_t *kept = layout_entry(&layout, other->uuid);
+            if (kept && strcmp(kept->seed, other->mig_seed) == 0) /* one the spec replaced is gone */
+                write_mig(out, kept->uuid, kept->seed, &kept->mig);
+        }
+    }
+    int failed = fflush(out) != 0;
+    failed |= fclose(out) != 0;
+    if (failed || rename(temp, layout_path) != 0) {
+        unlink(temp);
+        layout_end();
+        return NVML_ERROR_UNKNOWN;
+    }
+    memset(&layout_stamp, 0, sizeof layout_stamp);
+    file_changed(layout_path, &layout_stamp);
+    read_layout();
+    merge_layouts();
+    layout_end();
+    return NVML_SUCCESS;
+}
+
+/* ---- NVML clients: a MIG mode change resets the GPU, which another client's open handle prevents ----- */
+static void client_path(char *path, size_t size)
+{
+    snprintf(path, size, "%.*s.clients", PATH_MAX - 16, layout_path);
+}
+
+/* While NVML is initialised, this process holds a read lock on the clients file (released when it exits). */
+static void client_register(void)
+{
+    char path[PATH_MAX];
+    client_path(path, sizeof path);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0)
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return; /* a client that cannot reach the file cannot be counted */
+    struct flock hold = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    if (fcntl(fd, F_SETLK, &hold) != 0) {
+        close(fd);
+        return;
+    }
+    client_fd = fd;
+}
+
+static void client_unregister(void)
+{
+    if (client_fd >= 0) {
+        close(client_fd);
+        client_fd = -1;
+    }
+}
+
+/* Whether a process other than this one has NVML initialised on this node. */
+static int other_clients(void)
+{
+    char path[PATH_MAX];
+    client_path(path, sizeof path);
+    struct stat mine, named;
+    int fd = -1, opened = 0;
+    if (client_fd >= 0 && fstat(client_fd, &mine) == 0 && stat(path, &named) == 0 && mine.st_ino == named.st_ino &&
+        mine.st_dev == named.st_dev) {
+        fd = client_fd; /* closing another descriptor of this file would drop this process's lock */
+    } else {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        opened = 1;
+    }
+    if (fd < 0)
+        return 0;
+    struct flock probe = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    int others = fcntl(fd, F_GETLK, &probe) == 0 && probe.l_type != F_UNLCK;
+    if (opened)
+        close(fd);
+    return others;
 }
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
@@ -417,14 +916,16 @@ static int is_gpu_handle(nvmlDevice_t device)
            device == &state.gpu[device->index].handle;
 }
 
-static mock_mig_t *as_mig(nvmlDevice_t device)
+/* The compute instance a MIG device handle stands for, or NULL (not a MIG handle, or one destroyed since). */
+static mock_ci_t *as_mig(nvmlDevice_t device)
 {
-    if (device == NULL || !device->is_mig || device->parent < 0 || device->parent >= state.count)
+    if (device == NULL || !device->is_mig || device->index < 0 || device->index >= state.count ||
+        device->gi < 0 || device->gi >= MAX_GI || device->ci < 0 || device->ci >= MAX_CI)
         return NULL;
-    mock_gpu_t *gpu = &state.gpu[device->parent];
-    if (device->index >= gpu->mig_count || &gpu->mig[device->index].handle != device)
-        return NULL;
-    return &gpu->mig[device->index];
+    mock_gpu_t *gpu = &state.gpu[device->index];
+    mock_gi_t *gi = &gpu->mig.gi[device->gi];
+    mock_ci_t *ci = &gi->ci[device->ci];
+    return gpu->mig.current && gi->live && ci->live && &ci->handle == device ? ci : NULL;
 }
 
 /* The physical GPU behind a handle (a MIG device's parent), or NULL for a handle that is no device. */
@@ -433,7 +934,7 @@ static mock_gpu_t *gpu_of(nvmlDevice_t device)
     if (is_gpu_handle(device))
         return &state.gpu[device->index];
     if (as_mig(device))
-        return &state.gpu[device->parent];
+        return &state.gpu[device->index];
     return NULL;
 }
 
@@ -491,7 +992,8 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     pthread_mutex_lock(&lock);
     if (refresh_locked() != 0)
         return end(NVML_ERROR_DRIVER_NOT_LOADED);
-    refcount++;
+    if (refcount++ == 0)
+        client_register();
     return end(NVML_SUCCESS);
 }
 
@@ -513,7 +1015,8 @@ EXPORT nvmlReturn_t nvmlShutdown(void)
     pthread_mutex_lock(&lock);
     if (refcount <= 0)
         return end(NVML_ERROR_UNINITIALIZED);
-    refcount--;
+    if (--refcount == 0)
+        client_unregister();
     return end(NVML_SUCCESS);
 }
 
@@ -641,10 +1144,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
             *device = &gpu->handle;
             return end(NVML_SUCCESS);
         }
-        for (int m = 0; m < gpu->mig_count; m++) {
-            if (strcmp(gpu->mig[m].uuid, uuid) == 0) {
-                *device = &gpu->mig[m].handle;
-                return end(gpu->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS);
+        for (int g = 0; gpu->mig.current && g < MAX_GI; g++) {
+            for (int c = 0; gpu->mig.gi[g].live && c < MAX_CI; c++) {
+                mock_ci_t *ci = &gpu->mig.gi[g].ci[c];
+                if (ci->live && strcmp(ci->uuid, uuid) == 0) {
+                    *device = &ci->handle;
+                    return end(gpu->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS);
+                }
             }
         }
     }
@@ -694,7 +1200,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
     nvmlReturn_t rc = begin_device(device, &gpu);
     if (rc)
         return rc;
-    mock_mig_t *mig = as_mig(device);
+    mock_ci_t *mig = as_mig(device);
     return end(put_text(uuid, length, mig ? mig->uuid : gpu->uuid));
 }
 
@@ -705,10 +1211,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
     nvmlReturn_t rc = begin_device(device, &gpu);
     if (rc)
         return rc;
-    mock_mig_t *mig = as_mig(device);
+    mock_ci_t *mig = as_mig(device);
     char text[TEXT + 48];
     if (mig)
-        snprintf(text, sizeof text, "%s MIG %s", gpu->name, mig->profile);
+        snprintf(text, sizeof text, "%s MIG %s", gpu->name, mig->name);
     else
         snprintf(text, sizeof text, "%s", gpu->name);
     return end(put_text(name, length, text));
@@ -769,7 +1275,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci
 
 static unsigned long long memory_mib_of(nvmlDevice_t device, const mock_gpu_t *gpu)
 {
-    mock_mig_t *mig = as_mig(device);
+    mock_ci_t *mig = as_mig(device);
     return mig ? mig->memory_mib : gpu->memory_mib;
 }
 
@@ -1153,7 +1659,74 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int
     return end(NVML_SUCCESS);
 }
 
-/* ---- MIG -------------------------------------------------------------------------------------- */
+/* ---- MIG: mode, MIG devices ------------------------------------------------------------------------ */
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+#define NVML_STRUCT_VERSION(size, version) ((unsigned int)(size) | ((unsigned int)(version) << 24))
+
+typedef struct mock_instance *nvmlGpuInstance_t;
+typedef struct mock_instance *nvmlComputeInstance_t;
+
+typedef struct {
+    unsigned int start, size;
+} nvmlPlacement_t; /* nvmlGpuInstancePlacement_t and nvmlComputeInstancePlacement_t */
+
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount;
+    unsigned int decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount;
+    unsigned int decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+} nvmlGpuInstanceProfileInfo_v2_t;
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, copyEngineCount;
+    unsigned int decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    unsigned int capabilities;
+} nvmlGpuInstanceProfileInfo_v3_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    nvmlPlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount;
+    unsigned int sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount;
+    unsigned int sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount;
+    unsigned int sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    unsigned int capabilities;
+} nvmlComputeInstanceProfileInfo_v3_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlPlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+#define GI_INFO_V2 NVML_STRUCT_VERSION(sizeof(nvmlGpuInstanceProfileInfo_v2_t), 2)
+#define GI_INFO_V3 NVML_STRUCT_VERSION(sizeof(nvmlGpuInstanceProfileInfo_v3_t), 3)
+#define CI_INFO_V2 NVML_STRUCT_VERSION(sizeof(nvmlComputeInstanceProfileInfo_v2_t), 2)
+#define CI_INFO_V3 NVML_STRUCT_VERSION(sizeof(nvmlComputeInstanceProfileInfo_v3_t), 3)
+
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
 {
     ENTER("nvmlDeviceGetMigMode");
@@ -1165,8 +1738,56 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
         return end(NVML_ERROR_INVALID_ARGUMENT);
     if (gpu->mig_mode < 0)
         return end(NVML_ERROR_NOT_SUPPORTED);
-    *current = *pending = (unsigned int)gpu->mig_mode;
+    *current = (unsigned int)gpu->mig.current;
+    *pending = (unsigned int)gpu->mig.pending;
     return end(NVML_SUCCESS);
+}
+
+static int any_gpu_instance(const mock_mig_t *mig)
+{
+    for (int g = 0; g < MAX_GI; g++)
+        if (mig->gi[g].live)
+            return 1;
+    return 0;
+}
+
+/*
+ * As the driver does it: the mode to be is pending at once; the driver then resets the GPU to make it
+ * current, which succeeds only when no other process has the GPU open (here: has NVML initialised), and
+ * otherwise says why in *activation (NVML_ERROR_IN_USE) and leaves the mode pending until a reset
+ * (gpuopsMockNvmlResetGpu) or a reboot. MIG mode cannot be disabled while GPU instances exist.
+ */
+EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *activation)
+{
+    ENTER("nvmlDeviceSetMigMode");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_device(device, &gpu);
+    if (rc)
+        return rc;
+    if (activation == NULL || mode > 1 || as_mig(device))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpu->mig_mode < 0 || gpu->memory_slices == 0) /* no MIG, or a product whose MIG is not modelled */
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    rc = layout_begin();
+    if (rc)
+        return end(rc);
+    mock_mig_t next = gpu->mig;
+    if (mode == 0 && any_gpu_instance(&next)) {
+        layout_end();
+        return end(NVML_ERROR_IN_USE);
+    }
+    next.pending = (int)mode;
+    nvmlReturn_t status = NVML_SUCCESS;
+    if (next.current != (int)mode) {
+        if (other_clients())
+            status = NVML_ERROR_IN_USE;
+        else
+            next.current = (int)mode;
+    }
+    rc = layout_commit(gpu, &next);
+    if (rc == NVML_SUCCESS)
+        *activation = status;
+    return end(rc);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
@@ -1179,8 +1800,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned
     if (count == NULL || as_mig(device))
         return end(NVML_ERROR_INVALID_ARGUMENT);
     /* A GPU without MIG answers 0, as NVML does; GPUs that offer MIG have seven slots. */
-    *count = gpu->mig_mode < 0 ? 0 : 7;
+    *count = gpu->mig_mode < 0 ? 0 : MAX_MIG_DEVICES;
     return end(NVML_SUCCESS);
+}
+
+/* The MIG devices of a GPU in NVML's order: by GPU-instance ID, then compute-instance ID. */
+static mock_ci_t *nth_mig_device(mock_gpu_t *gpu, unsigned int index)
+{
+    unsigned int seen = 0;
+    for (int g = 0; gpu->mig.current && g < MAX_GI; g++)
+        for (int c = 0; gpu->mig.gi[g].live && c < MAX_CI; c++)
+            if (gpu->mig.gi[g].ci[c].live && seen++ == index)
+                return &gpu->mig.gi[g].ci[c];
+    return NULL;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
@@ -1193,13 +1825,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, uns
         return rc;
     if (mig_device == NULL || as_mig(device))
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (gpu->mig_mode != 1)
+    if (!gpu->mig.current || index >= MAX_MIG_DEVICES)
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (index >= 7)
-        return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (index >= (unsigned int)gpu->mig_count)
+    mock_ci_t *ci = nth_mig_device(gpu, index);
+    if (ci == NULL)
         return end(NVML_ERROR_NOT_FOUND);
-    *mig_device = &gpu->mig[index].handle;
+    *mig_device = &ci->handle;
     return end(NVML_SUCCESS);
 }
 
@@ -1235,12 +1866,11 @@ static nvmlReturn_t mig_id(nvmlDevice_t device, unsigned int *id, int compute)
     nvmlReturn_t rc = begin_device(device, &gpu);
     if (rc)
         return rc;
-    mock_mig_t *mig = as_mig(device);
     if (id == NULL)
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (mig == NULL)
+    if (as_mig(device) == NULL)
         return end(NVML_ERROR_NOT_SUPPORTED);
-    *id = compute ? mig->ci_id : mig->gi_id;
+    *id = (unsigned int)(compute ? device->ci : device->gi);
     return end(NVML_SUCCESS);
 }
 
@@ -1265,18 +1895,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAt
         return rc;
     if (attributes == NULL)
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    mock_mig_t *mig = as_mig(device);
+    mock_ci_t *mig = as_mig(device);
     memset(attributes, 0, sizeof *attributes);
-    unsigned int slices = mig ? mig->gi_slices : 7;
-    /* Per slice of seven: the share of an H100's 132 SMs and of its engines, rounded down. */
-    attributes->multiprocessorCount = mig ? 132 * slices / 7 : 132;
-    attributes->sharedCopyEngineCount = mig ? slices : 7;
-    attributes->sharedDecoderCount = mig ? slices : 7;
-    attributes->sharedJpegCount = mig ? slices : 7;
-    attributes->sharedOfaCount = mig ? (slices == 7) : 1;
-    attributes->gpuInstanceSliceCount = slices;
-    attributes->computeInstanceSliceCount = mig ? mig->ci_slices : 7;
-    attributes->memorySizeMB = mig ? mig->memory_mib : gpu->memory_mib;
+    if (mig) {
+        const mock_gi_t *gi = &gpu->mig.gi[device->gi];
+        const mock_gi_profile_t *gp = &gpu->gi_profile[gi->profile];
+        const mock_ci_profile_t *cp = &gpu->ci_profile[gi->profile][mig->profile];
+        attributes->multiprocessorCount = cp->sm;
+        attributes->sharedCopyEngineCount = gp->ce;
+        attributes->sharedDecoderCount = gp->dec;
+        attributes->sharedEncoderCount = gp->enc;
+        attributes->sharedJpegCount = gp->jpeg;
+        attributes->sharedOfaCount = gp->ofa;
+        attributes->gpuInstanceSliceCount = gp->slices;
+        attributes->computeInstanceSliceCount = cp->slices;
+        attributes->memorySizeMB = mig->memory_mib;
+        return end(NVML_SUCCESS);
+    }
+    /* The whole GPU: an H100's 132 SMs and its engines. */
+    attributes->multiprocessorCount = 132;
+    attributes->sharedCopyEngineCount = 7;
+    attributes->sharedDecoderCount = 7;
+    attributes->sharedJpegCount = 7;
+    attributes->sharedOfaCount = 1;
+    attributes->gpuInstanceSliceCount = 7;
+    attributes->computeInstanceSliceCount = 7;
+    attributes->memorySizeMB = gpu->memory_mib;
     return end(NVML_SUCCESS);
 }
 
@@ -1286,7 +1930,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttri
     return nvmlDeviceGetAttributes_v2(device, attributes);
 }
 
-/* Changing MIG layouts (GPU- and compute-instance management) belongs to nvidia_mig; until then, Not Supported. */
+/* Running processes are not modelled yet. */
 #define NOT_SUPPORTED_FUNCTION(name, ...)                \
     EXPORT nvmlReturn_t name(__VA_ARGS__)                \
     {                                                    \
@@ -1296,62 +1940,126 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t device, nvmlDeviceAttri
         return end(rc ? rc : NVML_ERROR_NOT_SUPPORTED);  \
     }
 
-NOT_SUPPORTED_FUNCTION(nvmlDeviceGetGpuInstanceProfileInfoV, nvmlDevice_t d, unsigned int p, void *info)
-NOT_SUPPORTED_FUNCTION(nvmlDeviceGetGpuInstances, nvmlDevice_t d, unsigned int p, void *gi, unsigned int *n)
-NOT_SUPPORTED_FUNCTION(nvmlDeviceCreateGpuInstance, nvmlDevice_t d, unsigned int p, void *gi)
-NOT_SUPPORTED_FUNCTION(nvmlDeviceSetMigMode, nvmlDevice_t d, unsigned int mode, nvmlReturn_t *activation)
-NOT_SUPPORTED_FUNCTION(nvmlGpuInstanceGetComputeInstances, void *gi, unsigned int p, void *ci, unsigned int *n)
-NOT_SUPPORTED_FUNCTION(nvmlGpuInstanceGetComputeInstanceProfileInfoV, void *gi, unsigned int p, unsigned int e,
-                       void *info)
 NOT_SUPPORTED_FUNCTION(nvmlDeviceGetComputeRunningProcesses_v3, nvmlDevice_t d, unsigned int *n, void *infos)
 NOT_SUPPORTED_FUNCTION(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlDevice_t d, unsigned int *n, void *infos)
 
-/*
- * The existing layout's GPU and compute instances, read-only: what NVIDIA's libraries ask to name a MIG
- * device's profile. Each MIG device of the state is one compute instance in a GPU instance of its own;
- * the profiles a GPU offers are those its MIG devices use (the spec reader gives their NVML profile IDs).
- */
-typedef struct mock_instance *nvmlGpuInstance_t;
-typedef struct mock_instance *nvmlComputeInstance_t;
-
-typedef struct {
-    unsigned int start, size;
-} nvmlPlacement_t;
-
-typedef struct {
-    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount;
-    unsigned int decoderCount, encoderCount, jpegCount, ofaCount;
-    unsigned long long memorySizeMB;
-} nvmlGpuInstanceProfileInfo_t;
-
-typedef struct {
-    nvmlDevice_t device;
-    unsigned int id, profileId;
-    nvmlPlacement_t placement;
-} nvmlGpuInstanceInfo_t;
-
-typedef struct {
-    unsigned int id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount;
-    unsigned int sharedEncoderCount, sharedJpegCount, sharedOfaCount;
-} nvmlComputeInstanceProfileInfo_t;
-
-typedef struct {
-    nvmlDevice_t device;
-    nvmlGpuInstance_t gpuInstance;
-    unsigned int id, profileId;
-    nvmlPlacement_t placement;
-} nvmlComputeInstanceInfo_t;
-
-/* The MIG device an instance handle stands for, with the lock held; NULL for a stale or foreign handle. */
-static mock_mig_t *instance_mig(struct mock_instance *instance, int compute)
+/* ---- MIG: GPU-instance profiles and placements ------------------------------------------------------ */
+/* The NVML_GPU_INSTANCE_PROFILE_* index of the profile NVIDIA numbers `id` on this GPU, or -1. */
+static int gi_profile_by_id(const mock_gpu_t *gpu, unsigned int id)
 {
-    if (instance == NULL || instance->gpu < 0 || instance->gpu >= state.count)
-        return NULL;
-    mock_gpu_t *gpu = &state.gpu[instance->gpu];
-    if (instance->mig < 0 || instance->mig >= gpu->mig_count)
-        return NULL;
-    mock_mig_t *mig = &gpu->mig[instance->mig];
-    return instance == (compute ? &mig->compute_instance : &mig->gpu_instance) ? mig : NULL;
+    for (int p = 0; p < GI_PROFILES; p++)
+        if (gpu->gi_profile[p].offered && gpu->gi_profile[p].id == id)
+            return p;
+    return -1;
+}
+
+static int overlaps(unsigned int a, unsigned int a_size, unsigned int b, unsigned int b_size)
+{
+    return a < b + b_size && b < a + a_size;
+}
+
+/* Whether the memory slices [start, start+size) are free of GPU instances. */
+static int memory_free(const mock_mig_t *mig, unsigned int start, unsigned int size)
+{
+    for (int g = 0; g < MAX_GI; g++)
+        if (mig->gi[g].live && overlaps(mig->gi[g].start, mig->gi[g].size, start, size))
+            return 0;
+    return 1;
+}
+
+static unsigned int gi_count(const mock_mig_t *mig, int profile)
+{
+    unsigned int n = 0;
+    for (int g = 0; g < MAX_GI; g++)
+        n += mig->gi[g].live && (profile < 0 || mig->gi[g].profile == (unsigned int)profile);
+    return n;
+}
+
+static unsigned int compute_slices_used(const mock_gpu_t *gpu, const mock_mig_t *mig)
+{
+    unsigned int n = 0;
+    for (int g = 0; g < MAX_GI; g++)
+        if (mig->gi[g].live)
+            n += gpu->gi_profile[mig->gi[g].profile].slices;
+    return n;
+}
+
+/* Whether one more GPU instance of the profile fits at `start` now. */
+static int gi_fits(const mock_gpu_t *gpu, const mock_mig_t *mig, int profile, unsigned int start)
+{
+    const mock_gi_profile_t *p = &gpu->gi_profile[profile];
+    return gi_count(mig, profile) < p->instances && compute_slices_used(gpu, mig) + p->slices <= gpu->compute_slices &&
+           memory_free(mig, start, p->memory_slices);
+}
+
+/* How many placements, of every profile the GPU offers, that are possible now a GPU instance at
+ * [start, start+size) would take away. */
+static unsigned int placements_taken(const mock_gpu_t *gpu, const mock_mig_t *mig, unsigned int start,
+                                     unsigned int size)
+{
+    unsigned int n = 0;
+    for (int p = 0; p < GI_PROFILES; p++) {
+        const mock_gi_profile_t *other = &gpu->gi_profile[p];
+        for (int s = 0; other->offered && s < other->starts; s++)
+            n += gi_fits(gpu, mig, p, other->start[s]) && overlaps(other->start[s], other->memory_slices, start, size);
+    }
+    return n;
+}
+
+/*
+ * Where the driver puts a GPU instance created without a placement: of the free placements, the one that
+ * takes away the fewest placements still possible for every profile, the lowest first among equals. This
+ * reproduces every sequence NVIDIA's documentation shows (seven 1g on an H100 get IDs 13, 11, 12, 7, 8, 9,
+ * 10; two 3g.20gb on an A100 get 2 then 1; 2g.10gb then five 1g.5gb get 5, 13, 7, 8, 9, 10). -1: none fits.
+ */
+static int choose_gi_start(const mock_gpu_t *gpu, const mock_mig_t *mig, int profile)
+{
+    const mock_gi_profile_t *p = &gpu->gi_profile[profile];
+    int best = -1;
+    unsigned int best_taken = 0;
+    for (int s = 0; s < p->starts; s++) {
+        if (!gi_fits(gpu, mig, profile, p->start[s]))
+            continue;
+        unsigned int taken = placements_taken(gpu, mig, p->start[s], p->memory_slices);
+        if (best < 0 || taken < best_taken || (taken == best_taken && p->start[s] < (unsigned int)best)) {
+            best = (int)p->start[s];
+            best_taken = taken;
+        }
+    }
+    return best;
+}
+
+static void fill_gi_profile(const mock_gpu_t *gpu, int profile, unsigned int *id, unsigned int *slices,
+                            unsigned int *instances, unsigned int *sm, unsigned int *ce, unsigned int *dec,
+                            unsigned int *enc, unsigned int *jpeg, unsigned int *ofa, unsigned long long *memory)
+{
+    const mock_gi_profile_t *p = &gpu->gi_profile[profile];
+    *id = p->id;
+    *slices = p->slices;
+    *instances = p->instances;
+    *sm = p->sm;
+    *ce = p->ce;
+    *dec = p->dec;
+    *enc = p->enc;
+    *jpeg = p->jpeg;
+    *ofa = p->ofa;
+    *memory = p->memory_mib;
+}
+
+/* Locks and resolves a GPU for a GPU-instance profile query (not a MIG handle; MIG mode current when
+ * `enabled`); `profile` an NVML_GPU_INSTANCE_PROFILE_* index: INVALID_ARGUMENT past the enumeration,
+ * NOT_SUPPORTED where the product does not offer it. Returns with the lock held only on success. */
+static nvmlReturn_t begin_gi_profile(nvmlDevice_t device, unsigned int profile, const void *out, int enabled,
+                                     mock_gpu_t **gpu)
+{
+    nvmlReturn_t rc = begin_device(device, gpu);
+    if (rc)
+        return rc;
+    if (out == NULL || as_mig(device) || profile >= GI_PROFILES)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if ((*gpu)->mig_mode < 0 || (enabled && !(*gpu)->mig.current) || !(*gpu)->gi_profile[profile].offered)
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
@@ -1359,27 +2067,216 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, uns
 {
     ENTER("nvmlDeviceGetGpuInstanceProfileInfo");
     mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_gi_profile(device, profile, info, 1, &gpu);
+    if (rc)
+        return rc;
+    memset(info, 0, sizeof *info);
+    fill_gi_profile(gpu, (int)profile, &info->id, &info->sliceCount, &info->instanceCount,
+                    &info->multiprocessorCount, &info->copyEngineCount, &info->decoderCount, &info->encoderCount,
+                    &info->jpegCount, &info->ofaCount, &info->memorySizeMB);
+    return end(NVML_SUCCESS);
+}
+
+static nvmlReturn_t gi_profile_info_v(mock_gpu_t *gpu, int profile, void *out)
+{
+    unsigned int version = *(unsigned int *)out;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    snprintf(name, sizeof name, "MIG %s", gpu->gi_profile[profile].name);
+    if (version == GI_INFO_V2) {
+        nvmlGpuInstanceProfileInfo_v2_t *info = out;
+        memset(info, 0, sizeof *info);
+        info->version = version;
+        fill_gi_profile(gpu, profile, &info->id, &info->sliceCount, &info->instanceCount,
+                        &info->multiprocessorCount, &info->copyEngineCount, &info->decoderCount,
+                        &info->encoderCount, &info->jpegCount, &info->ofaCount, &info->memorySizeMB);
+        copy_text(info->name, sizeof info->name, name);
+        return NVML_SUCCESS;
+    }
+    if (version == GI_INFO_V3) {
+        nvmlGpuInstanceProfileInfo_v3_t *info = out;
+        memset(info, 0, sizeof *info);
+        info->version = version;
+        fill_gi_profile(gpu, profile, &info->id, &info->sliceCount, &info->instanceCount,
+                        &info->multiprocessorCount, &info->copyEngineCount, &info->decoderCount,
+                        &info->encoderCount, &info->jpegCount, &info->ofaCount, &info->memorySizeMB);
+        copy_text(info->name, sizeof info->name, name);
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INVALID_ARGUMENT; /* nvml.h: "info->version ... invalid" */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t device, unsigned int profile, void *info)
+{
+    ENTER("nvmlDeviceGetGpuInstanceProfileInfoV");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_gi_profile(device, profile, info, 1, &gpu);
+    if (rc)
+        return rc;
+    return end(gi_profile_info_v(gpu, (int)profile, info));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoByIdV(nvmlDevice_t device, unsigned int id, void *info)
+{
+    ENTER("nvmlDeviceGetGpuInstanceProfileInfoByIdV");
+    mock_gpu_t *gpu;
     nvmlReturn_t rc = begin_device(device, &gpu);
     if (rc)
         return rc;
     if (info == NULL || as_mig(device))
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    for (int m = 0; gpu->mig_mode >= 0 && m < gpu->mig_count; m++) {
-        mock_mig_t *mig = &gpu->mig[m];
-        if (mig->gi_profile != profile)
-            continue;
-        memset(info, 0, sizeof *info);
-        info->id = profile;
-        info->sliceCount = mig->gi_slices;
-        info->instanceCount = mig->gi_slices ? 7 / mig->gi_slices : 0;
-        info->multiprocessorCount = 132 * mig->gi_slices / 7;
-        info->copyEngineCount = mig->gi_slices;
-        info->decoderCount = mig->gi_slices;
-        info->jpegCount = mig->gi_slices;
-        info->memorySizeMB = mig->memory_mib;
-        return end(NVML_SUCCESS);
+    if (gpu->mig_mode < 0 || !gpu->mig.current)
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    int profile = gi_profile_by_id(gpu, id);
+    if (profile < 0)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    return end(gi_profile_info_v(gpu, profile, info));
+}
+
+/* Placements exist whether or not MIG mode is on (nvml.h); `id` is NVIDIA's profile ID. */
+static nvmlReturn_t gi_placements(nvmlDevice_t device, unsigned int id, nvmlPlacement_t *placements,
+                                  unsigned int *count)
+{
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_device(device, &gpu);
+    if (rc)
+        return rc;
+    if (count == NULL || as_mig(device))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpu->mig_mode < 0 || gpu->memory_slices == 0)
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    int profile = gi_profile_by_id(gpu, id);
+    if (profile < 0)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    const mock_gi_profile_t *p = &gpu->gi_profile[profile];
+    for (int s = 0; placements != NULL && s < p->starts; s++)
+        placements[s] = (nvmlPlacement_t){p->start[s], p->memory_slices};
+    *count = (unsigned int)p->starts;
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t device, unsigned int id,
+                                                                  nvmlPlacement_t *placements, unsigned int *count)
+{
+    ENTER("nvmlDeviceGetGpuInstancePossiblePlacements_v2");
+    return gi_placements(device, id, placements, count);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements(nvmlDevice_t device, unsigned int id,
+                                                               nvmlPlacement_t *placements, unsigned int *count)
+{
+    ENTER("nvmlDeviceGetGpuInstancePossiblePlacements");
+    return gi_placements(device, id, placements, count);
+}
+
+/* Locks and resolves a GPU in MIG mode and NVIDIA's profile ID for a GPU-instance call. */
+static nvmlReturn_t begin_gi_call(nvmlDevice_t device, unsigned int id, const void *out, mock_gpu_t **gpu,
+                                  int *profile)
+{
+    nvmlReturn_t rc = begin_device(device, gpu);
+    if (rc)
+        return rc;
+    if (out == NULL || as_mig(device))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if ((*gpu)->mig_mode < 0 || !(*gpu)->mig.current)
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    *profile = gi_profile_by_id(*gpu, id);
+    if (*profile < 0)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t device, unsigned int id,
+                                                              unsigned int *count)
+{
+    ENTER("nvmlDeviceGetGpuInstanceRemainingCapacity");
+    mock_gpu_t *gpu;
+    int profile;
+    nvmlReturn_t rc = begin_gi_call(device, id, count, &gpu, &profile);
+    if (rc)
+        return rc;
+    /* Fill the GPU with this profile alone, as the driver would place each. */
+    mock_mig_t scratch = gpu->mig;
+    unsigned int n = 0;
+    for (int start; (start = choose_gi_start(gpu, &scratch, profile)) >= 0; n++) {
+        int g = gi_id_of(gpu, (unsigned int)start, gpu->gi_profile[profile].memory_slices);
+        if (g < 0)
+            break;
+        scratch.gi[g] = (mock_gi_t){.live = 1, .profile = (unsigned int)profile, .start = (unsigned int)start,
+                                    .size = gpu->gi_profile[profile].memory_slices};
     }
-    return end(NVML_ERROR_NOT_SUPPORTED);
+    *count = n;
+    return end(NVML_SUCCESS);
+}
+
+/* ---- MIG: creating and destroying GPU instances --------------------------------------------------------- */
+static nvmlReturn_t create_gpu_instance(nvmlDevice_t device, unsigned int id, const nvmlPlacement_t *placement,
+                                        nvmlGpuInstance_t *instance)
+{
+    mock_gpu_t *gpu;
+    int profile;
+    nvmlReturn_t rc = begin_gi_call(device, id, instance, &gpu, &profile);
+    if (rc)
+        return rc;
+    const mock_gi_profile_t *p = &gpu->gi_profile[profile];
+    if (placement != NULL) {
+        int known = 0;
+        for (int s = 0; s < p->starts; s++)
+            known |= p->start[s] == placement->start;
+        if (!known || placement->size != p->memory_slices)
+            return end(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    rc = layout_begin();
+    if (rc)
+        return end(rc);
+    mock_mig_t next = gpu->mig;
+    int start = placement ? (gi_fits(gpu, &next, profile, placement->start) ? (int)placement->start : -1)
+                          : choose_gi_start(gpu, &next, profile);
+    int g = start < 0 ? -1 : gi_id_of(gpu, (unsigned int)start, p->memory_slices);
+    if (!next.current || g < 0 || next.gi[g].live) {
+        layout_end();
+        return end(next.current ? NVML_ERROR_INSUFFICIENT_RESOURCES : NVML_ERROR_NOT_SUPPORTED);
+    }
+    next.gi[g] = (mock_gi_t){.live = 1, .profile = (unsigned int)profile, .start = (unsigned int)start,
+                             .size = p->memory_slices};
+    rc = layout_commit(gpu, &next);
+    if (rc == NVML_SUCCESS)
+        *instance = &gpu->mig.gi[g].instance;
+    return end(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *instance)
+{
+    ENTER("nvmlDeviceCreateGpuInstance");
+    return create_gpu_instance(device, id, NULL, instance);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int id,
+                                                             const nvmlPlacement_t *placement,
+                                                             nvmlGpuInstance_t *instance)
+{
+    ENTER("nvmlDeviceCreateGpuInstanceWithPlacement");
+    if (placement == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gpu_instance(device, id, placement, instance);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *instances,
+                                              unsigned int *count)
+{
+    ENTER("nvmlDeviceGetGpuInstances");
+    mock_gpu_t *gpu;
+    int profile;
+    nvmlReturn_t rc = begin_gi_call(device, id, instances, &gpu, &profile);
+    if (rc)
+        return rc;
+    if (count == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int n = 0;
+    for (int g = 0; g < MAX_GI; g++)
+        if (gpu->mig.gi[g].live && gpu->mig.gi[g].profile == (unsigned int)profile)
+            instances[n++] = &gpu->mig.gi[g].instance;
+    *count = n;
+    return end(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *instance)
@@ -1391,31 +2288,366 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned i
         return rc;
     if (instance == NULL || as_mig(device))
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (gpu->mig_mode != 1)
+    if (gpu->mig_mode < 0 || !gpu->mig.current)
         return end(NVML_ERROR_NOT_SUPPORTED);
-    for (int m = 0; m < gpu->mig_count; m++) {
-        if (gpu->mig[m].gi_id == id) {
-            *instance = &gpu->mig[m].gpu_instance;
-            return end(NVML_SUCCESS);
-        }
-    }
-    return end(NVML_ERROR_NOT_FOUND);
+    if (id >= MAX_GI || !gpu->mig.gi[id].live)
+        return end(NVML_ERROR_NOT_FOUND);
+    *instance = &gpu->mig.gi[id].instance;
+    return end(NVML_SUCCESS);
+}
+
+/* Locks and resolves a GPU- or compute-instance handle (a destroyed one is no longer valid).
+ * Returns with the lock held only on success. */
+static nvmlReturn_t begin_instance(struct mock_instance *instance, int compute, mock_gpu_t **gpu, mock_gi_t **gi,
+                                   mock_ci_t **ci)
+{
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t rc = ready_locked();
+    if (rc)
+        return end(rc);
+    if (instance == NULL || instance->gpu < 0 || instance->gpu >= state.count || instance->gi < 0 ||
+        instance->gi >= MAX_GI || (compute && (instance->ci < 0 || instance->ci >= MAX_CI)) ||
+        (!compute && instance->ci != -1))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    *gpu = &state.gpu[instance->gpu];
+    *gi = &(*gpu)->mig.gi[instance->gi];
+    *ci = compute ? &(*gi)->ci[instance->ci] : NULL;
+    if (instance != (compute ? &(*ci)->instance : &(*gi)->instance) || !(*gpu)->mig.current || !(*gi)->live ||
+        (compute && !(*ci)->live))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if ((*gpu)->lost)
+        return end(NVML_ERROR_GPU_IS_LOST);
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t instance, nvmlGpuInstanceInfo_t *info)
 {
     ENTER("nvmlGpuInstanceGetInfo");
-    pthread_mutex_lock(&lock);
-    nvmlReturn_t rc = ready_locked();
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    mock_ci_t *ci;
+    nvmlReturn_t rc = begin_instance(instance, 0, &gpu, &gi, &ci);
+    if (rc)
+        return rc;
+    if (info == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    info->device = &gpu->handle;
+    info->id = (unsigned int)instance->gi;
+    info->profileId = gpu->gi_profile[gi->profile].id;
+    info->placement = (nvmlPlacement_t){gi->start, gi->size};
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t instance)
+{
+    ENTER("nvmlGpuInstanceDestroy");
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    mock_ci_t *ci;
+    nvmlReturn_t rc = begin_instance(instance, 0, &gpu, &gi, &ci);
+    if (rc)
+        return rc;
+    int g = instance->gi;
+    rc = layout_begin();
     if (rc)
         return end(rc);
-    mock_mig_t *mig = instance_mig(instance, 0);
-    if (mig == NULL || info == NULL)
+    mock_mig_t next = gpu->mig;
+    if (!next.gi[g].live) {
+        layout_end(); /* another process destroyed it meanwhile */
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    info->device = &state.gpu[instance->gpu].handle;
-    info->id = mig->gi_id;
-    info->profileId = mig->gi_profile;
-    info->placement = (nvmlPlacement_t){0, mig->gi_slices};
+    }
+    for (int c = 0; c < MAX_CI; c++) {
+        if (next.gi[g].ci[c].live) {
+            layout_end(); /* nvml.h: compute instances active on it */
+            return end(NVML_ERROR_IN_USE);
+        }
+    }
+    memset(&next.gi[g], 0, sizeof next.gi[g]);
+    return end(layout_commit(gpu, &next));
+}
+
+/* ---- MIG: compute instances ---------------------------------------------------------------------------- */
+static const mock_ci_profile_t *ci_profile_of(const mock_gpu_t *gpu, const mock_gi_t *gi, unsigned int profile)
+{
+    return profile < CI_PROFILES && gpu->ci_profile[gi->profile][profile].offered ? &gpu->ci_profile[gi->profile][profile]
+                                                                                  : NULL;
+}
+
+static int ci_fits(const mock_gi_t *gi, unsigned int profile, const mock_ci_profile_t *p, unsigned int start)
+{
+    unsigned int same = 0;
+    for (int c = 0; c < MAX_CI; c++) {
+        if (!gi->ci[c].live)
+            continue;
+        if (overlaps(gi->ci[c].start, gi->ci[c].size, start, p->slices))
+            return 0;
+        same += gi->ci[c].profile == profile;
+    }
+    return same < p->instances;
+}
+
+static void fill_ci_profile(const mock_gpu_t *gpu, const mock_gi_t *gi, unsigned int profile, unsigned int *id,
+                            unsigned int *slices, unsigned int *instances, unsigned int *sm, unsigned int *ce,
+                            unsigned int *dec, unsigned int *enc, unsigned int *jpeg, unsigned int *ofa)
+{
+    const mock_gi_profile_t *gp = &gpu->gi_profile[gi->profile];
+    const mock_ci_profile_t *p = &gpu->ci_profile[gi->profile][profile];
+    *id = profile;
+    *slices = p->slices;
+    *instances = p->instances;
+    *sm = p->sm;
+    *ce = gp->ce;
+    *dec = gp->dec;
+    *enc = gp->enc;
+    *jpeg = gp->jpeg;
+    *ofa = gp->ofa;
+}
+
+/* The profile as NVIDIA names it: 3g.40gb for a compute instance as large as its GPU instance, 1c.3g.40gb. */
+static void ci_profile_name(const mock_gpu_t *gpu, const mock_gi_t *gi, unsigned int profile, char *name,
+                            size_t size)
+{
+    const mock_gi_profile_t *gp = &gpu->gi_profile[gi->profile];
+    unsigned int slices = gpu->ci_profile[gi->profile][profile].slices;
+    if (slices == gp->slices)
+        snprintf(name, size, "%s", gp->name);
+    else
+        snprintf(name, size, "%uc.%s", slices, gp->name);
+}
+
+/* Locks and resolves a GPU instance and a compute-instance profile: INVALID_ARGUMENT past the enumeration
+ * (or an engine profile other than the shared one), NOT_SUPPORTED where this GPU instance does not offer it. */
+static nvmlReturn_t begin_ci_profile(nvmlGpuInstance_t instance, unsigned int profile, unsigned int engine,
+                                     const void *out, mock_gpu_t **gpu, mock_gi_t **gi)
+{
+    mock_ci_t *unused;
+    nvmlReturn_t rc = begin_instance(instance, 0, gpu, gi, &unused);
+    if (rc)
+        return rc;
+    if (out == NULL || profile >= CI_PROFILES || engine != 0)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (ci_profile_of(*gpu, *gi, profile) == NULL)
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t instance, unsigned int profile,
+                                                                 unsigned int engine,
+                                                                 nvmlComputeInstanceProfileInfo_t *info)
+{
+    ENTER("nvmlGpuInstanceGetComputeInstanceProfileInfo");
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    nvmlReturn_t rc = begin_ci_profile(instance, profile, engine, info, &gpu, &gi);
+    if (rc)
+        return rc;
+    memset(info, 0, sizeof *info);
+    fill_ci_profile(gpu, gi, profile, &info->id, &info->sliceCount, &info->instanceCount, &info->multiprocessorCount,
+                    &info->sharedCopyEngineCount, &info->sharedDecoderCount, &info->sharedEncoderCount,
+                    &info->sharedJpegCount, &info->sharedOfaCount);
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t instance, unsigned int profile,
+                                                                  unsigned int engine, void *out)
+{
+    ENTER("nvmlGpuInstanceGetComputeInstanceProfileInfoV");
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    nvmlReturn_t rc = begin_ci_profile(instance, profile, engine, out, &gpu, &gi);
+    if (rc)
+        return rc;
+    unsigned int version = *(unsigned int *)out;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE], short_name[NAME_TEXT];
+    ci_profile_name(gpu, gi, profile, short_name, sizeof short_name);
+    snprintf(name, sizeof name, "MIG %s", short_name);
+    if (version == CI_INFO_V2) {
+        nvmlComputeInstanceProfileInfo_v2_t *info = out;
+        memset(info, 0, sizeof *info);
+        info->version = version;
+        fill_ci_profile(gpu, gi, profile, &info->id, &info->sliceCount, &info->instanceCount,
+                        &info->multiprocessorCount, &info->sharedCopyEngineCount, &info->sharedDecoderCount,
+                        &info->sharedEncoderCount, &info->sharedJpegCount, &info->sharedOfaCount);
+        copy_text(info->name, sizeof info->name, name);
+        return end(NVML_SUCCESS);
+    }
+    if (version == CI_INFO_V3) {
+        nvmlComputeInstanceProfileInfo_v3_t *info = out;
+        memset(info, 0, sizeof *info);
+        info->version = version;
+        fill_ci_profile(gpu, gi, profile, &info->id, &info->sliceCount, &info->instanceCount,
+                        &info->multiprocessorCount, &info->sharedCopyEngineCount, &info->sharedDecoderCount,
+                        &info->sharedEncoderCount, &info->sharedJpegCount, &info->sharedOfaCount);
+        copy_text(info->name, sizeof info->name, name);
+        return end(NVML_SUCCESS);
+    }
+    return end(NVML_ERROR_INVALID_ARGUMENT);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstancePossiblePlacements(nvmlGpuInstance_t instance,
+                                                                        unsigned int profile,
+                                                                        nvmlPlacement_t *placements,
+                                                                        unsigned int *count)
+{
+    ENTER("nvmlGpuInstanceGetComputeInstancePossiblePlacements");
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    nvmlReturn_t rc = begin_ci_profile(instance, profile, 0, count, &gpu, &gi);
+    if (rc)
+        return rc;
+    const mock_ci_profile_t *p = ci_profile_of(gpu, gi, profile);
+    for (int s = 0; placements != NULL && s < p->starts; s++)
+        placements[s] = (nvmlPlacement_t){p->start[s], p->slices};
+    *count = (unsigned int)p->starts;
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(nvmlGpuInstance_t instance,
+                                                                       unsigned int profile, unsigned int *count)
+{
+    ENTER("nvmlGpuInstanceGetComputeInstanceRemainingCapacity");
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    nvmlReturn_t rc = begin_ci_profile(instance, profile, 0, count, &gpu, &gi);
+    if (rc)
+        return rc;
+    const mock_ci_profile_t *p = ci_profile_of(gpu, gi, profile);
+    mock_gi_t scratch = *gi;
+    unsigned int n = 0;
+    for (int s = 0; s < p->starts; s++) {
+        if (!ci_fits(&scratch, profile, p, p->start[s]))
+            continue;
+        for (int c = 0; c < MAX_CI; c++) {
+            if (!scratch.ci[c].live) {
+                scratch.ci[c] = (mock_ci_t){.live = 1, .profile = profile, .start = p->start[s], .size = p->slices};
+                n++;
+                break;
+            }
+        }
+    }
+    *count = n;
+    return end(NVML_SUCCESS);
+}
+
+/* Where a compute instance created without a placement goes: as for GPU instances, the free placement
+ * that takes away the fewest placements still possible in its GPU instance (a 1c in a 3g takes the last
+ * slice, which leaves room for a 2c), the lowest first among equals. -1: none fits. */
+static int choose_ci_start(const mock_gpu_t *gpu, const mock_gi_t *gi, unsigned int profile)
+{
+    const mock_ci_profile_t *p = &gpu->ci_profile[gi->profile][profile];
+    int best = -1;
+    unsigned int best_taken = 0;
+    for (int s = 0; s < p->starts; s++) {
+        if (!ci_fits(gi, profile, p, p->start[s]))
+            continue;
+        unsigned int taken = 0;
+        for (unsigned int q = 0; q < CI_PROFILES; q++) {
+            const mock_ci_profile_t *other = &gpu->ci_profile[gi->profile][q];
+            for (int t = 0; other->offered && t < other->starts; t++)
+                taken += ci_fits(gi, q, other, other->start[t]) &&
+                         overlaps(other->start[t], other->slices, p->start[s], p->slices);
+        }
+        if (best < 0 || taken < best_taken) {
+            best = (int)p->start[s];
+            best_taken = taken;
+        }
+    }
+    return best;
+}
+
+/* A new UUID for every compute instance created (as a real one gets): from the GPU, the instance and a count. */
+static void new_mig_uuid(const mock_gpu_t *gpu, int g, int c, unsigned long serial, char *out, size_t size)
+{
+    unsigned long long h1 = 1469598103934665603ULL, h2 = 1099511628211ULL * 7;
+    char text[TEXT + 64];
+    snprintf(text, sizeof text, "%s/%d/%d/%lu", gpu->uuid, g, c, serial);
+    for (const char *p = text; *p; p++) {
+        h1 = (h1 ^ (unsigned char)*p) * 1099511628211ULL;
+        h2 = (h2 ^ (unsigned char)*p) * 1469598103934665603ULL;
+    }
+    snprintf(out, size, "MIG-%08llx-%04llx-5%03llx-8%03llx-%012llx", h1 >> 32, (h1 >> 16) & 0xFFFF, h1 & 0xFFF,
+             (h2 >> 52) & 0xFFF, h2 & 0xFFFFFFFFFFFFULL);
+}
+
+static nvmlReturn_t create_compute_instance(nvmlGpuInstance_t instance, unsigned int profile,
+                                            const nvmlPlacement_t *placement, nvmlComputeInstance_t *out)
+{
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    nvmlReturn_t rc = begin_ci_profile(instance, profile, 0, out, &gpu, &gi);
+    if (rc)
+        return rc;
+    const mock_ci_profile_t *p = ci_profile_of(gpu, gi, profile);
+    if (placement != NULL) {
+        int known = 0;
+        for (int s = 0; s < p->starts; s++)
+            known |= p->start[s] == placement->start;
+        if (!known || placement->size != p->slices)
+            return end(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    int g = instance->gi;
+    rc = layout_begin();
+    if (rc)
+        return end(rc);
+    mock_mig_t next = gpu->mig;
+    mock_gi_t *target = &next.gi[g];
+    int start = -1, c = -1;
+    if (target->live)
+        start = placement ? (ci_fits(target, profile, p, placement->start) ? (int)placement->start : -1)
+                          : choose_ci_start(gpu, target, profile);
+    for (int i = 0; start >= 0 && i < MAX_CI && c < 0; i++)
+        if (!target->ci[i].live)
+            c = i;
+    if (!target->live || start < 0 || c < 0) {
+        layout_end();
+        return end(target->live ? NVML_ERROR_INSUFFICIENT_RESOURCES : NVML_ERROR_INVALID_ARGUMENT);
+    }
+    mock_ci_t *ci = &target->ci[c];
+    *ci = (mock_ci_t){.live = 1, .profile = profile, .start = (unsigned int)start, .size = p->slices,
+                      .memory_mib = gpu->gi_profile[target->profile].memory_mib};
+    next.serial++;
+    new_mig_uuid(gpu, g, c, next.serial, ci->uuid, sizeof ci->uuid);
+    ci_profile_name(gpu, target, profile, ci->name, sizeof ci->name);
+    rc = layout_commit(gpu, &next);
+    if (rc == NVML_SUCCESS)
+        *out = &gpu->mig.gi[g].ci[c].instance;
+    return end(rc);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t instance, unsigned int profile,
+                                                         nvmlComputeInstance_t *out)
+{
+    ENTER("nvmlGpuInstanceCreateComputeInstance");
+    return create_compute_instance(instance, profile, NULL, out);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstanceWithPlacement(nvmlGpuInstance_t instance,
+                                                                      unsigned int profile,
+                                                                      const nvmlPlacement_t *placement,
+                                                                      nvmlComputeInstance_t *out)
+{
+    ENTER("nvmlGpuInstanceCreateComputeInstanceWithPlacement");
+    if (placement == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return create_compute_instance(instance, profile, placement, out);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t instance, unsigned int profile,
+                                                       nvmlComputeInstance_t *instances, unsigned int *count)
+{
+    ENTER("nvmlGpuInstanceGetComputeInstances");
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    nvmlReturn_t rc = begin_ci_profile(instance, profile, 0, instances, &gpu, &gi);
+    if (rc)
+        return rc;
+    if (count == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int n = 0;
+    for (int c = 0; c < MAX_CI; c++)
+        if (gi->ci[c].live && gi->ci[c].profile == profile)
+            instances[n++] = &gi->ci[c].instance;
+    *count = n;
     return end(NVML_SUCCESS);
 }
 
@@ -1423,58 +2655,35 @@ EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t inst
                                                           nvmlComputeInstance_t *compute)
 {
     ENTER("nvmlGpuInstanceGetComputeInstanceById");
-    pthread_mutex_lock(&lock);
-    nvmlReturn_t rc = ready_locked();
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    mock_ci_t *unused;
+    nvmlReturn_t rc = begin_instance(instance, 0, &gpu, &gi, &unused);
     if (rc)
-        return end(rc);
-    mock_mig_t *mig = instance_mig(instance, 0);
-    if (mig == NULL || compute == NULL)
+        return rc;
+    if (compute == NULL)
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (mig->ci_id != id)
+    if (id >= MAX_CI || !gi->ci[id].live)
         return end(NVML_ERROR_NOT_FOUND);
-    *compute = &mig->compute_instance;
-    return end(NVML_SUCCESS);
-}
-
-EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t instance, unsigned int profile,
-                                                                 unsigned int engine_profile,
-                                                                 nvmlComputeInstanceProfileInfo_t *info)
-{
-    ENTER("nvmlGpuInstanceGetComputeInstanceProfileInfo");
-    pthread_mutex_lock(&lock);
-    nvmlReturn_t rc = ready_locked();
-    if (rc)
-        return end(rc);
-    mock_mig_t *mig = instance_mig(instance, 0);
-    if (mig == NULL || info == NULL)
-        return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (profile != mig->ci_profile || engine_profile != 0)
-        return end(NVML_ERROR_NOT_SUPPORTED);
-    memset(info, 0, sizeof *info);
-    info->id = profile;
-    info->sliceCount = mig->ci_slices;
-    info->instanceCount = mig->ci_slices ? mig->gi_slices / mig->ci_slices : 0;
-    info->multiprocessorCount = 132 * mig->ci_slices / 7;
-    info->sharedCopyEngineCount = mig->gi_slices;
-    info->sharedDecoderCount = mig->gi_slices;
-    info->sharedJpegCount = mig->gi_slices;
+    *compute = &gi->ci[id].instance;
     return end(NVML_SUCCESS);
 }
 
 static nvmlReturn_t compute_instance_info(nvmlComputeInstance_t instance, nvmlComputeInstanceInfo_t *info)
 {
-    pthread_mutex_lock(&lock);
-    nvmlReturn_t rc = ready_locked();
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    mock_ci_t *ci;
+    nvmlReturn_t rc = begin_instance(instance, 1, &gpu, &gi, &ci);
     if (rc)
-        return end(rc);
-    mock_mig_t *mig = instance_mig(instance, 1);
-    if (mig == NULL || info == NULL)
+        return rc;
+    if (info == NULL)
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    info->device = &state.gpu[instance->gpu].handle;
-    info->gpuInstance = &mig->gpu_instance;
-    info->id = mig->ci_id;
-    info->profileId = mig->ci_profile;
-    info->placement = (nvmlPlacement_t){0, mig->ci_slices};
+    info->device = &gpu->handle;
+    info->gpuInstance = &gi->instance;
+    info->id = (unsigned int)instance->ci;
+    info->profileId = ci->profile;
+    info->placement = (nvmlPlacement_t){ci->start, ci->size};
     return end(NVML_SUCCESS);
 }
 
@@ -1488,6 +2697,60 @@ EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t instance, n
 {
     ENTER("nvmlComputeInstanceGetInfo");
     return compute_instance_info(instance, info);
+}
+
+EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t instance)
+{
+    ENTER("nvmlComputeInstanceDestroy");
+    mock_gpu_t *gpu;
+    mock_gi_t *gi;
+    mock_ci_t *ci;
+    nvmlReturn_t rc = begin_instance(instance, 1, &gpu, &gi, &ci);
+    if (rc)
+        return rc;
+    int g = instance->gi, c = instance->ci;
+    rc = layout_begin();
+    if (rc)
+        return end(rc);
+    mock_mig_t next = gpu->mig;
+    if (!next.gi[g].live || !next.gi[g].ci[c].live) {
+        layout_end(); /* another process destroyed it meanwhile */
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    memset(&next.gi[g].ci[c], 0, sizeof next.gi[g].ci[c]);
+    return end(layout_commit(gpu, &next));
+}
+
+/* ---- the reset a test or lab asks for (not NVML's: NVML has no call that resets a GPU) ---------------- */
+/*
+ * gpuopsMockNvmlResetGpu(uuid, force): what `nvidia-smi --gpu-reset` does to a GPU's MIG state: the
+ * pending MIG mode becomes current and every GPU instance is gone. Like that reset, it answers
+ * NVML_ERROR_IN_USE while another process has NVML initialised, unless `force` (a reboot). Needs no
+ * nvmlInit; NVML_ERROR_NOT_FOUND for a UUID the state does not have.
+ */
+EXPORT nvmlReturn_t gpuopsMockNvmlResetGpu(const char *uuid, unsigned int force)
+{
+    ENTER("gpuopsMockNvmlResetGpu");
+    pthread_mutex_lock(&lock);
+    if (refresh_locked() != 0)
+        return end(NVML_ERROR_DRIVER_NOT_LOADED);
+    if (uuid == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    mock_gpu_t *gpu = NULL;
+    for (int i = 0; i < state.count; i++)
+        if (strcmp(state.gpu[i].uuid, uuid) == 0)
+            gpu = &state.gpu[i];
+    if (gpu == NULL)
+        return end(NVML_ERROR_NOT_FOUND);
+    if (!force && other_clients())
+        return end(NVML_ERROR_IN_USE);
+    nvmlReturn_t rc = layout_begin();
+    if (rc)
+        return end(rc);
+    mock_mig_t next = gpu->mig;
+    memset(next.gi, 0, sizeof next.gi);
+    next.current = next.pending;
+    return end(layout_commit(gpu, &next));
 }
 
 /* ---- events --------------------------------------------------------------------------------------- */

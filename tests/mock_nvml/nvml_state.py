@@ -24,7 +24,7 @@ import _simulated_spec
 
 def state_text(spec_path: str | os.PathLike[str]) -> str:
     """The state for the spec at ``spec_path``; SpecError names what is wrong with it."""
-    return _simulated_spec.mock_nvml_state_text(_simulated_spec.load_spec(str(spec_path)))
+    return _simulated_spec.mock_nvml_state_text(_simulated_spec.load_spec(str(spec_path)), str(spec_path))
 
 
 def write_state(spec_path: str | os.PathLike[str], state_path: str | os.PathLike[str]) -> None:

@@ -58,8 +58,17 @@ class MockNvml:
         self.pynvml = real_pynvml()
 
     def env(self) -> dict[str, str]:
-        """What a daemon process needs to load this library and read this state."""
+        """What a daemon process needs to load this library and read this state (and its MIG layout,
+        kept beside the state: docs/mock-nvml.md)."""
         return {"LD_LIBRARY_PATH": library_dir(), STATE_VARIABLE: self.state}
+
+    def reset_gpu(self, uuid: str, force: bool = False) -> int:
+        """What `nvidia-smi --gpu-reset` does to the GPU's MIG state (the library's test hook; a pending MIG
+        mode becomes current, GPU instances are gone); ``force`` as a reboot does, whoever has NVML open.
+        Returns the NVML code."""
+        lib = ctypes.CDLL(os.path.join(library_dir(), LIBRARY))
+        lib.gpuopsMockNvmlResetGpu.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+        return int(lib.gpuopsMockNvmlResetGpu(uuid.encode(), int(force)))
 
     def close(self) -> None:
         self._watcher.kill()

@@ -300,21 +300,26 @@ def _nvidia_profile_name(nvml, mig) -> str:
     i = first(lambda p: nvml.nvmlDeviceGetGpuInstanceProfileInfo(parent, p, version=1), 17, gi_profile)
     j = first(lambda p: nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, p, 0, version=1), 8, ci_profile)
     g, c = _GI_SLICES[i], _CI_SLICES[j]
-    gigabytes = round(math.ceil(memory_mb * 2**20 / total * 8) / 8 * math.ceil(total / 2**30))
+    # Go's math.Round: halves away from zero (70.5 GB is a 71gb profile).
+    gigabytes = math.floor(math.ceil(memory_mb * 2**20 / total * 8) / 8 * math.ceil(total / 2**30) + 0.5)
     name = f"{g}g.{gigabytes}gb" if c == g else f"{c}c.{g}g.{gigabytes}gb"
     return name + _SUFFIX.get(i, "")
 
 
 @pytest.mark.parametrize(
-    "profiles",
+    ("product", "profiles"),
     [
-        [("3g.20gb", 19968), ("1g.5gb", 4864), ("1g.5gb", 4864)],
-        [("1g.5gb+me", 4864), ("1c.3g.20gb", 19968), ("2g.10gb", 9856), ("1g.10gb", 9856)],
+        (None, [("3g.20gb", 19968), ("1g.5gb", 4864), ("1g.5gb", 4864)]),
+        (None, [("1g.5gb+me", 4864), ("1c.3g.20gb", 19968), ("1g.10gb", 9856)]),
+        (("NVIDIA H100 80GB HBM3", 81559), [("2c.4g.40gb", 40448), ("1g.20gb", 20096), ("1g.10gb+me", 9984)]),
+        (("NVIDIA H200", 143771), [("3g.71gb", 66816), ("2g.35gb", 33280), ("1g.35gb", 33280)]),
     ],
-    ids=["fixture", "suffixes"],
+    ids=["fixture", "suffixes", "h100", "h200"],
 )
-def test_mig_profiles_are_named_as_nvidias_libraries_name_them(tmp_path, profiles):
+def test_mig_profiles_are_named_as_nvidias_libraries_name_them(tmp_path, product, profiles):
     spec = fixture("a100-mig.yaml")
+    if product:
+        spec["gpus"][0].update(name=product[0], memory_mib=product[1], compute_capability="9.0")
     spec["gpus"][0]["mig_devices"] = [
         {"uuid": f"MIG-0a5e1c00-0000-4000-8000-0000000000b{n}", "profile": p, "memory_mib": m}
         for n, (p, m) in enumerate(profiles)
@@ -326,10 +331,9 @@ def test_mig_profiles_are_named_as_nvidias_libraries_name_them(tmp_path, profile
     nvml.nvmlInit()
     try:
         gpu = nvml.nvmlDeviceGetHandleByIndex(0)
-        names = [
-            _nvidia_profile_name(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot))
-            for slot in range(len(profiles))
-        ]
+        # NVML numbers MIG devices by GPU-instance ID, which need not be the order the spec lists them in.
+        handles = [nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot) for slot in range(len(profiles))]
+        names = {nvml.nvmlDeviceGetUUID(mig): _nvidia_profile_name(nvml, mig) for mig in handles}
         whole = nvml.nvmlDeviceGetHandleByIndex(1)
         with pytest.raises(nvml.NVMLError) as raised:
             nvml.nvmlDeviceGetGpuInstanceById(whole, 1)
@@ -337,4 +341,4 @@ def test_mig_profiles_are_named_as_nvidias_libraries_name_them(tmp_path, profile
     finally:
         nvml.nvmlShutdown()
         library.close()
-    assert names == [p for p, _m in profiles]
+    assert names == {mig["uuid"]: mig["profile"] for mig in spec["gpus"][0]["mig_devices"]}

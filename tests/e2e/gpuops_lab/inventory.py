@@ -72,8 +72,10 @@ ldconfig
 
 # Run in the node as root with the mock library on stdin: install it as the driver's
 # libnvidia-ml.so.<version> (replacing another version's; renamed into place, so a process that has the old
-# one loaded keeps it), point it at its state, record the package that provides it, and make the device
-# nodes now and at every start of the node container, whose /dev is made anew each time.
+# one loaded keeps it), point it at its state, make the file by which it counts a node's NVML clients (a pod
+# reads it through its read-only /driver-root and could not make it; docs/mock-nvml.md, "MIG"), record the
+# package that provides it, and make the device nodes now and at every start of the node container, whose /dev
+# is made anew each time.
 _DRIVER_FILES = f"""set -eu
 lib={NODE_LIB_DIR} version=$1
 cat >"$lib/.libnvidia-ml.so.new"
@@ -88,6 +90,7 @@ for old in "$lib"/libnvidia-ml.so.*.*; do
 done
 ln -sfn "libnvidia-ml.so.$version" "$lib/libnvidia-ml.so.1"
 ln -sfn ../../../etc/gpuops-lab/simulated/{NVML_STATE_NAME} "$lib/gpuops-mock-nvml.state"
+touch "$lib/gpuops-mock-nvml.mig.clients"
 ldconfig
 if [ "$(dpkg-query -W -f '${{Version}}' {PROVIDES_PACKAGE} 2>/dev/null)" != "$version" ]; then
   deb=$(mktemp -d)

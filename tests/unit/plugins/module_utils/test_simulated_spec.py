@@ -127,3 +127,74 @@ def test_rule_violations(data, message):
     with pytest.raises(SpecError) as error:
         parse_spec(data, "lab.yaml")
     assert str(error.value) == message
+
+
+# The mock NVML library's state (tests/mock_nvml): MIG devices a spec declares, placed as the library serves them.
+def a100(**extra):
+    return gpu(1, name="NVIDIA A100-SXM4-40GB", memory_mib=40960, compute_capability="8.0", **extra)
+
+
+def mig(n, profile, memory_mib=4864):
+    return {"uuid": f"MIG-0000000{n}", "profile": profile, "memory_mib": memory_mib}
+
+
+def state_of(data):
+    from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import mock_nvml_state_text
+
+    return mock_nvml_state_text(parse_spec(data, "lab.yaml"), "lab.yaml").splitlines()
+
+
+def test_declared_mig_devices_take_the_lowest_free_placement_of_their_profile_in_order():
+    devices = [mig(1, "1g.5gb"), mig(2, "3g.20gb", 19968), mig(3, "1c.2g.10gb", 9856)]
+    lines = state_of(spec(a100(mig_mode="enabled", mig_devices=devices)))
+    # mig UUID MEMORY_MIB PROFILE GI_INDEX GI_START CI_INDEX CI_START
+    assert [line for line in lines if line.startswith("mig ")] == [
+        "mig MIG-00000001 4864 1g.5gb 0 0 0 0",
+        "mig MIG-00000002 19968 3g.20gb 2 4 2 0",
+        "mig MIG-00000003 9856 1c.2g.10gb 1 2 0 0",
+    ]
+    assert "gi_profile 2 9 3g.20gb 3 2 19968 42 3 2 0 0 0 4 0,4" in lines
+    assert "ci_profile 4 2 3 2 42 0,4" in lines  # a 3c in a 7g.40gb: at 0 or 4
+
+
+def test_the_mig_seed_names_the_declared_layout_only():
+    base = state_of(spec(a100(mig_mode="enabled", mig_devices=[mig(1, "1g.5gb")])))
+    elsewhere = state_of(spec(a100(mig_mode="enabled", numa_node=1, mig_devices=[mig(1, "1g.5gb")])))
+    other = state_of(spec(a100(mig_mode="enabled", mig_devices=[mig(1, "1g.5gb"), mig(2, "1g.5gb")])))
+    seeds = [[line for line in lines if line.startswith("mig_seed ")] for lines in (base, elsewhere, other)]
+    assert seeds[0] == seeds[1] != seeds[2]
+
+
+@pytest.mark.parametrize(
+    ("gpu_data", "message"),
+    [
+        (
+            a100(mig_mode="enabled", mig_devices=[mig(1, "1g.6gb")]),
+            r"^Simulated-GPU spec lab\.yaml, GPU 0 \(GPU-00000001\): MIG device 0 has profile 1g\.6gb, "
+            r"which an NVIDIA A100-SXM4-40GB "
+            r"does not offer \(it offers 1g\.5gb, 1g\.5gb\+me, 1g\.10gb, 2g\.10gb, 3g\.20gb, 4g\.20gb, 7g\.40gb\)\.$",
+        ),
+        (
+            a100(mig_mode="enabled", mig_devices=[mig(1, "3c.3g.20gb")]),
+            r"MIG device 0 has profile 3c\.3g\.20gb, which an NVIDIA A100-SXM4-40GB does not offer",
+        ),
+        (
+            a100(mig_mode="enabled", mig_devices=[mig(1, "4g.20gb"), mig(2, "1g.5gb"), mig(3, "4g.20gb")]),
+            r"GPU 0 \(GPU-00000001\): MIG device 2 \(4g\.20gb\) does not fit on the NVIDIA A100-SXM4-40GB beside "
+            r"the MIG devices listed before it\.$",
+        ),
+        (
+            a100(mig_mode="enabled", mig_devices=[mig(1, "1g.5gb+me"), mig(2, "1g.5gb+me")]),
+            r"MIG device 1 \(1g\.5gb\+me\) does not fit",
+        ),
+        (
+            gpu(1, mig_mode="enabled", mig_devices=[mig(1, "1g.6gb")]),
+            r"GPU 0 \(GPU-00000001\): the mock NVML library models MIG on NVIDIA A100 80GB PCIe, .*NVIDIA H200 only, "
+            r"not on NVIDIA L4\.$",
+        ),
+    ],
+    ids=["profile", "named-compute-instance", "full", "one-media-extension", "product"],
+)
+def test_a_declared_mig_layout_the_product_cannot_hold_is_one_sentence(gpu_data, message):
+    with pytest.raises(SpecError, match=message):
+        state_of(spec(gpu_data))
