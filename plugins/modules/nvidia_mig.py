@@ -11,7 +11,7 @@ module: nvidia_mig
 short_description: Partition NVIDIA GPUs with MIG as a mig-parted config declares
 version_added: 0.2.0
 description:
-  - Makes the MIG layout of the node's GPUs what a named config of NVIDIA's mig-parted format (C(version: v1))
+  - Makes the MIG layout of the node's GPUs what a named config of NVIDIA's mig-parted format (version C(v1))
     declares; the config is given inline (O(config)) or as a file on the node (O(config_file)).
   - Each entry of the config names GPUs by C(devices) (C(all) or a list of NVML indexes) and optionally by
     C(device-filter) (PCI IDs such as C(0x233010DE)), and says whether MIG mode is on (C(mig-enabled)) and which
@@ -38,7 +38,7 @@ author:
 options:
   config:
     description:
-      - The mig-parted config document (C(version: v1) and C(mig-configs)), inline.
+      - The mig-parted config document (C(version) C(v1) and C(mig-configs)), inline.
       - Exactly one of O(config) and O(config_file) is required.
     type: dict
   config_file:
