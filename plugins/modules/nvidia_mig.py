@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: nvidia_mig
 short_description: Partition NVIDIA GPUs with MIG as a mig-parted config declares
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Makes the MIG layout of the node's GPUs what a named config of NVIDIA's mig-parted format (version C(v1))
     declares; the config is given inline (O(config)) or as a file on the node (O(config_file)).
