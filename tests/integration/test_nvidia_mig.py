@@ -9,11 +9,13 @@ nvidia_gpu_info module), and the mock library's layout file (what clients change
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
 import sys
 
+import pynvml
 import pytest
 import yaml
 
@@ -365,3 +367,21 @@ def test_an_inline_config_and_one_sentence_for_a_bad_one(node):
         "The config option, MIG config one, entry 0 has the unknown key(s) mig-device; an entry has devices, "
         "device-filter, mig-enabled, mig-devices."
     )
+
+
+def test_under_python_3_9_the_oldest_a_node_may_have(node, tmp_path):
+    """The node's Python runs the module (Ansible ships it there); 3.9 with only the real pynvml on its path."""
+    pythons = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9.*/bin/python3.9")))
+    assert pythons, "no Python 3.9 under pyenv (the daemon-py39 tier needs it too)"
+    bindings = tmp_path / "bindings"
+    bindings.mkdir()
+    (bindings / "pynvml.py").symlink_to(pynvml.__file__)
+    inline = {"version": "v1", "mig-configs": {"balanced": CONFIGS["mig-configs"]["all-balanced"]}}
+    flags = ("-e", f"ansible_python_interpreter={pythons[-1]}")
+    env = {"PYTHONPATH": str(bindings)}
+    rc, result = node.run("gpuops.k8s.nvidia_mig", {"config": inline, "config_name": "balanced"}, *flags, env=env)
+    assert rc == 0, result
+    assert result["changed_gpus"] == UUIDS
+    rc, again = node.run("gpuops.k8s.nvidia_mig", {"config": inline, "config_name": "balanced"}, *flags, env=env)
+    assert rc == 0 and again["changed"] is False, again
+    assert [names for _mode, names, _u in node.seen()] == [["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]] * 8
