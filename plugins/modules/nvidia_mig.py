@@ -321,7 +321,9 @@ class MigRun:
         try:
             gpus = read_gpus(self.api)
         except NvmlCallFailed as exc:
-            self.module.fail_json(msg=f"Reading the GPUs through NVML failed ({exc.call}: {exc.message}).")
+            self.module.fail_json(
+                msg=f"Reading {exc.where or 'the GPUs'} through NVML failed ({exc.call}: {exc.message})."
+            )
         label = f"MIG config {self.config_name}"
         facts = [
             {"index": g.index, "uuid": g.uuid, "device_id": g.device_id, "subsystem_id": g.subsystem_id} for g in gpus

@@ -432,6 +432,9 @@ def test_without_a_driver_and_without_the_config_file_one_sentence_each(node):
     rc, result = node.mig("all-disabled", env={"GPUOPS_MOCK_NVML_STATE": node.state + ".absent"})
     assert rc != 0
     assert result["msg"] == "NVML could not be initialised (Driver Not Loaded), so no MIG layout can be read or made."
+    rc, result = node.mig("all-disabled", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceGetMigMode:15@4"})
+    assert rc != 0
+    assert result["msg"] == "Reading GPU 3 through NVML failed (nvmlDeviceGetMigMode: GPU is lost)."
     rc, result = node.run("gpuops.k8s.nvidia_mig", {"config_file": node.config_file + ".absent", "config_name": "x"})
     assert rc != 0
     assert result["msg"] == f"MIG config file {node.config_file}.absent cannot be read (No such file or directory)."
