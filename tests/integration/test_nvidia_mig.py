@@ -176,7 +176,7 @@ def node(tmp_path, library_dir, ansible_env):
 
 
 def profiles(counts):
-    return sorted(name for name, count in counts.items() for _ in range(count))
+    return sorted(name for name, count in counts.items() for _copy in range(count))
 
 
 def test_none_to_all_1g_10gb_to_mixed_to_none_and_each_second_run_changes_nothing(node):
