@@ -40,7 +40,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 def node_image_inputs() -> list[Path]:
     """The files the node image is built from, in the order their hash is taken."""
     files = [NODE_FILES / "Containerfile"]
-    for pattern in ("*.service", "*.toml", "*.conflist", "*.sh"):
+    for pattern in ("*.service", "*.conf", "*.toml", "*.conflist", "*.sh"):
         files += sorted(NODE_FILES.glob(pattern))
     return files
 
@@ -263,6 +263,10 @@ def start_node(cfg: LabConfig, index: int, image: str, bin_dir: Path, containerd
             f"{name}:127.0.1.1",
             "--privileged",
             "--systemd=always",
+            # A reboot in the node ends its container (node/reboot.sh); podman starts it again, as a machine
+            # comes back from a reboot. A container stopped or killed by podman (lab.py down) stays down.
+            "--restart",
+            "on-failure",
             "--network",
             "host",
             "--cgroupns",
@@ -330,7 +334,11 @@ def prepare_node(cfg: LabConfig, index: int) -> None:
             stdout=subprocess.DEVNULL,
         )
         log(f"{name}: imported {PAUSE_IMAGE} into containerd")
-    run(node_exec_argv(cfg, index, "systemctl", "start", "kubelet"), what=f"{name}: systemctl start kubelet")
+    # Enabled, so that the kubelet starts again when the node comes back from a reboot.
+    run(
+        node_exec_argv(cfg, index, "systemctl", "enable", "--now", "kubelet"),
+        what=f"{name}: systemctl enable --now kubelet",
+    )
     setup_ssh(cfg, index)
 
 
