@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 import sys
@@ -89,6 +90,7 @@ def test_the_example_unit_is_the_unit_the_role_writes_with_its_defaults() -> Non
     install_dir = defaults["device_plugin_install_dir"]
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     environment.filters["quote"] = shlex.quote
+    environment.filters["dirname"] = os.path.dirname
     template = environment.from_string((ROLE / "templates" / "device-plugin.service.j2").read_text())
     # The arguments are the role's vars/main.yml expression evaluated for the defaults, written out here; the
     # comparison below checks them against the example's ExecStart option by option.
@@ -114,6 +116,7 @@ def test_the_example_unit_is_the_unit_the_role_writes_with_its_defaults() -> Non
         __device_plugin_args=args,
         device_plugin_kubelet_dir=defaults["device_plugin_kubelet_dir"],
         device_plugin_service_extra=defaults["device_plugin_service_extra"],
+        device_plugin_health_file=defaults["device_plugin_health_file"],
     )
     example = (PLUGIN / "gpu-device-plugin.service").read_text()
     role_lines, example_lines = unit_lines(rendered), unit_lines(example)
