@@ -1,0 +1,228 @@
+"""A Node put under GPU remediation and given back (module_utils/_node_remediation.py, the node_remediation module):
+the merge patch for each state a Node can be in, and the write with its precondition, redone on a conflict."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation import (
+    ANNOTATION,
+    TAINT_KEY,
+    Conflict,
+    RemediationError,
+    apply_patch,
+    remediation_patch,
+    set_remediation,
+    view,
+    with_precondition,
+)
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+NOW = "2026-11-26T12:00:00Z"
+
+
+def node(unschedulable=False, klass=None, annotation=None, version="41"):
+    spec = {"taints": [dict(GPU_TAINT)]}
+    if unschedulable:
+        spec["unschedulable"] = True
+    if klass:
+        spec["taints"].append({"key": TAINT_KEY, "value": klass, "effect": "NoSchedule"})
+    annotations = {"other": "kept"}
+    if annotation is not None:
+        annotations[ANNOTATION] = json.dumps(annotation, sort_keys=True)
+    return {"metadata": {"name": "gpu-a", "resourceVersion": version, "annotations": annotations}, "spec": spec}
+
+
+def written_annotation(patch):
+    return json.loads(patch["metadata"]["annotations"][ANNOTATION])
+
+
+def test_present_cordons_taints_and_annotates_a_schedulable_node():
+    patch = remediation_patch(node(), "present", "reset", ["GPU-2", "GPU-1"], "XID 48", NOW)
+    assert patch["spec"] == {
+        "taints": [GPU_TAINT, {"key": TAINT_KEY, "value": "reset", "effect": "NoSchedule"}],
+        "unschedulable": True,
+    }
+    assert written_annotation(patch) == {
+        "class": "reset",
+        "since": NOW,
+        "gpus": ["GPU-1", "GPU-2"],
+        "reason": "XID 48",
+        "cordoned_before": False,
+    }
+
+
+def test_present_on_a_node_cordoned_before_remembers_it_and_leaves_the_cordon():
+    patch = remediation_patch(node(unschedulable=True), "present", "reboot", [], "XID 79", NOW)
+    assert "unschedulable" not in patch["spec"]
+    assert written_annotation(patch)["cordoned_before"] is True
+
+
+def test_present_again_changes_nothing_even_later():
+    first = node()
+    after = apply_patch(first, remediation_patch(first, "present", "reset", ["GPU-1"], "XID 48", NOW))
+    assert remediation_patch(after, "present", "reset", ["GPU-1"], "another reason", "2026-11-27T00:00:00Z") == {}
+
+
+def test_present_with_another_gpu_of_the_same_class_adds_it_and_keeps_the_rest():
+    first = node()
+    after = apply_patch(first, remediation_patch(first, "present", "reset", ["GPU-1"], "XID 48", NOW))
+    patch = remediation_patch(after, "present", "reset", ["GPU-3"], "XID 64", "2026-11-26T13:00:00Z")
+    assert set(patch) == {"metadata"}
+    assert written_annotation(patch) == {
+        "class": "reset",
+        "since": NOW,
+        "gpus": ["GPU-1", "GPU-3"],
+        "reason": "XID 48",
+        "cordoned_before": False,
+    }
+
+
+def test_a_higher_class_replaces_the_taint_value_in_place_and_keeps_who_cordoned():
+    before = node(
+        unschedulable=True,
+        klass="reset",
+        annotation={"class": "reset", "since": NOW, "gpus": ["GPU-1"], "reason": "XID 48", "cordoned_before": False},
+    )
+    before["spec"]["taints"].append({"key": "example.com/other", "effect": "NoExecute"})
+    patch = remediation_patch(
+        before, "present", "replace", ["GPU-1"], "not healthy after the reset", "2026-11-26T13:00:00Z"
+    )
+    assert patch["spec"] == {
+        "taints": [
+            GPU_TAINT,
+            {"key": TAINT_KEY, "value": "replace", "effect": "NoSchedule"},
+            {"key": "example.com/other", "effect": "NoExecute"},
+        ]
+    }
+    assert written_annotation(patch) == {
+        "class": "replace",
+        "since": "2026-11-26T13:00:00Z",
+        "gpus": ["GPU-1"],
+        "reason": "not healthy after the reset",
+        "cordoned_before": False,
+        "previous_class": "reset",
+    }
+
+
+def test_absent_removes_the_taint_and_the_annotation_and_uncordons():
+    under = node(
+        unschedulable=True,
+        klass="reboot",
+        annotation={"class": "reboot", "since": NOW, "gpus": [], "reason": "", "cordoned_before": False},
+    )
+    patch = remediation_patch(under, "absent")
+    assert patch == {
+        "spec": {"taints": [GPU_TAINT], "unschedulable": False},
+        "metadata": {"annotations": {ANNOTATION: None}},
+    }
+    after = apply_patch(under, patch)
+    assert view(after) == {"unschedulable": False, "taint": None, "annotation": None}
+    assert after["metadata"]["annotations"] == {"other": "kept"}
+    assert remediation_patch(after, "absent") == {}
+
+
+def test_absent_leaves_a_cordon_that_was_there_before():
+    under = node(
+        unschedulable=True,
+        klass="reboot",
+        annotation={"class": "reboot", "since": NOW, "gpus": [], "reason": "", "cordoned_before": True},
+    )
+    patch = remediation_patch(under, "absent")
+    assert "unschedulable" not in patch["spec"]
+    assert view(apply_patch(under, patch))["unschedulable"] is True
+
+
+def test_absent_without_an_annotation_removes_the_taint_and_leaves_the_cordon():
+    """Nothing says who cordoned the node: the cordon stays."""
+    patch = remediation_patch(node(unschedulable=True, klass="reset"), "absent")
+    assert patch == {"spec": {"taints": [GPU_TAINT]}}
+
+
+@pytest.mark.parametrize(
+    ("state", "klass", "message"),
+    [
+        ("present", "drain", "node_remediation: class must be one of reset, reboot, replace, got 'drain'."),
+        ("present", None, "node_remediation: class must be one of reset, reboot, replace, got None."),
+        ("gone", None, "node_remediation: state must be present or absent, got 'gone'."),
+    ],
+)
+def test_bad_arguments_are_one_sentence(state, klass, message):
+    with pytest.raises(RemediationError) as error:
+        remediation_patch(node(), state, klass)
+    assert str(error.value) == message
+
+
+def test_the_precondition_carries_the_resource_version_read():
+    patch = {"spec": {"unschedulable": True}, "metadata": {"annotations": {ANNOTATION: "{}"}}}
+    assert with_precondition(patch, node(version="7")) == {
+        "spec": {"unschedulable": True},
+        "metadata": {"annotations": {ANNOTATION: "{}"}, "resourceVersion": "7"},
+    }
+
+
+class FakeApi:
+    """A Node store that refuses writes carrying an old resourceVersion, as the API server does."""
+
+    def __init__(self, stored, interfere=0):
+        self.stored = stored
+        self.interfere = interfere  # how many writes someone else makes right before ours
+        self.patches = []
+
+    def read_node(self, name):
+        return copy.deepcopy(self.stored) if self.stored else None
+
+    def patch_node(self, name, patch):
+        if self.interfere:
+            self.interfere -= 1
+            self.stored["spec"]["taints"].append({"key": f"someone-else-{self.interfere}", "effect": "NoSchedule"})
+            self.stored["metadata"]["resourceVersion"] = str(int(self.stored["metadata"]["resourceVersion"]) + 1)
+        if patch["metadata"]["resourceVersion"] != self.stored["metadata"]["resourceVersion"]:
+            raise Conflict(name)
+        self.patches.append(patch)
+        self.stored = apply_patch(self.stored, {k: v for k, v in patch.items()})
+        self.stored["metadata"].pop("resourceVersion", None)
+        self.stored["metadata"]["resourceVersion"] = str(int(patch["metadata"]["resourceVersion"]) + 1)
+        return copy.deepcopy(self.stored)
+
+
+def test_a_write_refused_because_the_node_changed_is_redone_and_loses_nothing():
+    api = FakeApi(node(), interfere=2)
+    _patch, before, after, conflicts = set_remediation(api, "gpu-a", "present", "reboot", ["GPU-1"], "XID 79", NOW)
+    assert conflicts == 2 and len(api.patches) == 1
+    keys = [t["key"] for t in api.stored["spec"]["taints"]]
+    assert keys == ["nvidia.com/gpu", "someone-else-1", "someone-else-0", TAINT_KEY]
+    assert view(after)["taint"] == {"key": TAINT_KEY, "value": "reboot", "effect": "NoSchedule"}
+    assert view(before)["taint"] is None
+
+
+def test_a_node_written_all_the_time_is_one_sentence():
+    api = FakeApi(node(), interfere=10)
+    with pytest.raises(RemediationError) as error:
+        set_remediation(api, "gpu-a", "present", "reboot", retries=2)
+    assert str(error.value) == (
+        "node_remediation: the Node gpu-a changed between every read and write (3 tries); something else is writing "
+        "it all the time."
+    )
+
+
+def test_check_mode_writes_nothing_and_shows_the_node_after():
+    api = FakeApi(node())
+    patch, _before, after, _conflicts = set_remediation(
+        api, "gpu-a", "present", "reset", ["GPU-1"], "", NOW, check_mode=True
+    )
+    assert patch and api.patches == []
+    assert view(after)["unschedulable"] is True and view(api.stored)["unschedulable"] is False
+
+
+def test_nothing_to_do_is_no_write():
+    api = FakeApi(node())
+    assert set_remediation(api, "gpu-a", "absent")[0] == {}
+    assert api.patches == []
+
+
+def test_a_missing_node_is_one_sentence():
+    with pytest.raises(RemediationError, match=r"^node_remediation: the API server has no Node gpu-x\.$"):
+        set_remediation(FakeApi(None), "gpu-x", "present", "reset")
