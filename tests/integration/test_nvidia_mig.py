@@ -1,0 +1,367 @@
+"""gpuops.k8s.nvidia_mig run by the real `ansible` command on localhost, partitioning the GPUs of an 8 x H100
+simulated-GPU spec (tests/fixtures/simulated/h100x8.yaml) through the real pynvml on the lab's mock
+libnvidia-ml.so.1 (tests/mock_nvml; a TEST DOUBLE of NVIDIA's driver library that models MIG as a driver does:
+profiles, placements, mode changes that wait for a GPU reset while another process has NVML, fault injection).
+
+What the module did is read back by another process through NVML (the collection's own discovery, the
+nvidia_gpu_info module), and the mock library's layout file (what clients changed) shows what was written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SPEC = os.path.join(REPO, "tests", "fixtures", "simulated", "h100x8.yaml")
+UUIDS = [f"GPU-6f1c0a3e-0000-4000-8000-00000000000{n}" for n in range(1, 9)]
+
+CONFIGS = {
+    "version": "v1",
+    "mig-configs": {
+        "all-disabled": [{"devices": "all", "mig-enabled": False}],
+        "all-1g.10gb": [
+            {"devices": "all", "device-filter": "0x233010DE", "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}
+        ],
+        # GPUs 0 and 1 keep all-1g.10gb; 2 and 3 get mig-parted's all-balanced; 4 compute instances sharing a
+        # 3g.40gb beside a 4g.40gb; 5 MIG mode without devices; 6 and 7 no MIG.
+        "mixed": [
+            {"devices": [0, 1], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+            {
+                "devices": [2, 3],
+                "device-filter": ["0x233010DE"],
+                "mig-enabled": True,
+                "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
+            },
+            {"devices": [4], "mig-enabled": True, "mig-devices": {"1c.3g.40gb": 1, "2c.3g.40gb": 1, "4g.40gb": 1}},
+            {"devices": [5], "mig-enabled": True, "mig-devices": {}},
+            {"devices": [6, 7], "mig-enabled": False, "mig-devices": {}},
+        ],
+        "all-balanced": [
+            {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}
+        ],
+        "not-offered": [{"devices": [3], "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}],
+        "too-many-1g": [{"devices": [3], "mig-enabled": True, "mig-devices": {"1g.10gb": 8}}],
+        "two-4g": [{"devices": [3], "mig-enabled": True, "mig-devices": {"4g.40gb": 2}}],
+        "too-much-memory": [{"devices": [3], "mig-enabled": True, "mig-devices": {"3g.40gb": 2, "1g.10gb": 1}}],
+    },
+}
+MIXED = {
+    0: {"1g.10gb": 7},
+    1: {"1g.10gb": 7},
+    2: {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2},
+    3: {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2},
+    4: {"4g.40gb": 1, "1c.3g.40gb": 1, "2c.3g.40gb": 1},
+    5: {},
+}
+
+
+@pytest.fixture(scope="module")
+def library_dir():
+    """The lab's mock libnvidia-ml.so.1 (built once, cached by content)."""
+    built = subprocess.run(
+        [os.path.join(REPO, "scripts", "build-mock-nvml.sh")], stdout=subprocess.PIPE, text=True, check=True
+    )
+    return built.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def ansible_env(tmp_path_factory):
+    subprocess.run([os.path.join(REPO, "scripts", "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build"),
+        ANSIBLE_STDOUT_CALLBACK="json",
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_LOCAL_TEMP=str(tmp_path_factory.mktemp("ansible-tmp")),
+        ANSIBLE_NOCOLOR="1",
+    )
+    return env
+
+
+class Node:
+    """One simulated node: the spec's state for the mock library, its layout file, and the MIG config file."""
+
+    def __init__(self, tmp_path, library_dir, ansible_env):
+        self.state = str(tmp_path / "nvml.state")
+        self.layout = self.state + ".mig"  # where the library keeps what clients changed (docs/mock-nvml.md)
+        self.library = os.path.join(library_dir, "libnvidia-ml.so.1")
+        self.config_file = str(tmp_path / "mig-config.yaml")
+        with open(self.config_file, "w") as handle:
+            yaml.safe_dump(CONFIGS, handle)
+        subprocess.run(
+            [sys.executable, os.path.join(REPO, "tests", "mock_nvml", "nvml_state.py"), SPEC, self.state], check=True
+        )
+        self.env = dict(ansible_env, LD_LIBRARY_PATH=library_dir, GPUOPS_MOCK_NVML_STATE=self.state)
+
+    def run(self, module, args, *flags, env=None):
+        """(rc, the task's result) of an ad hoc run of a module on localhost."""
+        command = [os.path.join(os.path.dirname(sys.executable), "ansible"), "localhost", "-m", module]
+        command += ["-a", json.dumps(args), *flags]
+        done = subprocess.run(
+            command, env=dict(self.env, **(env or {})), capture_output=True, text=True, timeout=300, check=False
+        )
+        output = json.loads(done.stdout)
+        return done.returncode, output["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+    def mig(self, config_name, *flags, env=None, **extra):
+        return self.run(
+            "gpuops.k8s.nvidia_mig",
+            dict(config_file=self.config_file, config_name=config_name, **extra),
+            *flags,
+            env=env,
+        )
+
+    def apply(self, config_name):
+        rc, result = self.mig(config_name)
+        assert rc == 0, result.get("msg")
+        return result
+
+    def seen(self):
+        """What another NVML client sees: per GPU, its MIG mode and its MIG devices' profiles and UUIDs."""
+        rc, result = self.run("gpuops.k8s.nvidia_gpu_info", {"sysfs_root": os.path.dirname(self.state)}, "--check")
+        assert rc == 0 and result["source"] == "nvml", result
+        return [
+            (
+                gpu["mig_mode"],
+                sorted(mig["profile"] for mig in gpu["mig_devices"]),
+                [m["uuid"] for m in gpu["mig_devices"]],
+            )
+            for gpu in result["gpus"]
+        ]
+
+    def layout_bytes(self):
+        try:
+            with open(self.layout, "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def gpu_instances(self):
+        """Per GPU UUID, its GPU instances as the layout file records them: (ID, profile ID, first memory slice,
+        memory slices)."""
+        found, uuid = {}, None
+        for line in (self.layout_bytes() or b"").decode().splitlines():
+            fields = line.split()
+            if fields[:1] == ["gpu"]:
+                uuid = fields[1]
+                found[uuid] = []
+            elif fields[:1] == ["gi"]:
+                found[uuid].append(tuple(int(field) for field in fields[1:5]))
+        return found
+
+    def reset_gpu(self, uuid):
+        """`nvidia-smi --gpu-reset` as the mock library models it (its test hook, called in a process of its own
+        that finds this node's state as the module does); the NVML code."""
+        code = (
+            "import ctypes, sys\n"
+            f"lib = ctypes.CDLL({self.library!r})\n"
+            "lib.gpuopsMockNvmlResetGpu.argtypes = [ctypes.c_char_p, ctypes.c_uint]\n"
+            f"print(lib.gpuopsMockNvmlResetGpu({uuid.encode()!r}, 0))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, check=True)
+        return int(done.stdout)
+
+
+@pytest.fixture
+def node(tmp_path, library_dir, ansible_env):
+    return Node(tmp_path, library_dir, ansible_env)
+
+
+def profiles(counts):
+    return sorted(name for name, count in counts.items() for _ in range(count))
+
+
+def test_none_to_all_1g_10gb_to_mixed_to_none_and_each_second_run_changes_nothing(node):
+    assert node.seen() == [("disabled", [], [])] * 8
+
+    result = node.apply("all-1g.10gb")
+    assert result["changed"] is True
+    assert result["changed_gpus"] == UUIDS and result["reset_required"] == []
+    first = result["gpus"][0]
+    assert (first["index"], first["uuid"], first["name"], first["device_id"]) == (
+        0,
+        UUIDS[0],
+        "NVIDIA H100 80GB HBM3",
+        "0x233010DE",
+    )
+    assert first["before"] == {"mig_enabled": False, "mig_pending": False, "devices": {}}
+    assert first["after"] == {"mig_enabled": True, "mig_pending": False, "devices": {"1g.10gb": 7}}
+    assert result["previous_config"] == {
+        "version": "v1",
+        "mig-configs": {"previous": [{"devices": [i], "mig-enabled": False} for i in range(8)]},
+    }
+    seen = node.seen()
+    assert [(mode, names) for mode, names, _u in seen] == [("enabled", ["1g.10gb"] * 7)] * 8
+    assert node.apply("all-1g.10gb")["changed"] is False
+
+    result = node.apply("mixed")
+    assert result["changed_gpus"] == UUIDS[2:]
+    assert [gpu["after"]["devices"] for gpu in result["gpus"][:6]] == [MIXED[i] for i in range(6)]
+    assert [gpu["after"]["mig_enabled"] for gpu in result["gpus"]] == [True] * 6 + [False] * 2
+    now = node.seen()
+    # GPUs 0 and 1 kept their layout, so they were not touched: the same MIG devices (UUIDs) as before.
+    assert now[:2] == seen[:2]
+    assert [(mode, names) for mode, names, _u in now[2:]] == [
+        ("enabled", profiles(MIXED[2])),
+        ("enabled", profiles(MIXED[3])),
+        ("enabled", profiles(MIXED[4])),
+        ("enabled", []),
+        ("disabled", []),
+        ("disabled", []),
+    ]
+    assert result["previous_config"]["mig-configs"]["previous"][0] == {
+        "devices": [2],
+        "mig-enabled": True,
+        "mig-devices": {"1g.10gb": 7},
+    }
+    assert node.apply("mixed")["changed"] is False
+
+    result = node.apply("all-disabled")
+    assert result["changed_gpus"] == UUIDS[:6]
+    assert node.seen() == [("disabled", [], [])] * 8
+    assert node.apply("all-disabled")["changed"] is False
+
+
+def test_check_mode_writes_nothing_and_diff_shows_each_gpus_layout_before_and_after(node):
+    node.apply("all-1g.10gb")
+    before_bytes, before_seen = node.layout_bytes(), node.seen()
+    rc, result = node.mig("mixed", "--check", "--diff")
+    assert rc == 0, result
+    assert result["changed"] is True and result["changed_gpus"] == UUIDS[2:]
+    assert [gpu["after"]["devices"] for gpu in result["gpus"][:6]] == [MIXED[i] for i in range(6)]
+    assert node.layout_bytes() == before_bytes
+    assert node.seen() == before_seen
+    diffs = result["diff"]
+    assert [d["before_header"] for d in diffs] == [f"GPU {i} ({UUIDS[i]}) NVIDIA H100 80GB HBM3" for i in range(2, 8)]
+    assert diffs[0]["before"] == "mig-enabled: true\nmig-devices:\n  1g.10gb: 7\n"
+    assert diffs[0]["after"] == "mig-enabled: true\nmig-devices:\n  1g.10gb: 2\n  2g.20gb: 1\n  3g.40gb: 1\n"
+    assert diffs[-1]["after"] == "mig-enabled: false\n"
+
+
+def test_check_mode_from_no_mig_writes_nothing_and_says_the_profiles_were_not_checked(node):
+    rc, result = node.mig("all-1g.10gb", "--check")
+    assert rc == 0, result
+    assert result["changed_gpus"] == UUIDS
+    assert node.layout_bytes() is None
+    assert any("NVML lists none of its MIG profiles" in warning for warning in result.get("warnings", []))
+
+
+def test_a_mode_change_while_another_process_has_nvml_waits_for_a_gpu_reset(node):
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys, pynvml; pynvml.nvmlInit(); print('ready', flush=True); sys.stdin.read()"],
+        env=node.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        result = node.apply("all-1g.10gb")
+        assert result["changed"] is True
+        assert result["reset_required"] == UUIDS
+        assert all(gpu["after"] == {"mig_enabled": False, "mig_pending": True, "devices": {}} for gpu in result["gpus"])
+        assert all(gpu["reset_required"] for gpu in result["gpus"])
+        # Nothing more can happen before the reset: the second run changes nothing and says so again.
+        again = node.apply("all-1g.10gb")
+        assert again["changed"] is False and again["reset_required"] == UUIDS
+        assert node.reset_gpu(UUIDS[0]) != 0  # the reset itself waits while the other process has the GPU
+    finally:
+        other.communicate(timeout=30)
+    assert [node.reset_gpu(uuid) for uuid in UUIDS] == [0] * 8
+    assert [(mode, names) for mode, names, _u in node.seen()] == [("enabled", [])] * 8
+    result = node.apply("all-1g.10gb")
+    assert result["changed"] is True and result["reset_required"] == []
+    assert [(mode, names) for mode, names, _u in node.seen()] == [("enabled", ["1g.10gb"] * 7)] * 8
+    assert node.apply("all-1g.10gb")["changed"] is False
+
+
+def test_a_failure_half_way_puts_every_touched_gpu_back(node):
+    node.apply("all-1g.10gb")
+    seen, placed = node.seen(), node.gpu_instances()
+    # all-balanced makes four GPU instances per GPU: the 6th creation is GPU 1's second (its 2g.20gb).
+    rc, result = node.mig("all-balanced", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:23@6"})
+    assert rc != 0
+    assert result["msg"] == (
+        "MIG config all-balanced could not be applied: creating a 2g.20gb GPU instance on GPU 1 "
+        f"({UUIDS[1]}) failed (nvmlDeviceCreateGpuInstance: Ran out of critical resources, other than memory), "
+        "and the 2 GPU(s) it had touched have the layout they had again."
+    )
+    assert result["rolled_back"] == UUIDS[:2]
+    assert [gpu["after"] for gpu in result["gpus"]] == [gpu["before"] for gpu in result["gpus"]]
+    now = node.seen()
+    assert [(mode, names) for mode, names, _u in now] == [(mode, names) for mode, names, _u in seen]
+    assert now[2:] == seen[2:]  # the GPUs after the failing one were never touched
+    # The GPU instances are back where they were (their MIG devices are new ones: new UUIDs).
+    assert node.gpu_instances() == placed
+
+
+def test_a_failure_without_rollback_leaves_the_gpus_as_the_failure_did(node):
+    node.apply("all-1g.10gb")
+    rc, result = node.mig(
+        "all-balanced", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:23@2"}, rollback=False
+    )
+    assert rc != 0
+    assert result["msg"].endswith("and the GPUs it had touched were left as they are (rollback is false).")
+    assert result["rolled_back"] == []
+    assert node.seen()[0][1] == ["3g.40gb"]
+
+
+def test_a_failure_while_mig_goes_on_turns_it_off_again(node):
+    rc, result = node.mig("all-1g.10gb", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:23@3"})
+    assert rc != 0
+    assert f"on GPU 0 ({UUIDS[0]}) failed" in result["msg"]
+    assert result["rolled_back"] == [UUIDS[0]]
+    assert node.seen() == [("disabled", [], [])] * 8
+
+
+@pytest.mark.parametrize(
+    ("config_name", "reason"),
+    [
+        ("not-offered", "the product offers no MIG profile 1g.5gb (it offers 1g.10gb, 1g.10gb+me, 1g.20gb, "),
+        ("too-many-1g", "it allows at most 7 GPU instance(s) of profile 1g.10gb and the layout needs 8."),
+        ("two-4g", "it allows at most 1 GPU instance(s) of profile 4g.40gb and the layout needs 2."),
+        ("too-much-memory", "the layout needs 90880 MiB and the GPU has 81559 MiB."),
+    ],
+)
+def test_an_impossible_layout_is_refused_before_anything_is_written(node, config_name, reason):
+    node.apply("all-1g.10gb")
+    before_bytes = node.layout_bytes()
+    rc, result = node.mig(config_name)
+    assert rc != 0
+    assert result["msg"].startswith(
+        f"MIG config {config_name} (entry 0) cannot be applied to GPU 3 ({UUIDS[3]}, NVIDIA H100 80GB HBM3): {reason}"
+    )
+    assert result["changed"] is False and result["rolled_back"] == []
+    assert node.layout_bytes() == before_bytes
+
+
+def test_an_impossible_layout_on_a_product_without_mig_on_is_refused_and_mig_goes_off_again(node):
+    rc, result = node.mig("not-offered")
+    assert rc != 0
+    assert "the product offers no MIG profile 1g.5gb" in result["msg"]
+    assert result["rolled_back"] == [UUIDS[3]]
+    assert node.seen() == [("disabled", [], [])] * 8
+
+
+def test_an_inline_config_and_one_sentence_for_a_bad_one(node):
+    inline = {
+        "version": "v1",
+        "mig-configs": {"one": [{"devices": [7], "mig-enabled": True, "mig-devices": {"7g.80gb": 1}}]},
+    }
+    rc, result = node.run("gpuops.k8s.nvidia_mig", {"config": inline, "config_name": "one"})
+    assert rc == 0, result
+    assert result["changed_gpus"] == [UUIDS[7]]
+    assert node.seen()[7][1] == ["7g.80gb"]
+    inline["mig-configs"]["one"][0]["mig-device"] = {}
+    rc, result = node.run("gpuops.k8s.nvidia_mig", {"config": inline, "config_name": "one"})
+    assert rc != 0
+    assert result["msg"] == (
+        "The config option, MIG config one, entry 0 has the unknown key(s) mig-device; an entry has devices, "
+        "device-filter, mig-enabled, mig-devices."
+    )
