@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Regenerates the Python gRPC stubs of every kubelet API the daemon speaks from its .proto file:
-the device-plugin API in src/gpu_device_plugin/api, the DRA plugin, DRA health and plugin-watcher
+the device-plugin and pod-resources APIs in src/gpu_device_plugin/api, the DRA plugin, DRA health and plugin-watcher
 registration APIs in src/gpu_device_plugin/dra/api.
 
 The pipeline: the pinned grpcio-tools' protoc, then the serialized descriptor's one very long bytes
@@ -22,6 +22,7 @@ SRC = os.path.join(HERE, "src")
 # Relative to src/. Each file gets its own path so that their descriptors load into one process.
 PROTOS = (
     "gpu_device_plugin/api/api.proto",
+    "gpu_device_plugin/api/podresources_v1.proto",
     "gpu_device_plugin/dra/api/dra_v1.proto",
     "gpu_device_plugin/dra/api/dra_v1beta1.proto",
     "gpu_device_plugin/dra/api/health_v1.proto",

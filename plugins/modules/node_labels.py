@@ -21,8 +21,6 @@ description:
     LIST and the PATCH is never lost.
   - The role M(gpuops.k8s.gpu_node_labels) runs it once per play batch.
   - Credentials as M(kubernetes.core.k8s) takes them, including its C(K8S_AUTH_*) environment variables.
-requirements:
-  - kubernetes (the Python client) on the host the module runs on
 author:
   - gpuops.k8s maintainers (@gpuops)
 options:
@@ -74,39 +72,8 @@ options:
     description: How many times a write refused because the Node changed is redone from a fresh read.
     type: int
     default: 5
-  kubeconfig:
-    description:
-      - Path to a kubeconfig. Without it (and without O(host)) the in-cluster service account is used when the
-        module runs in a pod, else the default kubeconfig.
-      - Falls back to the E(K8S_AUTH_KUBECONFIG) environment variable.
-    type: path
-  context:
-    description: The kubeconfig context to use. Falls back to E(K8S_AUTH_CONTEXT).
-    type: str
-  host:
-    description: The API server's URL. Falls back to E(K8S_AUTH_HOST).
-    type: str
-  api_key:
-    description: A bearer token. Falls back to E(K8S_AUTH_API_KEY).
-    type: str
-  validate_certs:
-    description:
-      - Verify the API server's certificate. Unset leaves it to the kubeconfig.
-      - Falls back to E(K8S_AUTH_VERIFY_SSL).
-    type: bool
-    aliases: [verify_ssl]
-  ca_cert:
-    description: The CA certificate that signed the API server's. Falls back to E(K8S_AUTH_SSL_CA_CERT).
-    type: path
-    aliases: [ssl_ca_cert]
-  client_cert:
-    description: A client certificate. Falls back to E(K8S_AUTH_CERT_FILE).
-    type: path
-    aliases: [cert_file]
-  client_key:
-    description: The client certificate's key. Falls back to E(K8S_AUTH_KEY_FILE).
-    type: path
-    aliases: [key_file]
+extends_documentation_fragment:
+  - gpuops.k8s.k8s_connection
 attributes:
   check_mode:
     support: full
@@ -157,15 +124,15 @@ unchanged:
   type: int
 """
 
-import os
 import traceback
 
-from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_connection import CONNECTION_ARGUMENT_SPEC
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_connection import api_client as _api_client
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import Conflict, LabelError, label_batch
 
 try:
-    from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
     from kubernetes.dynamic import DynamicClient
     from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
@@ -176,34 +143,6 @@ except ImportError:
     KUBERNETES_IMPORT_ERROR = traceback.format_exc()
 
 MERGE_PATCH = "application/merge-patch+json"
-
-
-def _api_client(params):
-    """A client configured the way kubernetes.core configures its own from the same options."""
-    configuration = k8s_client.Configuration()
-    if params["kubeconfig"]:
-        k8s_config.load_kube_config(
-            config_file=params["kubeconfig"], context=params["context"], client_configuration=configuration
-        )
-    elif not params["host"]:
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and not params["context"]:
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        else:
-            k8s_config.load_kube_config(context=params["context"], client_configuration=configuration)
-    if params["host"]:
-        configuration.host = params["host"]
-    if params["api_key"]:
-        configuration.api_key = {"authorization": params["api_key"]}
-        configuration.api_key_prefix = {"authorization": "Bearer"}
-    if params["validate_certs"] is not None:
-        configuration.verify_ssl = params["validate_certs"]
-    if params["ca_cert"]:
-        configuration.ssl_ca_cert = params["ca_cert"]
-    if params["client_cert"]:
-        configuration.cert_file = params["client_cert"]
-    if params["client_key"]:
-        configuration.key_file = params["client_key"]
-    return k8s_client.ApiClient(configuration)
 
 
 class NodeApi:
@@ -256,27 +195,7 @@ ARGUMENT_SPEC = {
         },
     },
     "conflict_retries": {"type": "int", "default": 5},
-    # The connection options, named and read (K8S_AUTH_* included) as kubernetes.core's modules name them.
-    "kubeconfig": {"type": "path", "fallback": (env_fallback, ["K8S_AUTH_KUBECONFIG"])},
-    "context": {"type": "str", "fallback": (env_fallback, ["K8S_AUTH_CONTEXT"])},
-    "host": {"type": "str", "fallback": (env_fallback, ["K8S_AUTH_HOST"])},
-    "api_key": {"type": "str", "no_log": True, "fallback": (env_fallback, ["K8S_AUTH_API_KEY"])},
-    "validate_certs": {
-        "type": "bool",
-        "aliases": ["verify_ssl"],
-        "fallback": (env_fallback, ["K8S_AUTH_VERIFY_SSL"]),
-    },
-    "ca_cert": {
-        "type": "path",
-        "aliases": ["ssl_ca_cert"],
-        "fallback": (env_fallback, ["K8S_AUTH_SSL_CA_CERT"]),
-    },
-    "client_cert": {
-        "type": "path",
-        "aliases": ["cert_file"],
-        "fallback": (env_fallback, ["K8S_AUTH_CERT_FILE"]),
-    },
-    "client_key": {"type": "path", "aliases": ["key_file"], "fallback": (env_fallback, ["K8S_AUTH_KEY_FILE"])},
+    **CONNECTION_ARGUMENT_SPEC,
 }
 
 

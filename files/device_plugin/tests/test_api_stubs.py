@@ -16,7 +16,7 @@ API = os.path.join(SRC, "gpu_device_plugin", "api")
 def test_regenerating_gives_the_committed_files(tmp_path):
     from regenerate_stubs import PROTOS, generate, outputs
 
-    assert len(PROTOS) == 6
+    assert len(PROTOS) == 7
     for proto in PROTOS:
         (tmp_path / proto).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(SRC, proto), tmp_path / proto)
@@ -226,3 +226,49 @@ def test_registration_and_health_wire_names_and_numbers(module_name, message, fi
 
     module = importlib.import_module(f"gpu_device_plugin.dra.api.{module_name}_pb2")
     assert module.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number
+
+
+def test_the_pod_resources_service_carries_the_kubelet_method_paths():
+    from gpu_device_plugin.api import podresources_v1_pb2
+
+    service = podresources_v1_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert podresources_v1_pb2.DESCRIPTOR.package == "v1"
+    assert [f"/{service.full_name}/{m.name}" for m in service.methods] == [
+        "/v1.PodResourcesLister/List",
+        "/v1.PodResourcesLister/GetAllocatableResources",
+        "/v1.PodResourcesLister/Get",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("message", "field", "number"),
+    [
+        ("ListPodResourcesResponse", "pod_resources", 1),
+        ("PodResources", "name", 1),
+        ("PodResources", "namespace", 2),
+        ("PodResources", "containers", 3),
+        ("ContainerResources", "name", 1),
+        ("ContainerResources", "devices", 2),
+        ("ContainerResources", "dynamic_resources", 5),
+        ("ContainerDevices", "resource_name", 1),
+        ("ContainerDevices", "device_ids", 2),
+        ("ContainerDevices", "topology", 3),
+        ("TopologyInfo", "nodes", 1),
+        ("NUMANode", "ID", 1),
+        ("DynamicResource", "claim_name", 2),
+        ("DynamicResource", "claim_namespace", 3),
+        ("DynamicResource", "claim_resources", 4),
+        ("ClaimResource", "cdi_devices", 1),
+        ("ClaimResource", "driver_name", 2),
+        ("ClaimResource", "pool_name", 3),
+        ("ClaimResource", "device_name", 4),
+        ("ClaimResource", "share_id", 5),
+        ("CDIDevice", "name", 1),
+        ("GetPodResourcesRequest", "pod_name", 1),
+        ("GetPodResourcesRequest", "pod_namespace", 2),
+    ],
+)
+def test_pod_resources_wire_names_and_numbers(message, field, number):
+    from gpu_device_plugin.api import podresources_v1_pb2
+
+    assert podresources_v1_pb2.DESCRIPTOR.message_types_by_name[message].fields_by_name[field].number == number

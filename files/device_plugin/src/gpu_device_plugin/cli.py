@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
 from dataclasses import replace
 from typing import Any, Mapping, Optional, Sequence
 
-from gpu_device_plugin import __version__, config
+from gpu_device_plugin import __version__, config, gpu_pods
 from gpu_device_plugin import log as logsetup
 from gpu_device_plugin.daemon import Daemon
+from gpu_device_plugin.discovery import BackendError, make_backend
 from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME
 
 log = logging.getLogger("gpu_device_plugin")
@@ -43,8 +45,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-device-plugin",
         description="Advertise NVIDIA GPUs to the kubelet: device-plugin API v1beta1, or DRA (--allocation-mode dra).",
+        epilog="gpu-device-plugin gpu-pods --gpu UUID ... [flags]: the pods holding devices of those GPUs, as JSON"
+        " (gpu-pods --help).",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_daemon_flags(p)
+    return p
+
+
+def add_daemon_flags(p: argparse.ArgumentParser) -> None:
+    """The daemon's settings as flags (gpu-pods takes them too, so that it names devices as the daemon does)."""
     p.add_argument("--config-file", help="YAML config (NVIDIA's version: v1 fields we support, plus gpuops:)")
     p.add_argument("--backend", choices=("nvml", "simulated"), help="GPU discovery backend (default nvml)")
     p.add_argument("--simulated-spec", help="simulated-GPU spec file, watched for edits (labs and CI only)")
@@ -99,6 +109,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="dra: kubeconfig for the API server (default: in-cluster credentials)")
     p.add_argument("--log-format", choices=("json", "text"))
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+
+
+GPU_PODS_FLAGS = ("gpu", "socket", "timeout")
+
+
+def gpu_pods_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu-device-plugin gpu-pods",
+        description="Print as JSON the pods of this node holding devices (device-plugin or DRA) of the given GPUs,"
+        " from the kubelet's pod-resources API; give the daemon's own flags and --config-file so that device IDs"
+        ' and resource names are read as the daemon makes them. Exit 0 with {"pods": []} when none; 2 and one'
+        " sentence on stderr when the question cannot be answered.",
+    )
+    p.add_argument("--gpu", action="append", required=True, metavar="UUID", help="a GPU's UUID; repeat for more")
+    p.add_argument(
+        "--socket",
+        default=gpu_pods.DEFAULT_SOCKET,
+        help=f"the kubelet's pod-resources socket (default {gpu_pods.DEFAULT_SOCKET})",
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the kubelet (default 10)")
+    add_daemon_flags(p)
     return p
 
 
@@ -125,7 +156,40 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> config.Conf
     return replace(result, config_file=path)
 
 
+def gpu_pods_main(argv: Sequence[str]) -> int:
+    """`gpu-device-plugin gpu-pods`: JSON on stdout; on failure one sentence on stderr and exit status 2."""
+    args = gpu_pods_parser().parse_args(argv)
+    env = dict(os.environ)
+    logsetup.setup(args.log_format or "text", args.log_level or "warning")
+    daemon_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in GPU_PODS_FLAGS})
+    try:
+        settings = load_config(daemon_args, env)
+        backend = make_backend(settings.backend, settings.simulated_spec, mounts=settings.mounts)
+        backend.init()
+        try:
+            inventory = backend.snapshot()
+        finally:
+            backend.stop()
+        unknown = [u for u in dict.fromkeys(args.gpu) if u not in inventory.by_uuid()]
+        if unknown:
+            raise gpu_pods.GpuPodsError(f"this node has no GPU with the UUID {', '.join(unknown)}.")
+        devices = gpu_pods.device_map(inventory, settings)
+        response = gpu_pods.list_pod_resources(args.socket, args.timeout)
+    except config.ConfigError as exc:
+        sys.stderr.write(f"gpu-pods: invalid configuration: {exc}\n")
+        return 2
+    except (BackendError, gpu_pods.GpuPodsError) as exc:
+        sys.stderr.write(f"gpu-pods: {exc}\n")
+        return 2
+    pods = gpu_pods.pods_on_gpus(response, devices, args.gpu)
+    sys.stdout.write(json.dumps({"pods": pods}, indent=2) + "\n")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["gpu-pods"]:
+        return gpu_pods_main(argv[1:])
     args = parser().parse_args(argv)
     env = dict(os.environ)
     logsetup.setup(args.log_format or env.get("GPU_DEVICE_PLUGIN_LOG_FORMAT") or "text", args.log_level or "info")

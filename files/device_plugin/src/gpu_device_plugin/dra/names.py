@@ -37,6 +37,29 @@ def number_in(device_name: str) -> Optional[int]:
     return int(match.group("number")) if match else None
 
 
+def assign(known: Mapping[str, int], inventory: Inventory) -> tuple[dict[str, int], dict[str, int]]:
+    """(the number of every GPU of the inventory, the bindings after giving them) from the bindings `known`
+    (GPU or MIG device UUID -> number), which are not changed."""
+    bound = dict(known)
+    given: dict[str, int] = {}
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        number = bound.get(gpu.uuid)
+        if number is None:
+            # Bound through a MIG device a claim holds (load): the GPU's own UUID takes the number over.
+            held = [m.uuid for m in gpu.mig_devices if m.uuid in bound]
+            if held:
+                number = bound[held[0]]
+                for uuid in held:
+                    del bound[uuid]
+        if number is None:
+            taken = set(bound.values())
+            number = gpu.index if gpu.index not in taken else max(taken) + 1
+            log.info("DRA device number given", extra={"gpu": gpu.uuid, "number": number})
+        bound[gpu.uuid] = number
+        given[gpu.uuid] = number
+    return given, bound
+
+
 class DeviceNumbers:
     """GPU UUID -> number, kept on disk. Thread-safe: the servicer's worker threads and the loop ask."""
 
@@ -61,31 +84,20 @@ class DeviceNumbers:
         """The number of every GPU in the inventory (a GPU in MIG mode is found by its own UUID or by the
         UUID of one of its MIG devices); numbers given now are written to the file."""
         with self._lock:
-            given: dict[str, int] = {}
-            new = False
-            for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-                number = self._numbers.get(gpu.uuid)
-                if number is None:
-                    # Bound through a MIG device a claim holds (load): the GPU's own UUID takes the number over.
-                    held = [m.uuid for m in gpu.mig_devices if m.uuid in self._numbers]
-                    if held:
-                        number = self._numbers[held[0]]
-                        for uuid in held:
-                            del self._numbers[uuid]
-                if number is None:
-                    taken = set(self._numbers.values())
-                    number = gpu.index if gpu.index not in taken else max(taken) + 1
-                    log.info("DRA device number given", extra={"gpu": gpu.uuid, "number": number})
-                if self._numbers.get(gpu.uuid) != number:
-                    self._numbers[gpu.uuid] = number
-                    new = True
-                given[gpu.uuid] = number
+            given, bound = assign(self._numbers, inventory)
+            new = bound != self._numbers
+            self._numbers = bound
             if new:
                 self._write()
             return given
 
+    def peek(self, inventory: Inventory) -> dict[str, int]:
+        """The numbers `numbers` would give now, from the file alone, changing nothing on disk: for a tool that
+        runs beside the daemon (`gpu-device-plugin gpu-pods`). A file that cannot be read counts as none."""
+        return assign(self._read(set_aside=False), inventory)[0]
+
     # -- the file ------------------------------------------------------------------------------
-    def _read(self) -> dict[str, int]:
+    def _read(self, set_aside: bool = True) -> dict[str, int]:
         try:
             with open(self.path, encoding="utf-8") as handle:
                 data = json.load(handle)
@@ -100,6 +112,14 @@ class DeviceNumbers:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError) as exc:
+            if not set_aside:
+                log.warning(
+                    "the DRA device numbers %s cannot be used (%s); the NVML indices are taken",
+                    self.path,
+                    exc,
+                    extra={"file": self.path},
+                )
+                return {}
             aside = move_aside(self.path)
             log.error(
                 "the DRA device numbers %s cannot be used (%s); it was moved to %s and the numbers are taken"

@@ -1,0 +1,159 @@
+"""Which pods of this node hold devices of given GPUs: the kubelet's pod-resources API (v1 List) read
+against the daemon's own discovery, for `gpu-device-plugin gpu-pods` (the nvidia_mig role asks before it
+changes a GPU's MIG layout, to evict those pods first).
+
+A device-plugin device ID names its GPU the way `sharing.py` makes IDs: a GPU or MIG device UUID, or an
+index (`0`, `1:0` for MIG device 0 of GPU 1), with `::<n>` after it for time-slicing replica n. A UUID
+names its GPU whichever plugin advertised it (NVIDIA's uses the same forms), so UUID IDs count under any
+resource name; an index only under the resource names this daemon's configuration gives. A DRA device
+counts when the claim's allocation names this daemon's driver (and its pool, the node's name, when the
+configuration names the node): its name `gpu-<number>[-mig-<i>]` gives the GPU through the numbers the
+daemon bound to GPU UUIDs (dra/names.py), read without writing anything."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import grpc
+
+from gpu_device_plugin.api import podresources_v1_pb2, podresources_v1_pb2_grpc
+from gpu_device_plugin.config import DEFAULT_RESOURCE, Config
+from gpu_device_plugin.dra.names import DeviceNumbers, number_in
+from gpu_device_plugin.inventory import Inventory
+from gpu_device_plugin.sharing import plan
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+_REPLICA = re.compile(r"::[0-9]+$")
+
+
+class GpuPodsError(RuntimeError):
+    """The question cannot be answered; the message is one sentence."""
+
+
+@dataclass(frozen=True)
+class DeviceMap:
+    """What names which GPU on this node (GPU UUIDs as values throughout)."""
+
+    by_uuid: dict[str, str]  # GPU and MIG device UUIDs
+    by_index: dict[str, str]  # "0", "1:0"
+    resources: frozenset[str]  # resource names whose index IDs are ours
+    driver: str
+    pool: str  # "" accepts any pool of the driver
+    by_dra_number: dict[int, str]
+
+    def ours(self, resource: str) -> bool:
+        return resource in self.resources or resource.startswith(MIG_RESOURCE_PREFIX)
+
+    def device_plugin_gpu(self, resource: str, device_id: str) -> Optional[str]:
+        target = _REPLICA.sub("", device_id)
+        if target in self.by_uuid:
+            return self.by_uuid[target]
+        return self.by_index.get(target) if self.ours(resource) else None
+
+    def dra_gpu(self, driver: str, pool: str, device: str) -> Optional[str]:
+        if driver != self.driver or (self.pool and pool != self.pool):
+            return None
+        number = number_in(device)
+        return None if number is None else self.by_dra_number.get(number)
+
+
+def resource_names(inventory: Inventory, config: Config) -> frozenset[str]:
+    """Every resource name this daemon advertises now, or would with the time-slicing rule's names."""
+    names = set(plan(inventory, config)) | {DEFAULT_RESOURCE}
+    slicing = config.time_slicing
+    for rule in slicing.resources:
+        names.add(rule.rename or (f"{DEFAULT_RESOURCE}.shared" if slicing.rename_by_default else DEFAULT_RESOURCE))
+    return frozenset(names)
+
+
+def device_map(inventory: Inventory, config: Config) -> DeviceMap:
+    by_uuid: dict[str, str] = {}
+    by_index: dict[str, str] = {}
+    for gpu in inventory.gpus:
+        by_uuid[gpu.uuid] = gpu.uuid
+        by_index[str(gpu.index)] = gpu.uuid
+        for mig in gpu.mig_devices:
+            by_uuid[mig.uuid] = gpu.uuid
+            by_index[f"{gpu.index}:{mig.index}"] = gpu.uuid
+    numbers = DeviceNumbers(config.dra_plugin_dir).peek(inventory)
+    return DeviceMap(
+        by_uuid,
+        by_index,
+        resource_names(inventory, config),
+        config.driver_name,
+        config.node_name,
+        {number: uuid for uuid, number in numbers.items()},
+    )
+
+
+def list_pod_resources(socket: str, timeout: float) -> Any:
+    """The kubelet's answer to List, over its unix socket."""
+    try:
+        mode = os.stat(socket).st_mode
+    except FileNotFoundError:
+        raise GpuPodsError(
+            f"the kubelet's pod-resources socket {socket} does not exist (is the kubelet running on this node?)."
+        ) from None
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise GpuPodsError(f"cannot reach the kubelet's pod-resources socket {socket}: {reason}.") from None
+    if not stat.S_ISSOCK(mode):
+        raise GpuPodsError(f"{socket} is not a unix socket, so not the kubelet's pod-resources socket.")
+    with grpc.insecure_channel(f"unix://{os.path.abspath(socket)}") as channel:
+        stub = podresources_v1_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            return stub.List(podresources_v1_pb2.ListPodResourcesRequest(), timeout=timeout)
+        except grpc.RpcError as exc:
+            detail = " ".join(str(exc.details() or "no detail").split()).rstrip(".")
+            raise GpuPodsError(
+                f"the kubelet's pod-resources API on {socket} refused List: {exc.code().name} ({detail})."
+            ) from None
+
+
+def pods_on_gpus(response: Any, devices: DeviceMap, gpus: Sequence[str]) -> list[dict[str, Any]]:
+    """The pods of a List answer that hold a device of any of `gpus`, ordered by namespace and name."""
+    wanted = set(gpus)
+    found: list[dict[str, Any]] = []
+    for pod in response.pod_resources:
+        containers: list[str] = []
+        held: set[str] = set()
+        claims: dict[tuple[str, str], None] = {}
+        for container in pod.containers:
+            here: set[str] = set()
+            for entry in container.devices:
+                for device_id in entry.device_ids:
+                    gpu = devices.device_plugin_gpu(entry.resource_name, device_id)
+                    if gpu is None and devices.ours(entry.resource_name):
+                        where = {"pod": f"{pod.namespace}/{pod.name}", "resource": entry.resource_name}
+                        log.warning("a device of ours on no GPU of this node", extra=dict(where, id=device_id))
+                    if gpu in wanted:
+                        here.add(gpu)
+            for dynamic in container.dynamic_resources:
+                for resource in dynamic.claim_resources:
+                    gpu = devices.dra_gpu(resource.driver_name, resource.pool_name, resource.device_name)
+                    if gpu in wanted:
+                        here.add(gpu)
+                        claims[(dynamic.claim_namespace or pod.namespace, dynamic.claim_name)] = None
+            if here:
+                containers.append(container.name)
+                held |= here
+        if held:
+            found.append(
+                {
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "uid": None,  # the pod-resources API does not carry it
+                    "containers": containers,
+                    "gpus": sorted(held),
+                    "claims": [{"namespace": ns, "name": name} for ns, name in claims],
+                }
+            )
+    return sorted(found, key=lambda p: (p["namespace"], p["name"]))
