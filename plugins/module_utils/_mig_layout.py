@@ -40,6 +40,7 @@ class NvmlCallFailed(Exception):
     def __init__(self, call, message, code):
         super().__init__(f"{call}: {message}")
         self.call, self.message, self.code = call, message, code
+        self.where = None
 
 
 class Gpu:
@@ -109,8 +110,16 @@ class Nvml:
 
 
 def read_gpus(api):
-    """Every GPU of the host, in NVML index order, with its MIG mode, instances and profiles."""
-    return [read_gpu(api, index) for index in range(api.call("nvmlDeviceGetCount"))]
+    """Every GPU of the host, in NVML index order, with its MIG mode, instances and profiles. A failed call
+    raises NvmlCallFailed whose ``where`` names the GPU."""
+    gpus = []
+    for index in range(api.call("nvmlDeviceGetCount")):
+        try:
+            gpus.append(read_gpu(api, index))
+        except NvmlCallFailed as exc:
+            exc.where = f"GPU {index}"
+            raise
+    return gpus
 
 
 def read_gpu(api, index):

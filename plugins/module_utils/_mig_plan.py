@@ -89,7 +89,7 @@ def creation_order(planned):
 
     def key(instance):
         profile = parse_profile(instance.profile)
-        return (-profile.g, -profile.gb, instance.profile, [-size for size in instance.compute])
+        return (-profile.g, -profile.gb, instance.profile, -sum(instance.compute), [-size for size in instance.compute])
 
     return sorted(planned, key=key)
 

@@ -321,7 +321,9 @@ class MigRun:
         try:
             gpus = read_gpus(self.api)
         except NvmlCallFailed as exc:
-            self.module.fail_json(msg=f"Reading the GPUs through NVML failed ({exc.call}: {exc.message}).")
+            self.module.fail_json(
+                msg=f"Reading {exc.where or 'the GPUs'} through NVML failed ({exc.call}: {exc.message})."
+            )
         label = f"MIG config {self.config_name}"
         facts = [
             {"index": g.index, "uuid": g.uuid, "device_id": g.device_id, "subsystem_id": g.subsystem_id} for g in gpus
@@ -402,7 +404,19 @@ class MigRun:
         then lists, and check every GPU of the product; MIG goes off again on that GPU when the check refuses."""
         target = next(t for t in self.targets if t.product_key == key and t.differs and t.wanted["mig_enabled"])
         self.touch(target)
-        if not set_mode(self.api, target.gpu, True):
+        try:
+            took_effect = set_mode(self.api, target.gpu, True)
+        except ApplyFailed as exc:
+            if not self.api.absent(exc.failure, "NOT_SUPPORTED"):
+                raise
+            # NVML reports a MIG mode for some GPUs without MIG; the refusal to set it changed nothing.
+            self.touched.remove(target)
+            raise Refused(
+                self.refuse_sentence(
+                    target, f"the product does not support MIG ({exc.failure.call} answers Not Supported)"
+                )
+            ) from None
+        if not took_effect:
             target.reset_required = True
             return
         product = read_product(self.api, target.gpu)
@@ -462,6 +476,8 @@ class MigRun:
                 ending = f", and the {len(rolled_back)} GPU(s) it had touched have the layout they had again"
         else:
             ending = ", and the GPUs it had touched were left as they are (rollback is false)"
+        if not self.touched:
+            ending = ""
         self.module.fail_json(msg=what + ending + ".", **dict(self.result(), rolled_back=rolled_back))
 
     # -- result ---------------------------------------------------------------------------------

@@ -9,11 +9,13 @@ nvidia_gpu_info module), and the mock library's layout file (what clients change
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
 import sys
 
+import pynvml
 import pytest
 import yaml
 
@@ -87,7 +89,7 @@ def ansible_env(tmp_path_factory):
 class Node:
     """One simulated node: the spec's state for the mock library, its layout file, and the MIG config file."""
 
-    def __init__(self, tmp_path, library_dir, ansible_env):
+    def __init__(self, tmp_path, library_dir, ansible_env, spec=SPEC):
         self.state = str(tmp_path / "nvml.state")
         self.layout = self.state + ".mig"  # where the library keeps what clients changed (docs/mock-nvml.md)
         self.library = os.path.join(library_dir, "libnvidia-ml.so.1")
@@ -95,7 +97,7 @@ class Node:
         with open(self.config_file, "w") as handle:
             yaml.safe_dump(CONFIGS, handle)
         subprocess.run(
-            [sys.executable, os.path.join(REPO, "tests", "mock_nvml", "nvml_state.py"), SPEC, self.state], check=True
+            [sys.executable, os.path.join(REPO, "tests", "mock_nvml", "nvml_state.py"), spec, self.state], check=True
         )
         self.env = dict(ansible_env, LD_LIBRARY_PATH=library_dir, GPUOPS_MOCK_NVML_STATE=self.state)
 
@@ -174,7 +176,7 @@ def node(tmp_path, library_dir, ansible_env):
 
 
 def profiles(counts):
-    return sorted(name for name, count in counts.items() for _ in range(count))
+    return sorted(name for name, count in counts.items() for _copy in range(count))
 
 
 def test_none_to_all_1g_10gb_to_mixed_to_none_and_each_second_run_changes_nothing(node):
@@ -364,4 +366,80 @@ def test_an_inline_config_and_one_sentence_for_a_bad_one(node):
     assert result["msg"] == (
         "The config option, MIG config one, entry 0 has the unknown key(s) mig-device; an entry has devices, "
         "device-filter, mig-enabled, mig-devices."
+    )
+
+
+def test_under_python_3_9_the_oldest_a_node_may_have(node, tmp_path):
+    """The node's Python runs the module (Ansible ships it there); 3.9 with only the real pynvml on its path."""
+    pythons = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9.*/bin/python3.9")))
+    assert pythons, "no Python 3.9 under pyenv (the daemon-py39 tier needs it too)"
+    bindings = tmp_path / "bindings"
+    bindings.mkdir()
+    (bindings / "pynvml.py").symlink_to(pynvml.__file__)
+    inline = {"version": "v1", "mig-configs": {"balanced": CONFIGS["mig-configs"]["all-balanced"]}}
+    flags = ("-e", f"ansible_python_interpreter={pythons[-1]}")
+    env = {"PYTHONPATH": str(bindings)}
+    rc, result = node.run("gpuops.k8s.nvidia_mig", {"config": inline, "config_name": "balanced"}, *flags, env=env)
+    assert rc == 0, result
+    assert result["changed_gpus"] == UUIDS
+    rc, again = node.run("gpuops.k8s.nvidia_mig", {"config": inline, "config_name": "balanced"}, *flags, env=env)
+    assert rc == 0 and again["changed"] is False, again
+    assert [names for _mode, names, _u in node.seen()] == [["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]] * 8
+
+
+@pytest.mark.parametrize(
+    ("mig_mode", "why"),
+    [
+        ("unsupported", "the product does not support MIG."),
+        # The mock library, as NVML does for some products, reports MIG mode off; setting it answers Not Supported.
+        ("disabled", "the product does not support MIG (nvmlDeviceSetMigMode answers Not Supported)."),
+    ],
+)
+def test_a_gpu_without_mig_is_left_as_it_is_or_refused_when_mig_is_wanted(
+    tmp_path, library_dir, ansible_env, mig_mode, why
+):
+    with open(os.path.join(REPO, "tests", "fixtures", "simulated", "t4x1.yaml")) as handle:
+        spec = yaml.safe_load(handle)
+    spec["gpus"][0]["mig_mode"] = mig_mode
+    (tmp_path / "t4.yaml").write_text(yaml.safe_dump(spec))
+    t4 = Node(tmp_path, library_dir, ansible_env, spec=str(tmp_path / "t4.yaml"))
+    rc, result = t4.mig("all-disabled")
+    assert rc == 0, result
+    assert result["changed"] is False
+    assert (
+        result["gpus"][0]["before"]
+        == result["gpus"][0]["after"]
+        == {
+            "mig_enabled": False,
+            "mig_pending": False,
+            "devices": {},
+        }
+    )
+    rc, result = t4.mig("all-balanced")
+    assert rc != 0
+    assert result["msg"] == (
+        "MIG config all-balanced (entry 0) cannot be applied to GPU 0 (GPU-7e570000-0000-4000-8000-0000000000f4, "
+        f"Tesla T4): {why}"
+    )
+    assert result["rolled_back"] == [] and result["changed"] is False
+    assert t4.layout_bytes() is None
+    # all-1g.10gb filters on the H100's PCI ID: the T4 is not named, so it is left alone.
+    rc, result = t4.mig("all-1g.10gb")
+    assert rc == 0 and result["gpus"] == [] and result["changed"] is False
+
+
+def test_without_a_driver_and_without_the_config_file_one_sentence_each(node):
+    rc, result = node.mig("all-disabled", env={"GPUOPS_MOCK_NVML_STATE": node.state + ".absent"})
+    assert rc != 0
+    assert result["msg"] == "NVML could not be initialised (Driver Not Loaded), so no MIG layout can be read or made."
+    rc, result = node.mig("all-disabled", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceGetMigMode:15@4"})
+    assert rc != 0
+    assert result["msg"] == "Reading GPU 3 through NVML failed (nvmlDeviceGetMigMode: GPU is lost)."
+    rc, result = node.run("gpuops.k8s.nvidia_mig", {"config_file": node.config_file + ".absent", "config_name": "x"})
+    assert rc != 0
+    assert result["msg"] == f"MIG config file {node.config_file}.absent cannot be read (No such file or directory)."
+    rc, result = node.mig("all-7g")
+    assert rc != 0
+    assert result["msg"].startswith(
+        f"MIG config file {node.config_file} has no MIG config named all-7g (it has all-1g.10gb, "
     )
