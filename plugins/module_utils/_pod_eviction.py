@@ -73,9 +73,15 @@ def _evict(api, pending, result, timeout, grace_period, clock, sleep, deadline):
         sleep(min(max(RETRY_MIN_SECONDS, min(max(waits), RETRY_MAX_SECONDS)), remaining))
 
 
+def _still_there(api, pod):
+    """Whether the very pod (same UID) still exists; a pod of the same name with another UID replaced it."""
+    found = api.read_pod(pod["namespace"], pod["name"])
+    return found is not None and found[0] == pod["uid"]
+
+
 def _wait_gone(api, waiting, timeout, clock, sleep, deadline):
     while waiting:
-        waiting = [p for p in waiting if (api.read_pod(p["namespace"], p["name"]) or (None,))[0] == p["uid"]]
+        waiting = [p for p in waiting if _still_there(api, p)]
         if not waiting:
             return
         remaining = deadline - clock()
