@@ -20,9 +20,9 @@ description:
   - The GPU facts are the host's result registered as O(discovered_var) when that is given and the task ran on
     the host, or else the host's variable named by O(gpu_info_var). A host with neither is listed in
     RV(_value.no_facts).
-  - The labels the M(gpuops.k8s.nvidia_mig) role noted for a host in this play (its fact C(nvidia_mig_node_labels):
-    C(nvidia.com/mig.config) and C(nvidia.com/mig.config.state)) are added to the host's user labels, which win
-    over them.
+  - The labels the role C(gpuops.k8s.nvidia_mig) noted for a host in this play, its fact C(nvidia_mig_node_labels)
+    with C(nvidia.com/mig.config) and C(nvidia.com/mig.config.state), are added to the host's user labels, which
+    win over them.
 options:
   _input:
     description: The inventory names of the batch's hosts.
