@@ -50,6 +50,9 @@ LAB_MIXED = {
 }
 # The tenth nvmlDeviceCreateGpuInstance of the write fails (NVML_ERROR_UNKNOWN): GPU 0 has its seven, GPU 1 two.
 FAULT = {"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:999@10"}
+# An NVML client the collection does not own (a monitoring agent), as a transient unit in the node.
+HOLDER = "gpuops-test-nvml-holder"
+HOLD = "import time, pynvml; pynvml.nvmlInit(); time.sleep(3600)"
 # The node's MIG layout as NVML reports it (the node's python3-pynvml on the mock library).
 LAYOUT_SCRIPT = r"""
 import json
@@ -263,7 +266,24 @@ def failed(flow: Flow) -> Step:
 
 
 @pytest.fixture(scope="module")
-def check_run(flow: Flow, failed: Step) -> Step:
+def held(flow: Flow, failed: Step) -> Step:
+    """all-1g.10gb while an NVML client the collection does not own keeps every MIG mode change pending: the
+    write leaves the GPUs waiting for a reset, and the reset (the lab's double of nvidia-smi --gpu-reset) is
+    refused as nvidia-smi refuses it."""
+    lab, node = flow.lab, flow.node
+    lab.node_exec(node, "systemd-run", f"--unit={HOLDER}", "python3", "-c", HOLD)
+    lab.wait_until(
+        "the NVML client to have NVML open",
+        lambda: lab.node_exec(node, "systemctl", "is-active", HOLDER, check=False).stdout.strip() == "active",
+    )
+    try:
+        return Runner(flow).step("all-1g.10gb", {}, {GPU: 8, MIG_1G: 0}, twice=False)
+    finally:
+        lab.node_exec(node, "systemctl", "stop", HOLDER, check=False)
+
+
+@pytest.fixture(scope="module")
+def check_run(flow: Flow, held: Step) -> Step:
     """`site.yml --check` to all-1g.10gb, with a pod holding four GPUs."""
     pods = {"whole-a": start_pod(flow.lab, gpu_pod("whole-a", flow.node, GPU, 4))}
     runner = Runner(flow)
@@ -387,6 +407,21 @@ def test_the_lab_gpu_reset_double_refuses_while_the_plugin_has_nvml_open(flow: F
     reset = flow.lab.node_exec(flow.node, "/usr/local/sbin/gpuops-lab-gpu-reset", failed.layout[0]["uuid"], check=False)
     assert reset.returncode == 1
     assert reset.stderr.strip() == f"Unable to reset GPU {failed.layout[0]['uuid']}: In use by another client"
+
+
+def test_a_mode_change_another_nvml_client_holds_is_reset_or_rolled_back(held: Step) -> None:
+    assert held.first.returncode != 0
+    out = held.first.output
+    # Every GPU waited for a reset; the role reset the first with the lab's double, which refused.
+    assert task_position(held.first, "Write the MIG layout") is not None, held.first.summary()
+    assert (
+        f"gpuops-lab-gpu-reset {held.layout[0]['uuid']} exited 1: Unable to reset GPU {held.layout[0]['uuid']}:"
+        " In use by another client" in " ".join(out.split())
+    ), held.first.summary()
+    # MIG mode is off again and nothing is pending (summary() fails on a pending mode).
+    assert summary(held.layout) == [OFF] * 8
+    assert held.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "failed"}
+    assert held.plugin_active == "active"
 
 
 # --- none -> all-1g.10gb ----------------------------------------------------------------------------------
