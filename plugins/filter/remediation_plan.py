@@ -21,7 +21,7 @@ description:
     that never came back from its reboot keeps its slot). A candidate already carrying the taint continues where it
     was and needs no new slot. New candidates take the free slots, the most severe class first, then by node name;
     the others wait, each with a sentence that says why, and are left untouched.
-  - A node under remediation as C(replace) is held for a person: nothing is done until the taint is removed.
+  - A node under remediation as C(replace) is held for a person, and nothing is done until the taint is removed.
 options:
   _input:
     description:
@@ -366,6 +366,7 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key):
 def _message(plan, limit_text, limit, taken, taint_key):
     node, klass = plan["node"], plan["class"]
     gpus = ", ".join(_gpu_name(g) for g in plan["gpus"]) or "its GPUs"
+    faulty = "; ".join(f"{_gpu_name(g)}: {g['reason']}" if g.get("reason") else _gpu_name(g) for g in plan["gpus"])
     why = "".join(f"; {reason}" for reason in plan["reasons"])
     if plan["action"] == "none":
         return f"{node}: nothing to do, no GPU needs more than leaving scheduling ({plan['faults']})."
@@ -377,9 +378,9 @@ def _message(plan, limit_text, limit, taken, taint_key):
     if plan["action"] == "wait":
         holders = ", ".join(f"{t['node']} ({t['class']})" for t in taken) or "none"
         return (
-            f"{node}: {klass} for {gpus} waits{why}: {len(taken)} of {limit} remediation slot(s) are taken "
-            f"({holders}; gpu_remediation_max_nodes {limit_text}). The node is left untouched; its faults stay on "
-            f"the node and a later run starts it once a slot is free ({plan['faults']})."
+            f"{node}: {klass} for {faulty or gpus}{why}; waits, {len(taken)} of {limit} remediation slot(s) being "
+            f"taken ({holders}; gpu_remediation_max_nodes {limit_text}). The node is left untouched; its faults stay "
+            "on the node and a later run starts it once a slot is free."
         )
     if plan["continuing"]:
         done = ", rebooted already" if plan["reboot_done"] else ""
@@ -387,7 +388,7 @@ def _message(plan, limit_text, limit, taken, taint_key):
             f"{node}: continues the {klass} it is under since {plan['since'] or 'an earlier run'} for {gpus}"
             f"{done}{why}."
         )
-    return f"{node}: {klass} for {gpus} starts now{why} ({plan['faults']})."
+    return f"{node}: {klass} starts now for {faulty or gpus}{why}."
 
 
 def remediation_plan(nodes, cluster, max_nodes=1, fleet_size=0, repeat_window="24h", now=None, taint_key=TAINT_KEY):

@@ -21,7 +21,7 @@ description:
   - The three are written with one JSON merge patch that carries the C(resourceVersion) it was computed from, so
     the API server refuses it when someone else wrote the Node in between; the module then reads the Node again
     and writes again (up to O(conflict_retries) times), and no taint or cordon written meanwhile is lost.
-  - The taint marks the node for the circuit breaker of C(playbooks/remediate.yml): every Node carrying it holds
+  - The taint marks the node for the circuit breaker of C(playbooks/remediate.yml), where every Node carrying it holds
     one remediation slot (P(gpuops.k8s.remediation_plan#filter)).
   - Credentials as M(kubernetes.core.k8s) takes them, including its C(K8S_AUTH_*) environment variables.
 author:
@@ -134,8 +134,13 @@ try:
     from urllib3 import exceptions as urllib3_exceptions
 
     KUBERNETES_IMPORT_ERROR = None
+    # What each way of failing raises: the client's setup, the API server's answer, the connection.
+    SETUP_ERRORS = (k8s_config.ConfigException, OSError)
+    API_ERRORS = (DynamicApiError,)
+    CONNECTION_ERRORS = (urllib3_exceptions.HTTPError,)
 except ImportError:
     KUBERNETES_IMPORT_ERROR = traceback.format_exc()
+    SETUP_ERRORS, API_ERRORS, CONNECTION_ERRORS = (OSError,), (), ()
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -206,11 +211,11 @@ def run_module(module):
         )
     except RemediationError as error:
         module.fail_json(msg=str(error))
-    except (k8s_config.ConfigException, OSError) as error:
+    except SETUP_ERRORS as error:
         module.fail_json(msg=f"node_remediation: cannot set up the Kubernetes client: {error}")
-    except DynamicApiError as error:
+    except API_ERRORS as error:
         module.fail_json(msg=f"node_remediation: the Kubernetes API refused a request: {_api_error(error)}")
-    except urllib3_exceptions.HTTPError as error:  # no connection, TLS, retries exhausted
+    except CONNECTION_ERRORS as error:  # no connection, TLS, retries exhausted
         module.fail_json(msg=f"node_remediation: cannot reach the Kubernetes API: {error}")
     result = {
         "changed": bool(patch),

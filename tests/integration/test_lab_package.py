@@ -169,8 +169,9 @@ def test_ssh_inventory(tmp_path: Path) -> None:
     assert variables["container_toolkit_repo_base_url"] == "http://127.0.0.1:31002/toolkit"
     assert variables["device_plugin_pip_extra_args"] == "--no-index --find-links http://127.0.0.1:31002/wheels/"
     assert variables["gpu_node_labels_kubeconfig"] == variables["device_plugin_kubeconfig"] == f"{lab}/admin.kubeconfig"
-    # The lab has no nvidia-smi: the nvidia_mig role resets GPUs with the lab's test double.
+    # The lab has no nvidia-smi: the nvidia_mig and gpu_remediation roles reset GPUs with the lab's test double.
     assert variables["nvidia_mig_gpu_reset_command"] == ["/usr/local/sbin/gpuops-lab-gpu-reset", "{uuid}"]
+    assert variables["gpu_remediation_reset_command"] == ["/usr/local/sbin/gpuops-lab-gpu-reset", "{uuid}"]
 
 
 def test_mig_capabilities_are_numbered_as_the_driver_numbers_them() -> None:

@@ -47,9 +47,15 @@ MIG_MINORS_PER_GPU = MIG_GPU_INSTANCES * (1 + MIG_COMPUTE_INSTANCES)
 # Where the node's driver files the lab writes sit on this machine: the node's config directory, mounted at
 # /etc/gpuops-lab in the node; the driver's /proc/driver tree is mounted from its proc-driver directory.
 NODE_PROC_DRIVER = "/etc/gpuops-lab/proc-driver"
-# A TEST DOUBLE of `nvidia-smi --gpu-reset -i UUID`, for the nvidia_mig role's nvidia_mig_gpu_reset_command.
+# A TEST DOUBLE of `nvidia-smi --gpu-reset -i UUID`, for the nvidia_mig role's nvidia_mig_gpu_reset_command and the
+# gpu_remediation role's gpu_remediation_reset_command.
 GPU_RESET = "/usr/local/sbin/gpuops-lab-gpu-reset"
 DEVICES_UNIT = "gpuops-lab-nvidia-devices.service"
+# At boot a host with NVIDIA's driver gets its CDI specification (on tmpfs, /var/run/cdi) written again by the
+# toolkit's nvidia-cdi-refresh.service, whose conditions need the driver (nvidia-smi, nvidia.ko in modules.dep); a
+# lab node has neither, so this unit runs the same command with the same settings in its place, where the toolkit
+# has its refresh enabled: a lab node rebooted (docs/lab.md, "Rebooting a node") runs GPU pods again.
+CDI_REFRESH_UNIT = "gpuops-lab-cdi-refresh.service"
 # Debian's python3-pynvml depends on `libnvidia-ml1 | ... | libnvidia-ml.so.1`; without a package that
 # provides libnvidia-ml.so.1, apt would install Debian's libnvidia-ml1 (NVIDIA's real library, 535) over the
 # mock. An empty package of this name provides it, at the spec's driver version.
@@ -158,8 +164,27 @@ ExecStart=/bin/sh /etc/gpuops-lab/nvidia-devices.sh
 [Install]
 WantedBy=multi-user.target
 UNIT
+cat >/etc/systemd/system/{CDI_REFRESH_UNIT} <<'UNIT'
+[Unit]
+Description=This lab node's CDI specification, as nvidia-cdi-refresh writes it at boot (tests/e2e/lab.py)
+ConditionPathExists=/usr/bin/nvidia-ctk
+After={DEVICES_UNIT}
+Before=containerd.service kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecCondition=/bin/systemctl -q is-enabled nvidia-cdi-refresh.service
+Environment=NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/var/run/cdi/nvidia.yaml
+EnvironmentFile=-/etc/nvidia-container-toolkit/nvidia-cdi-refresh.env
+ExecStart=/usr/bin/nvidia-ctk cdi generate
+
+[Install]
+WantedBy=multi-user.target
+UNIT
 mkdir -p /etc/systemd/system/multi-user.target.wants
 ln -sfn ../{DEVICES_UNIT} /etc/systemd/system/multi-user.target.wants/{DEVICES_UNIT}
+ln -sfn ../{CDI_REFRESH_UNIT} /etc/systemd/system/multi-user.target.wants/{CDI_REFRESH_UNIT}
 sh /etc/gpuops-lab/nvidia-devices.sh
 cat >{GPU_RESET}.new <<'RESET'
 {_GPU_RESET_SCRIPT}RESET
@@ -434,9 +459,10 @@ def inventory_text(cfg: LabConfig, count: int) -> str:
         f"        device_plugin_kubeconfig: {kubeconfig}",
         "        # DRA nodes (gpu_allocation_mode: dra) reach the API server with the kubelet's own credentials.",
         "        device_plugin_dra_kubeconfig: /etc/gpuops-lab/kubelet.kubeconfig",
-        "        # The lab has no nvidia-smi: a GPU whose MIG mode change is pending is reset by a TEST DOUBLE that",
-        "        # calls the mock library's reset hook.",
+        "        # The lab has no nvidia-smi: a GPU whose MIG mode change is pending, or that remediate.yml resets, is",
+        "        # reset by a TEST DOUBLE that calls the mock library's reset hook.",
         f'        nvidia_mig_gpu_reset_command: ["{GPU_RESET}", "{{uuid}}"]',
+        f'        gpu_remediation_reset_command: ["{GPU_RESET}", "{{uuid}}"]',
     ]
     return "".join(f"{line}\n" for line in lines)
 

@@ -96,10 +96,13 @@ def test_three_of_four_failing_with_a_limit_of_one_start_exactly_one_and_the_oth
     assert [entries[n]["action"] for n in ("gpu-a", "gpu-b", "gpu-c", "gpu-d")] == ["wait", "remediate", "none", "wait"]
     for waiting in ("gpu-a", "gpu-d"):
         message = entries[waiting]["message"]
-        assert message.startswith(f"{waiting}: reset for GPU 0 ({uuid(waiting, 0)}) waits: ")
-        assert "1 of 1 remediation slot(s) are taken (gpu-b (reboot); gpu_remediation_max_nodes 1)" in message
-        assert "The node is left untouched; its faults stay on the node and a later run starts it" in message
-    assert entries["gpu-b"]["message"].startswith(f"gpu-b: reboot for GPU 1 ({uuid('gpu-b', 1)}) starts now")
+        assert message == (
+            f"{waiting}: reset for GPU 0 ({uuid(waiting, 0)}): {REASONS['reset']}; waits, 1 of 1 remediation slot(s)"
+            " being taken (gpu-b (reboot); gpu_remediation_max_nodes 1). The node is left untouched; its faults stay"
+            " on the node and a later run starts it once a slot is free."
+        )
+    started = entries["gpu-b"]["message"]
+    assert started == f"gpu-b: reboot starts now for GPU 1 ({uuid('gpu-b', 1)}): {REASONS['reboot']}."
     assert (
         entries["gpu-c"]["message"]
         == "gpu-c: nothing to do, no GPU needs more than leaving scheduling (no GPU faults)."
@@ -173,7 +176,7 @@ def test_a_node_that_never_came_back_holds_its_slot():
     assert plan["in_flight"] == [
         {"node": "gpu-z", "class": "reboot", "since": "2026-11-26T10:00:00Z", "in_play": False}
     ]
-    assert "1 of 1 remediation slot(s) are taken (gpu-z (reboot);" in by_node(plan)["gpu-a"]["message"]
+    assert "waits, 1 of 1 remediation slot(s) being taken (gpu-z (reboot);" in by_node(plan)["gpu-a"]["message"]
     assert "not in this run and still under remediation: gpu-z (reboot, since 2026-11-26T10:00:00Z)" in plan["summary"]
     # With a second slot, the one that never came back still holds the first.
     plan = plan_of(nodes, cluster, max_nodes=2)

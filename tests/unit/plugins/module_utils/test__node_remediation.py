@@ -182,7 +182,7 @@ class FakeApi:
         if patch["metadata"]["resourceVersion"] != self.stored["metadata"]["resourceVersion"]:
             raise Conflict(name)
         self.patches.append(patch)
-        self.stored = apply_patch(self.stored, {k: v for k, v in patch.items()})
+        self.stored = apply_patch(self.stored, patch)
         self.stored["metadata"].pop("resourceVersion", None)
         self.stored["metadata"]["resourceVersion"] = str(int(patch["metadata"]["resourceVersion"]) + 1)
         return copy.deepcopy(self.stored)

@@ -1,0 +1,484 @@
+"""playbooks/remediate.yml on the lab's two nodes, against the lab's real API server, scheduler, controller manager
+(PodDisruptionBudgets), kubelets, containerd and the collection's daemon (systemd deployment, nvml backend).
+
+The stand-ins, both TEST DOUBLES of the lab: the GPUs are the mock libnvidia-ml.so.1 serving each node's simulated
+spec, in which a test writes a GPU's `xid` (the library delivers it to the daemon as an NVML XID event, and the
+daemon writes the GPU's class into its health file), and the GPU reset is gpuops-lab-gpu-reset (the lab inventory's
+gpu_remediation_reset_command). A node's reboot is real for the node: its systemd stops its services and the node's
+container ends and starts again (tests/e2e/node/reboot.sh), with a new boot ID, and the daemon starts afresh,
+registering for XIDs that come after it (docs/mock-nvml.md), as a rebooted machine's GPUs are fresh.
+
+In order, one playbook run each (the state of one test is the start of the next):
+1. An XID of class none and an unknown XID (the default class, device): nothing changes.
+2. A reset XID on node 2, --check: each node's plan is printed, nothing changes.
+3. A reboot XID on node 1 with GPU pods under a PodDisruptionBudget, node 2 still waiting for its reset, and a
+   limit of one node: node 1 is cordoned and tainted, its pods evicted as the budget allows, the node rebooted, its
+   GPUs verified healthy, the taint and cordon removed; node 2 waits, untouched, and the play says why. Figures:
+   XID to cordon, XID to schedulable again (printed, not asserted).
+4. The next run takes node 2: only the pod on the GPU reset is evicted, the pods on its other GPUs keep running.
+5. The same GPU fails again within the repeat window: node 2 goes to replace, cordoned and tainted for a person.
+6. A node that does not come back from its reboot in time (gpu_remediation_reboot_timeout=0 for the run) is left
+   cordoned and tainted, holding its slot; the next run continues it (no second reboot) and gives it back.
+
+The breaker's decision on larger fleets (3 of 4 nodes failing with a limit of 1, percentages, a node that never came
+back) is unit-tested on the filter that makes it (tests/unit/plugins/filter/test_remediation_plan.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PAUSE_IMAGE, Lab, run_lab, write_in_place
+from kubernetes import client
+from playbook_run import PlaybookRun, lab_inventory, run_playbook
+
+GPU = "nvidia.com/gpu"
+TAINT = "nvidia.com/gpu-remediation"
+HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
+RECORD = "/var/lib/gpuops/gpu-remediation.json"
+PART_OF = "test-remediate"
+NAMESPACE = "default"
+
+
+@dataclass
+class Flow:
+    lab: Lab
+    inventory: Path
+    work: Path
+    node1: str
+    node2: str
+    specs: dict[str, Path]
+    pods: dict[str, str] = field(default_factory=dict)  # pod name -> uid
+    victim_gpu: str = ""  # node 2's GPU whose pod the reset evicts
+
+
+def labels(app: str) -> dict[str, str]:
+    return {"app": app, "app.kubernetes.io/part-of": PART_OF}
+
+
+def pod_spec(node: str | None) -> dict:
+    spec = {
+        "automountServiceAccountToken": False,
+        "dnsPolicy": "Default",
+        "terminationGracePeriodSeconds": 1,
+        "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [
+            {"name": "app", "image": PAUSE_IMAGE, "imagePullPolicy": "Never", "resources": {"limits": {GPU: "1"}}}
+        ],
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return spec
+
+
+def start_pod(lab: Lab, name: str, node: str) -> client.V1Pod:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels(name)},
+        "spec": pod_spec(node),
+    }
+    lab.core.create_namespaced_pod(NAMESPACE, body)
+    return lab.wait_until(
+        f"pod {name} Running",
+        lambda: (p := lab.core.read_namespaced_pod(name, NAMESPACE)).status.phase == "Running" and p,
+        timeout=180,
+    )
+
+
+def pod_uid(lab: Lab, name: str) -> str | None:
+    """The pod's UID while it exists and is not being deleted; None once it is gone."""
+    try:
+        pod = lab.core.read_namespaced_pod(name, NAMESPACE)
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return None if pod.metadata.deletion_timestamp else pod.metadata.uid
+
+
+def app_pods(lab: Lab, app: str) -> list[client.V1Pod]:
+    found = lab.core.list_namespaced_pod(NAMESPACE, label_selector=f"app={app}").items
+    return [p for p in found if not p.metadata.deletion_timestamp]
+
+
+def ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def set_xid(flow: Flow, node: str, index: int, xid: int | None) -> str:
+    """Write (or clear) GPU `index`'s XID in the node's spec, in place; returns the GPU's UUID."""
+    spec = yaml.safe_load(flow.specs[node].read_text())
+    gpu = spec["gpus"][index]
+    if xid is None:
+        gpu.pop("xid", None)
+    else:
+        gpu["xid"] = xid
+    write_in_place(flow.specs[node], yaml.safe_dump(spec, sort_keys=False))
+    return gpu["uuid"]
+
+
+def gpu_index(flow: Flow, node: str, gpu_uuid: str) -> int:
+    return [g["uuid"] for g in yaml.safe_load(flow.specs[node].read_text())["gpus"]].index(gpu_uuid)
+
+
+def health(lab: Lab, node: str) -> dict[str, dict]:
+    """The daemon's health file on the node: GPU UUID -> its row."""
+    rows = json.loads(lab.node_exec(node, "cat", HEALTH_FILE).stdout)["gpus"]
+    return {row["uuid"]: row for row in rows}
+
+
+def wait_class(lab: Lab, node: str, gpu_uuid: str, klass: str) -> dict:
+    return lab.wait_until(
+        f"{gpu_uuid} of class {klass} in {node}'s health file",
+        lambda: (row := health(lab, node).get(gpu_uuid)) and row["class"] == klass and row,
+        timeout=60,
+        interval=0.2,
+    )
+
+
+def remediation(lab: Lab, node: str) -> tuple[bool, str | None]:
+    """(cordoned, the value of the remediation taint or None)."""
+    spec = lab.node(node).spec
+    values = [t.value for t in spec.taints or [] if t.key == TAINT]
+    return bool(spec.unschedulable), (values[0] if values else None)
+
+
+def record(lab: Lab, node: str) -> dict:
+    done = lab.node_exec(node, "cat", RECORD, check=False)
+    return json.loads(done.stdout) if done.returncode == 0 else {}
+
+
+def boot_id(lab: Lab, node: str) -> str:
+    return lab.node_exec(node, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def container_restarts(node: str) -> int:
+    """How many times podman started the node's container again (its restart policy: a reboot in the node)."""
+    out = subprocess.run(
+        ["podman", "inspect", "--format", "{{.RestartCount}}", node], check=True, capture_output=True, text=True
+    ).stdout
+    return int(out.strip())
+
+
+def messages(run: PlaybookRun) -> list[str]:
+    """The play's debug messages, unescaped."""
+    return [json.loads(f'"{m}"') for m in re.findall(r'^\s*"msg": "(.*)"$', run.output, re.MULTILINE)]
+
+
+def message_for(run: PlaybookRun, node: str) -> str:
+    found = [m for m in messages(run) if re.match(rf"^(Check mode, nothing is done\. )?{re.escape(node)}: ", m)]
+    assert found, f"no message for {node}\n{run.summary()}"
+    return found[0]
+
+
+def task_lines(run: PlaybookRun, task: str) -> list[str]:
+    """The result lines under a task's header (up to the next task)."""
+    parts = run.output.split(f"TASK [gpuops.k8s.gpu_remediation : {task}]")
+    assert len(parts) == 2, f"task {task!r} ran {len(parts) - 1} times\n{run.summary()}"
+    return [line for line in parts[1].split("\nTASK [")[0].splitlines()[1:] if line.strip()]
+
+
+def summary(run: PlaybookRun) -> str:
+    found = [m for m in messages(run) if m.startswith("Remediation slots: ")]
+    assert len(found) == 1, run.summary()
+    return found[0]
+
+
+def remediate(flow: Flow, *args: str) -> PlaybookRun:
+    return run_playbook("remediate.yml", flow.inventory, *args, timeout=1200)
+
+
+class NodeWatch(threading.Thread):
+    """Polls a Node (and an app's pods) while a playbook runs: when it was first seen cordoned and tainted, when it
+    was first seen schedulable again after that, and the fewest Ready pods of the app seen meanwhile."""
+
+    def __init__(self, lab: Lab, node: str, app: str | None = None) -> None:
+        super().__init__(daemon=True)
+        self.lab, self.node, self.app = lab, node, app
+        self.stop = threading.Event()
+        self.cordoned_at: float | None = None
+        self.taint_seen: str | None = None
+        self.back_at: float | None = None
+        self.fewest_ready: int | None = None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                cordoned, taint = remediation(self.lab, self.node)
+                now = time.monotonic()
+                if self.cordoned_at is None and cordoned and taint:
+                    self.cordoned_at, self.taint_seen = now, taint
+                elif self.cordoned_at is not None and self.back_at is None and not cordoned and not taint:
+                    self.back_at = now
+                if self.app:
+                    count = sum(1 for p in app_pods(self.lab, self.app) if ready(p))
+                    self.fewest_ready = count if self.fewest_ready is None else min(self.fewest_ready, count)
+            except client.ApiException:
+                pass
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
+    """Both nodes converged by site.yml (8 simulated H100 each, the daemon in systemd mode on the nvml backend)."""
+    work = tmp_path_factory.mktemp("remediate")
+    node1, node2 = lab.nodes[:2]
+    inventory = lab_inventory(work / "inventory.yml")
+    specs = {node: Path(run_lab("spec-path", str(i + 1)).strip()) for i, node in enumerate((node1, node2))}
+    site = run_playbook("site.yml", inventory)
+    assert site.returncode == 0, site.summary()
+    for node in (node1, node2):
+        lab.wait_until(f"8 x {GPU} on {node}", lambda node=node: lab.allocatable(node).get(GPU) == "8", timeout=180)
+    flow = Flow(lab, inventory, work, node1, node2, specs)
+    try:
+        yield flow
+    finally:
+        apps = client.AppsV1Api(lab.api)
+        for deployment in apps.list_namespaced_deployment(
+            NAMESPACE, label_selector=f"app.kubernetes.io/part-of={PART_OF}"
+        ).items:
+            apps.delete_namespaced_deployment(deployment.metadata.name, NAMESPACE)
+        client.PolicyV1Api(lab.api).delete_collection_namespaced_pod_disruption_budget(
+            NAMESPACE, label_selector=f"app.kubernetes.io/part-of={PART_OF}"
+        )
+        lab.core.delete_collection_namespaced_pod(NAMESPACE, label_selector=f"app.kubernetes.io/part-of={PART_OF}")
+        for node, spec in specs.items():
+            data = yaml.safe_load(spec.read_text())
+            for gpu in data["gpus"]:
+                gpu.pop("xid", None)
+            write_in_place(spec, yaml.safe_dump(data, sort_keys=False))
+            lab.core.patch_node(node, {"spec": {"unschedulable": False}})
+            taints = [t for t in lab.node(node).spec.taints or [] if t.key != TAINT]
+            lab.core.patch_node(node, {"spec": {"taints": [lab.api.sanitize_for_serialization(t) for t in taints]}})
+
+
+def test_an_xid_of_class_none_and_an_unknown_xid_change_nothing(flow: Flow) -> None:
+    lab, node = flow.lab, flow.node1
+    steady = start_pod(lab, "steady", node)
+    flow.pods["steady"] = steady.metadata.uid
+    ignored = set_xid(flow, node, 0, 13)  # a graphics engine exception: the application's, class none
+    unknown = set_xid(flow, node, 1, 999)  # not in NVIDIA's catalog: the default class, device
+    wait_class(lab, node, unknown, "device")
+    lab.wait_until(
+        f"XID 13 of {ignored} in the health file",
+        lambda: [x["xid"] for x in health(lab, node)[ignored]["xids"]] == [13],
+    )
+    assert health(lab, node)[ignored]["healthy"]
+    run = remediate(flow)
+    assert run.returncode == 0, run.summary()
+    assert run.changed == 0, run.changed_tasks()
+    message = message_for(run, node)
+    assert message.startswith(f"{node}: nothing to do, no GPU needs more than leaving scheduling (")
+    assert f"GPU 1 ({unknown}): device, XID 999 is not in the catalog table: the default class device" in message
+    assert remediation(lab, node) == (False, None)
+    assert pod_uid(lab, "steady") == flow.pods["steady"]
+
+
+def test_check_mode_prints_the_plan_and_changes_nothing(flow: Flow) -> None:
+    lab, node = flow.lab, flow.node2
+    for name in ("victim", "bystander"):
+        flow.pods[name] = start_pod(lab, name, node).metadata.uid
+    # The reset XID hits the GPU the victim holds (its device ID is the GPU's UUID).
+    flow.victim_gpu = lab.checkpoint_devices(node, flow.pods["victim"])[0]
+    assert flow.victim_gpu not in lab.checkpoint_devices(node, flow.pods["bystander"])
+    set_xid(flow, node, gpu_index(flow, node, flow.victim_gpu), 48)  # double bit ECC error: reset
+    wait_class(lab, node, flow.victim_gpu, "reset")
+    run = remediate(flow, "--check")
+    assert run.returncode == 0, run.summary()
+    assert run.changed == 0, run.changed_tasks()
+    index = gpu_index(flow, node, flow.victim_gpu)
+    assert message_for(run, node) == (
+        f"Check mode, nothing is done. {node}: reset starts now for GPU {index} ({flow.victim_gpu}): XID 48 (double"
+        " bit ECC error): catalog WORKFLOW_XID_48."
+    )
+    assert message_for(run, flow.node1).startswith(f"Check mode, nothing is done. {flow.node1}: nothing to do")
+    for name in ("victim", "bystander"):
+        assert pod_uid(lab, name) == flow.pods[name]
+    assert remediation(lab, node) == (False, None)
+    assert record(lab, node) == {}
+
+
+def test_with_a_limit_of_one_the_reboot_goes_first_and_the_reset_waits(flow: Flow) -> None:
+    lab, node, other = flow.lab, flow.node1, flow.node2
+    # Two GPU pods of one app on node 1 under a budget of one disruption: node 2 is cordoned while they are placed,
+    # so both land on node 1; their replacements can run on node 2's healthy GPUs once node 1 is drained.
+    lab.core.patch_node(other, {"spec": {"unschedulable": True}})
+    app = f"train-{uuid.uuid4().hex[:6]}"
+    apps, policy = client.AppsV1Api(lab.api), client.PolicyV1Api(lab.api)
+    apps.create_namespaced_deployment(
+        NAMESPACE,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": app, "labels": labels(app)},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": app}},
+                "template": {"metadata": {"labels": labels(app)}, "spec": pod_spec(None)},
+            },
+        },
+    )
+    policy.create_namespaced_pod_disruption_budget(
+        NAMESPACE,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": app, "labels": labels(app)},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+        },
+    )
+    placed = lab.wait_until(
+        f"2 pods of {app} Ready on {node}",
+        lambda: len(pods := [p for p in app_pods(lab, app) if ready(p) and p.spec.node_name == node]) == 2 and pods,
+        timeout=180,
+    )
+    lab.wait_until(
+        f"the budget of {app} allowing one disruption",
+        lambda: (policy.read_namespaced_pod_disruption_budget(app, NAMESPACE).status.disruptions_allowed or 0) == 1,
+    )
+    lab.core.patch_node(other, {"spec": {"unschedulable": False}})
+    starts, boot = container_restarts(node), boot_id(lab, node)
+
+    watch = NodeWatch(lab, node, app)
+    watch.start()
+    fallen = set_xid(flow, node, 2, 79)  # fallen off the bus: reboot
+    injected = time.monotonic()
+    wait_class(lab, node, fallen, "reboot")
+    seen = time.monotonic()
+    run = remediate(flow)
+    watch.stop.set()
+    watch.join()
+    restarts = container_restarts(node)
+    assert run.returncode == 0, f"{run.summary()}\n{node}'s container restarts: {starts} before, {restarts} now"
+
+    # The breaker: one slot, the reboot (the more severe) takes it, the reset waits and is told why.
+    assert summary(run) == (
+        f"Remediation slots: 1 of 1 in use (gpu_remediation_max_nodes 1): {node} (reboot). Started now: {node}."
+        f" Waiting for a slot: {other}."
+    )
+    assert message_for(run, node).startswith(f"{node}: reboot starts now for GPU 2 ({fallen}): XID 79")
+    assert (
+        f"; waits, 1 of 1 remediation slot(s) being taken ({node} (reboot); gpu_remediation_max_nodes 1)."
+        " The node is left untouched" in message_for(run, other)
+    )
+    assert remediation(lab, other) == (False, None)
+    for name in ("victim", "bystander"):
+        assert pod_uid(lab, name) == flow.pods[name]
+
+    # Node 1: cordoned and tainted, drained within the budget, rebooted, healthy, given back.
+    assert watch.taint_seen == "reboot" and watch.cordoned_at is not None and watch.back_at is not None
+    assert remediation(lab, node) == (False, None)
+    assert lab.node_ready(node)
+    evicted = [m for m in messages(run) if m.startswith(f"{node}: evicted ")]
+    assert len(evicted) == 1, run.summary()
+    for name in [p.metadata.name for p in placed] + ["steady"]:
+        assert f"{NAMESPACE}/{name}" in evicted[0]
+    refused = int(re.search(r"; (\d+) eviction\(s\) refused by a PodDisruptionBudget", evicted[0]).group(1))
+    assert refused >= 1, evicted[0]  # the second pod waited for the first one's replacement
+    assert watch.fewest_ready is not None and watch.fewest_ready >= 1
+    assert pod_uid(lab, "steady") is None
+    assert restarts == starts + 1 and boot_id(lab, node) != boot
+    # The reboot ended only node 1's container: node 2's cgroups are intact (podman exec works) and its pods run.
+    assert lab.node_exec(other, "true").returncode == 0
+    rows = health(lab, node)
+    assert all(row["healthy"] and row["class"] == "none" for row in rows.values()), rows
+    last = record(lab, node)["history"][-1]
+    assert (last["class"], last["result"], last["gpus"]) == ("reboot", "healthy", [fallen])
+    lab.wait_until(
+        f"{app} back to 2 Ready pods", lambda: sum(1 for p in app_pods(lab, app) if ready(p)) == 2, timeout=180
+    )
+    # The rebooted node runs GPU pods again (its CDI specification was written again at its start).
+    start_pod(lab, "after-reboot", node)
+
+    print(
+        f"\nremediate.yml, reboot class on {node}: XID to the daemon's health file {seen - injected:.1f}s;"
+        f" XID to cordoned and tainted {watch.cordoned_at - injected:.1f}s;"
+        f" XID to schedulable again {watch.back_at - injected:.1f}s;"
+        f" the playbook run {run.seconds:.1f}s ({refused} eviction(s) refused by the budget)"
+    )
+
+
+def test_the_next_run_resets_the_gpu_and_evicts_only_its_pod(flow: Flow) -> None:
+    lab, node = flow.lab, flow.node2
+    on_node = lab.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}").items
+    others = {p.metadata.name: p.metadata.uid for p in on_node if p.metadata.name != "victim"}
+    assert "bystander" in others and len(others) >= 2, others  # the bystander and the app's replacement(s)
+    watch = NodeWatch(lab, node)
+    watch.start()
+    run = remediate(flow)
+    watch.stop.set()
+    watch.join()
+    assert run.returncode == 0, run.summary()
+    index = gpu_index(flow, node, flow.victim_gpu)
+    assert message_for(run, node).startswith(f"{node}: reset starts now for GPU {index} ({flow.victim_gpu}): XID 48")
+    assert message_for(run, flow.node1).startswith(f"{flow.node1}: nothing to do")
+    assert watch.taint_seen == "reset" and watch.back_at is not None
+    assert f"changed: [{node}] => (item={flow.victim_gpu})" in run.output  # the reset command, for that GPU only
+    assert pod_uid(lab, "victim") is None
+    for name, uid in others.items():  # the pods on the node's other GPUs keep running
+        assert pod_uid(lab, name) == uid, name
+    assert remediation(lab, node) == (False, None)
+    row = health(lab, node)[flow.victim_gpu]
+    assert row["healthy"] and row["class"] == "none"
+    last = record(lab, node)["history"][-1]
+    assert (last["class"], last["result"], last["gpus"]) == ("reset", "healthy", [flow.victim_gpu])
+
+
+def test_the_same_gpu_failing_again_within_the_window_goes_to_replace(flow: Flow) -> None:
+    lab, node = flow.lab, flow.node2
+    set_xid(flow, node, gpu_index(flow, node, flow.victim_gpu), 64)  # row remapping failure: reset, again
+    wait_class(lab, node, flow.victim_gpu, "reset")
+    run = remediate(flow)
+    assert run.returncode == 0, run.summary()
+    message = message_for(run, node)
+    assert message.startswith(f"{node}: replace starts now for GPU ")
+    assert f"({flow.victim_gpu}) failed again within 24h of the reset that made it healthy at" in message
+    assert remediation(lab, node) == (True, "replace")
+    left = [
+        m
+        for m in messages(run)
+        if m.startswith(f"{node} is cordoned and tainted {TAINT}=replace and left for a person")
+    ]
+    assert len(left) == 1, run.summary()
+    assert pod_uid(lab, "bystander") == flow.pods["bystander"]  # nothing is evicted for a person to look at
+
+
+def test_a_node_that_does_not_come_back_in_time_stays_out_and_the_next_run_continues(flow: Flow) -> None:
+    lab, node = flow.lab, flow.node1
+    fallen = set_xid(flow, node, 4, 79)
+    wait_class(lab, node, fallen, "reboot")
+    starts = container_restarts(node)
+    late = remediate(flow, "-e", "gpu_remediation_max_nodes=2", "-e", "gpu_remediation_reboot_timeout=0")
+    assert late.returncode != 0 and late.recap[node]["failed"] == 1, late.summary()
+    words = " ".join(late.output.split())
+    assert (
+        f"{node} is left cordoned and tainted ({TAINT}=reboot) and holds a remediation slot: it did not come back from"
+        " its reboot within 0 s (" in words
+    )
+    assert remediation(lab, node) == (True, "reboot")
+    lab.wait_until(f"{node} restarted", lambda: container_restarts(node) == starts + 1, timeout=120)
+
+    again = remediate(flow, "-e", "gpu_remediation_max_nodes=2")
+    assert again.returncode == 0, again.summary()
+    # The node that did not come back held its slot; the one to replace holds the other.
+    assert summary(again).startswith(
+        f"Remediation slots: 2 of 2 in use (gpu_remediation_max_nodes 2): {node} (reboot), {flow.node2} (replace)."
+    )
+    assert message_for(again, node).startswith(f"{node}: continues the reboot it is under since ")
+    assert "rebooted already" in message_for(again, node)
+    assert message_for(again, flow.node2).startswith(f"{flow.node2}: under remediation as replace since ")
+    assert task_lines(again, "Reboot the node and wait until it answers with a new boot ID") == [f"skipping: [{node}]"]
+    assert container_restarts(node) == starts + 1  # not rebooted a second time
+    assert remediation(lab, node) == (False, None)
+    assert health(lab, node)[fallen]["healthy"]
