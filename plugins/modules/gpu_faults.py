@@ -12,7 +12,7 @@ short_description: Report the node's GPU faults and the action each asks for, fr
 version_added: 0.1.0
 description:
   - Reads the GPU health file the collection's device plugin daemon writes (O(health_file)) and the kernel
-    log's C(NVRM: Xid) lines since the last run, classifies every XID found (C(none), C(device), C(reset),
+    log's C(NVRM Xid) lines since the last run, classifies every XID found (C(none), C(device), C(reset),
     C(reboot), C(replace), by severity; docs/remediation.md has the table and its sources) and returns each
     GPU's class and the node's highest.
   - The kernel log finds the XIDs that came while the daemon was down. Where the last run kept its place
