@@ -12,8 +12,8 @@ short_description: Report the node's GPU faults and the action each asks for, fr
 version_added: 0.1.0
 description:
   - Reads the GPU health file the collection's device plugin daemon writes (O(health_file)) and the kernel
-    log's C(NVRM: Xid) lines since the last run, classifies every XID found (C(none), C(device), C(reset),
-    C(reboot), C(replace), by severity; docs/remediation.md has the table and its sources) and returns each
+    log's C(NVRM Xid) lines since the last run, classifies every XID found (C(none), C(device), C(reset),
+    C(reboot), C(replace), by severity; docs/xid-classes.md has the table and its sources) and returns each
     GPU's class and the node's highest.
   - The kernel log finds the XIDs that came while the daemon was down. Where the last run kept its place
     (O(advance_cursor)), only the kernel messages after it are read; otherwise those of the current boot.
@@ -89,8 +89,8 @@ notes:
   - The daemon's class is the highest since the GPU last became healthy; the kernel log's, the highest since the
     kept place. A GPU's class is the higher of the two.
 seealso:
-  - name: XID classes and the remediation loop
-    description: docs/remediation.md in the collection.
+  - name: NVIDIA's XID catalog
+    description: The resolution buckets the classes come from (docs/xid-classes.md in the collection has the table).
     link: https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html
 """
 

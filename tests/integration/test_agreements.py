@@ -132,3 +132,19 @@ def test_the_example_inventory_logs_in_as_an_unprivileged_user() -> None:
     assert "unprivileged user with `sudo`" in readme
     assert inventory.get("ansible_user") not in (None, "root")
     assert not inventory.get("ansible_become")  # the playbooks become where they need to
+
+
+def test_the_xid_classes_page_is_the_table() -> None:
+    # docs/xid-classes.md shows the table of plugins/module_utils/_xid_classes.py row by row.
+    sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
+    try:
+        import _xid_classes as classes
+    finally:
+        sys.path.pop(0)
+    page = (REPO / "docs" / "xid-classes.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0].isdigit():
+            rows[int(cells[0])] = (cells[3].strip("`"), cells[2].strip("`"), cells[1])
+    assert rows == classes.TABLE
