@@ -15,7 +15,8 @@ In order, one playbook run each (the state of one test is the start of the next)
    limit of one node: node 1 is cordoned and tainted, its pods evicted as the budget allows, the node rebooted, its
    GPUs verified healthy, the taint and cordon removed; node 2 waits, untouched, and the play says why. Figures:
    XID to cordon, XID to schedulable again (printed, not asserted).
-4. The next run takes node 2: only the pod on the GPU reset is evicted, the pods on its other GPUs keep running.
+4. The next run, limited to node 2 as Event-Driven Ansible runs it, takes node 2: only the pod on the GPU reset is
+   evicted, the pods on its other GPUs keep running.
 5. The same GPU fails again within the repeat window: node 2 goes to replace, cordoned and tainted for a person.
 6. A node that does not come back from its reboot in time (gpu_remediation_reboot_timeout=0 for the run) is left
    cordoned and tainted, holding its slot; the next run continues it (no second reboot) and gives it back.
@@ -416,13 +417,15 @@ def test_the_next_run_resets_the_gpu_and_evicts_only_its_pod(flow: Flow) -> None
     assert "bystander" in others and len(others) >= 2, others  # the bystander and the app's replacement(s)
     watch = NodeWatch(lab, node)
     watch.start()
-    run = remediate(flow)
+    # As Event-Driven Ansible runs it for the node an alert names: limited to that node.
+    run = remediate(flow, "--limit", node)
     watch.stop.set()
     watch.join()
     assert run.returncode == 0, run.summary()
+    assert set(run.recap) == {node}
     index = gpu_index(flow, node, flow.victim_gpu)
     assert message_for(run, node).startswith(f"{node}: reset starts now for GPU {index} ({flow.victim_gpu}): XID 48")
-    assert message_for(run, flow.node1).startswith(f"{flow.node1}: nothing to do")
+    assert summary(run).startswith(f"Remediation slots: 1 of 1 in use (gpu_remediation_max_nodes 1): {node} (reset).")
     assert watch.taint_seen == "reset" and watch.back_at is not None
     assert f"changed: [{node}] => (item={flow.victim_gpu})" in run.output  # the reset command, for that GPU only
     assert pod_uid(lab, "victim") is None
