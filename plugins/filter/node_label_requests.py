@@ -20,6 +20,9 @@ description:
   - The GPU facts are the host's result registered as O(discovered_var) when that is given and the task ran on
     the host, or else the host's variable named by O(gpu_info_var). A host with neither is listed in
     RV(_value.no_facts).
+  - The labels the role C(gpuops.k8s.nvidia_mig) noted for a host in this play, its fact C(nvidia_mig_node_labels)
+    with C(nvidia.com/mig.config) and C(nvidia.com/mig.config.state), are added to the host's user labels, which
+    win over them.
 options:
   _input:
     description: The inventory names of the batch's hosts.
@@ -93,6 +96,8 @@ _LABEL_SETTINGS = ("user_labels", "sharing", "taint", "taint_key", "taint_value"
 _API_SETTINGS = ("delegate_to", "kubeconfig", "context", "api_host", "validate_certs")
 _API_KEY = PREFIX + "api_key"
 _DEVICE_PLUGIN_CONFIG = "device_plugin_config"
+# Labels another role of the collection decided for the host in this play, as a fact of the host.
+_ROLE_LABELS = ("nvidia_mig_node_labels",)
 
 
 def _usable(result):
@@ -124,6 +129,12 @@ def node_label_requests(hosts, hostvars, defaults, gpu_info_var="gpu_node_labels
             continue
         node = {"name": own.get(PREFIX + "node_name", host), "gpu_info": gpu_info}
         node.update((name, setting(name)) for name in _LABEL_SETTINGS)
+        role_labels = {}
+        for name in _ROLE_LABELS:
+            if isinstance(own.get(name), dict):
+                role_labels.update(own[name])
+        if role_labels:
+            node["user_labels"] = {**role_labels, **(node["user_labels"] or {})}
         plugin_config = own.get(_DEVICE_PLUGIN_CONFIG)
         if PREFIX + "sharing" not in own and isinstance(plugin_config, dict) and "sharing" in plugin_config:
             # The labels follow the host's own device-plugin config, which shares its GPUs that way.

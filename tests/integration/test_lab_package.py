@@ -20,7 +20,7 @@ sys.path.insert(0, str(E2E))
 from gpuops_lab import LabError, cli, nodes, pki  # noqa: E402
 from gpuops_lab.config import LabConfig  # noqa: E402
 from gpuops_lab.controlplane import owned_by, running_pid  # noqa: E402
-from gpuops_lab.inventory import inventory_text, resolve_spec  # noqa: E402
+from gpuops_lab.inventory import inventory_text, mig_minors, nvidia_devices_script, resolve_spec  # noqa: E402
 
 LAB_PY = E2E / "lab.py"
 
@@ -169,6 +169,21 @@ def test_ssh_inventory(tmp_path: Path) -> None:
     assert variables["container_toolkit_repo_base_url"] == "http://127.0.0.1:31002/toolkit"
     assert variables["device_plugin_pip_extra_args"] == "--no-index --find-links http://127.0.0.1:31002/wheels/"
     assert variables["gpu_node_labels_kubeconfig"] == variables["device_plugin_kubeconfig"] == f"{lab}/admin.kubeconfig"
+    # The lab has no nvidia-smi: the nvidia_mig role resets GPUs with the lab's test double.
+    assert variables["nvidia_mig_gpu_reset_command"] == ["/usr/local/sbin/gpuops-lab-gpu-reset", "{uuid}"]
+
+
+def test_mig_capabilities_are_numbered_as_the_driver_numbers_them() -> None:
+    lines = mig_minors([0, 1]).splitlines()
+    # config, monitor, then 15 GPU instances of 1 + 8 capabilities per GPU.
+    assert len(lines) == 2 + 2 * 135
+    assert lines[:4] == ["config 1", "monitor 2", "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4"]
+    assert "gpu0/gi1/access 12" in lines and "gpu0/gi14/ci7/access 137" in lines
+    assert lines[2 + 135] == "gpu1/gi0/access 138"
+    # The node's devices script makes their devices and mounts the file where nvidia-ctk reads it.
+    script = nvidia_devices_script([0, 1])
+    assert 'mknod -m 0444 "/dev/nvidia-caps/nvidia-cap$minor" c 510 "$minor"' in script
+    assert "mount --bind -o ro /etc/gpuops-lab/proc-driver /proc/driver" in script
 
 
 def test_podman_inventory(tmp_path: Path) -> None:

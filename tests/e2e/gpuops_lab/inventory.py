@@ -36,6 +36,19 @@ NODE_LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
 UVM_MAJOR = 511
+# The nvidia-caps devices through which a container is given a MIG device (its GPU instance and compute instance):
+# their major is dynamic on a real host too; 510 is the lab's choice.
+CAPS_MAJOR = 510
+# NVIDIA's numbering of the MIG capabilities in /proc/driver/nvidia-caps/mig-minors: config 1, monitor 2, then per
+# GPU (by minor number) 15 GPU instances of one access minor and 8 compute-instance access minors each.
+MIG_GPU_INSTANCES = 15
+MIG_COMPUTE_INSTANCES = 8
+MIG_MINORS_PER_GPU = MIG_GPU_INSTANCES * (1 + MIG_COMPUTE_INSTANCES)
+# Where the node's driver files the lab writes sit on this machine: the node's config directory, mounted at
+# /etc/gpuops-lab in the node; the driver's /proc/driver tree is mounted from its proc-driver directory.
+NODE_PROC_DRIVER = "/etc/gpuops-lab/proc-driver"
+# A TEST DOUBLE of `nvidia-smi --gpu-reset -i UUID`, for the nvidia_mig role's nvidia_mig_gpu_reset_command.
+GPU_RESET = "/usr/local/sbin/gpuops-lab-gpu-reset"
 DEVICES_UNIT = "gpuops-lab-nvidia-devices.service"
 # Debian's python3-pynvml depends on `libnvidia-ml1 | ... | libnvidia-ml.so.1`; without a package that
 # provides libnvidia-ml.so.1, apt would install Debian's libnvidia-ml1 (NVIDIA's real library, 535) over the
@@ -54,6 +67,27 @@ try:
 except _simulated_spec.SpecError as exc:
     sys.exit(str(exc))
 print(json.dumps({"driver_version": spec["driver_version"], "minors": [g["minor_number"] for g in spec["gpus"]]}))
+"""
+
+# The lab's GPU reset: a TEST DOUBLE of `nvidia-smi --gpu-reset -i UUID` (the lab has no nvidia-smi). It calls the
+# mock libnvidia-ml.so.1's test hook gpuopsMockNvmlResetGpu, which does to the GPU's MIG state what a reset does (a
+# pending MIG mode becomes current, the GPU instances are gone) and, like nvidia-smi, refuses with NVML's error
+# while another process has NVML open (docs/mock-nvml.md, "MIG mode and the GPU reset").
+_GPU_RESET_SCRIPT = f"""#!/usr/bin/env python3
+# TEST DOUBLE of nvidia-smi --gpu-reset -i UUID, written by tests/e2e/lab.py (labs only): resets a GPU of the
+# lab's mock libnvidia-ml.so.1 through its test hook gpuopsMockNvmlResetGpu.
+import ctypes
+import sys
+
+if len(sys.argv) != 2:
+    sys.exit("usage: {GPU_RESET} GPU-UUID")
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+nvml.gpuopsMockNvmlResetGpu.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+nvml.nvmlErrorString.restype = ctypes.c_char_p
+code = nvml.gpuopsMockNvmlResetGpu(sys.argv[1].encode(), 0)
+if code != 0:
+    sys.exit("Unable to reset GPU " + sys.argv[1] + ": " + nvml.nvmlErrorString(code).decode())
+print("GPU " + sys.argv[1] + " was successfully reset.")
 """
 
 # The CUDA driver library a driver installs beside NVML: the build's empty libcuda.so.1 (a TEST DOUBLE that
@@ -127,6 +161,10 @@ UNIT
 mkdir -p /etc/systemd/system/multi-user.target.wants
 ln -sfn ../{DEVICES_UNIT} /etc/systemd/system/multi-user.target.wants/{DEVICES_UNIT}
 sh /etc/gpuops-lab/nvidia-devices.sh
+cat >{GPU_RESET}.new <<'RESET'
+{_GPU_RESET_SCRIPT}RESET
+chmod 0755 {GPU_RESET}.new
+mv -f {GPU_RESET}.new {GPU_RESET}
 """
 
 
@@ -202,10 +240,26 @@ def mock_nvml_library() -> Path:
     return Path(built) / "libnvidia-ml.so.1"
 
 
+def mig_minors(minors: list[int]) -> str:
+    """/proc/driver/nvidia-caps/mig-minors as the driver writes it for GPUs of these minor numbers: each MIG
+    capability (config, monitor, and per GPU every GPU instance's and compute instance's access file) and the minor
+    of its /dev/nvidia-caps/nvidia-cap<minor>."""
+    lines = ["config 1", "monitor 2"]
+    for gpu in minors:
+        for gi in range(MIG_GPU_INSTANCES):
+            base = 3 + gpu * MIG_MINORS_PER_GPU + gi * (1 + MIG_COMPUTE_INSTANCES)
+            lines.append(f"gpu{gpu}/gi{gi}/access {base}")
+            lines += [f"gpu{gpu}/gi{gi}/ci{ci}/access {base + 1 + ci}" for ci in range(MIG_COMPUTE_INSTANCES)]
+    return "".join(f"{line}\n" for line in lines)
+
+
 def nvidia_devices_script(minors: list[int]) -> str:
     """A shell script that makes the device nodes the driver makes for GPUs of these minor numbers
     (nvidiactl, nvidia-uvm, nvidia-uvm-tools, and nvidia<minor> for each GPU), mode 0666, and removes the
-    /dev/nvidia<N> of GPUs the spec no longer has."""
+    /dev/nvidia<N> of GPUs the spec no longer has; and what the driver shows of MIG capabilities: the
+    /dev/nvidia-caps/nvidia-cap<minor> of each, and /proc/driver/nvidia-caps/mig-minors (the node's proc-driver
+    directory mounted read-only over /proc/driver), from which NVIDIA's nvidia-ctk writes a MIG device's nodes
+    into the CDI specification."""
     devices = [
         ("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
         ("/dev/nvidia-uvm", UVM_MAJOR, 0),
@@ -228,6 +282,14 @@ def nvidia_devices_script(minors: list[int]) -> str:
         "for gpu in /dev/nvidia[0-9]*; do",
         '  case "$keep" in *" ${gpu#/dev/nvidia} "*) ;; *) rm -f "$gpu" ;; esac',
         "done",
+        f"if [ -f {NODE_PROC_DRIVER}/nvidia-caps/mig-minors ]; then",
+        "  mkdir -p -m 0755 /dev/nvidia-caps",
+        "  while read -r cap minor; do",
+        '    [ -c "/dev/nvidia-caps/nvidia-cap$minor" ] ||'
+        f' mknod -m 0444 "/dev/nvidia-caps/nvidia-cap$minor" c {CAPS_MAJOR} "$minor"',
+        f"  done <{NODE_PROC_DRIVER}/nvidia-caps/mig-minors",
+        f"  mountpoint -q /proc/driver || mount --bind -o ro {NODE_PROC_DRIVER} /proc/driver",
+        "fi",
     ]
     return "".join(f"{line}\n" for line in lines)
 
@@ -254,6 +316,9 @@ def install_mock_driver(cfg: LabConfig, index: int, library: Path) -> None:
         lines = done.stderr.strip().splitlines()
         raise LabError(f"{name}: cannot write the mock NVML state: {lines[-1] if lines else done.returncode}")
     facts = json.loads(done.stdout)
+    caps = cfg.node_dir(index) / "proc-driver" / "nvidia-caps"
+    caps.mkdir(parents=True, exist_ok=True)
+    (caps / "mig-minors").write_text(mig_minors(facts["minors"]))
     script = cfg.nvidia_devices_script(index)
     script.write_text(nvidia_devices_script(facts["minors"]))
     script.chmod(0o755)
@@ -369,6 +434,9 @@ def inventory_text(cfg: LabConfig, count: int) -> str:
         f"        device_plugin_kubeconfig: {kubeconfig}",
         "        # DRA nodes (gpu_allocation_mode: dra) reach the API server with the kubelet's own credentials.",
         "        device_plugin_dra_kubeconfig: /etc/gpuops-lab/kubelet.kubeconfig",
+        "        # The lab has no nvidia-smi: a GPU whose MIG mode change is pending is reset by a TEST DOUBLE that",
+        "        # calls the mock library's reset hook.",
+        f'        nvidia_mig_gpu_reset_command: ["{GPU_RESET}", "{{uuid}}"]',
     ]
     return "".join(f"{line}\n" for line in lines)
 

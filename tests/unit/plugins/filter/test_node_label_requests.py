@@ -131,3 +131,20 @@ def test_sharing_follows_the_hosts_own_device_plugin_config_unless_it_sets_its_o
     }
     out = node_label_requests(list(hostvars), hostvars, dict(DEFAULTS, sharing={"from": "defaults"}))
     assert [n["sharing"] for n in out["nodes"]] == [{"from": "defaults"}, sliced, own, {"from": "defaults"}]
+
+
+def test_the_mig_roles_labels_join_the_user_labels_which_win():
+    mig = {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "pending"}
+    hostvars = {
+        "gpu-1": {"gpu_node_labels_gpu_info": FACTS, "nvidia_mig_node_labels": mig},
+        "gpu-2": {
+            "gpu_node_labels_gpu_info": FACTS,
+            "nvidia_mig_node_labels": mig,
+            "gpu_node_labels_user_labels": {"nvidia.com/mig.config": "mine"},
+        },
+        "gpu-3": {"gpu_node_labels_gpu_info": FACTS},
+    }
+    first, second, third = node_label_requests(["gpu-1", "gpu-2", "gpu-3"], hostvars, DEFAULTS)["nodes"]
+    assert first["user_labels"] == {**mig, "team": "ml"}
+    assert second["user_labels"] == {**mig, "nvidia.com/mig.config": "mine"}
+    assert third["user_labels"] == {"team": "ml"}

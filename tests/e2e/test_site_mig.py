@@ -1,0 +1,512 @@
+"""site.yml partitions a lab node's GPUs with MIG by mig-parted config name, proven against the lab's real
+kube-apiserver, scheduler, kubelet and containerd: none -> all-1g.10gb -> a mixed layout -> none in device-plugin
+allocation, then none -> all-1g.10gb in DRA allocation.
+
+The node has 8 x H100 80GB (tests/fixtures/simulated/h100x8.yaml: NVLink islands 0-3 and 4-7) served by the lab's
+mock NVIDIA driver (its libnvidia-ml.so.1, which models MIG as docs/mock-nvml.md says, its device nodes and MIG
+capability devices), the only stand-ins. Everything reads the GPUs through NVML: the nvidia_mig module partitions
+them, the plugin (migStrategy mixed) and the DRA driver serve their MIG devices, nvidia-ctk writes them into the CDI
+specification the nvidia runtime gives pods, and site.yml's discovery reads them for the labels (the module runs
+with gpuops_simulate_from empty, where the other modules read the spec: the spec does not change with MIG).
+
+At each step the node's allocatable MIG devices (or its DRA slice) and its labels follow, the pods on GPUs whose
+layout changes are evicted before the change while a pod on a GPU that keeps its layout keeps running, and a second
+run changes nothing. A layout that fails half-way (a fault injected into the mock library) is rolled back.
+
+The module leaves the node in device-plugin allocation with MIG off, as it found it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import PAUSE_IMAGE, Lab
+from dra_objects import RESOURCE, claim_template, pod_manifest, published
+from kubernetes import client
+from playbook_run import PlaybookRun, lab_inventory, run_playbook
+
+GPU = "nvidia.com/gpu"
+MIG_1G = "nvidia.com/mig-1g.10gb"
+SERVICE = "gpuops-device-plugin"
+PART_OF = "test-site-mig"
+ISLANDS = ({0, 1, 2, 3}, {4, 5, 6, 7})
+# GPUs 0-3 keep seven 1g.10gb each, GPUs 4-7 turn MIG off: the mixed layout changes one island only.
+LAB_MIXED = {
+    "version": "v1",
+    "mig-configs": {
+        "lab-mixed": [
+            {"devices": [0, 1, 2, 3], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+            {"devices": [4, 5, 6, 7], "mig-enabled": False},
+        ]
+    },
+}
+# The tenth nvmlDeviceCreateGpuInstance of the write fails (NVML_ERROR_UNKNOWN): GPU 0 has its seven, GPU 1 two.
+FAULT = {"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:999@10"}
+# An NVML client the collection does not own (a monitoring agent), as a transient unit in the node.
+HOLDER = "gpuops-test-nvml-holder"
+HOLD = "import time, pynvml; pynvml.nvmlInit(); time.sleep(3600)"
+# The node's MIG layout as NVML reports it (the node's python3-pynvml on the mock library).
+LAYOUT_SCRIPT = r"""
+import json
+import pynvml as nvml
+
+def text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+nvml.nvmlInit()
+gpus = []
+for index in range(nvml.nvmlDeviceGetCount()):
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    current, pending = nvml.nvmlDeviceGetMigMode(handle)
+    devices = []
+    if current:
+        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except nvml.NVMLError:
+                continue
+            devices.append({"uuid": text(nvml.nvmlDeviceGetUUID(mig)),
+                            "profile": text(nvml.nvmlDeviceGetName(mig)).rsplit(" ", 1)[-1]})
+    gpus.append({"index": index, "uuid": text(nvml.nvmlDeviceGetUUID(handle)), "mig": [current, pending],
+                 "devices": devices})
+nvml.nvmlShutdown()
+print(json.dumps(gpus))
+"""
+
+
+@dataclass
+class Step:
+    """One site.yml run to a config, and what was seen around it."""
+
+    config: str
+    first: PlaybookRun
+    second: PlaybookRun | None
+    layout: list[dict[str, Any]]
+    labels: dict[str, str]
+    allocatable: dict[str, str]
+    plugin_active: str
+    pods_before: dict[str, str] = field(default_factory=dict)  # pod name -> uid
+    pods_after: dict[str, str | None] = field(default_factory=dict)  # pod name -> uid, None when gone
+
+
+@dataclass
+class Flow:
+    lab: Lab
+    node: str
+    inventory: Path
+    base_vars: Path
+    setup: PlaybookRun | None = None
+
+
+def layout(lab: Lab, node: str) -> list[dict[str, Any]]:
+    return json.loads(lab.node_exec(node, "python3", "-c", LAYOUT_SCRIPT).stdout)
+
+
+def summary(gpus: list[dict[str, Any]]) -> list[tuple[bool, dict[str, int]]]:
+    """Per GPU: MIG mode on (current and pending alike, else it fails) and its profile counts."""
+    assert all(g["mig"][0] == g["mig"][1] for g in gpus), gpus
+    return [(bool(g["mig"][0]), dict(Counter(d["profile"] for d in g["devices"]))) for g in gpus]
+
+
+OFF = (False, {})
+SEVEN = (True, {"1g.10gb": 7})
+
+
+def mig_labels(lab: Lab, node: str) -> dict[str, str]:
+    labels = lab.node(node).metadata.labels or {}
+    return {k: v for k, v in labels.items() if k.startswith("nvidia.com/mig.config")}
+
+
+def resources(lab: Lab, node: str) -> dict[str, int]:
+    allocatable = lab.allocatable(node)
+    return {name: int(allocatable.get(name, "0")) for name in (GPU, MIG_1G)}
+
+
+def pod_uid(lab: Lab, name: str) -> str | None:
+    """The pod's uid while it exists and is not being deleted."""
+    try:
+        pod = lab.core.read_namespaced_pod(name, "default")
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return None if pod.metadata.deletion_timestamp else pod.metadata.uid
+
+
+def gpu_pod(name: str, node: str, resource: str, count: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": PART_OF}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "automountServiceAccountToken": False,
+            "dnsPolicy": "Default",
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "gpu",
+                    "image": PAUSE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "resources": {"limits": {resource: str(count)}},
+                }
+            ],
+        },
+    }
+
+
+def start_pod(lab: Lab, manifest: dict[str, Any]) -> str:
+    """Create the pod, wait until it runs, return its uid."""
+    name = manifest["metadata"]["name"]
+    lab.core.create_namespaced_pod("default", manifest)
+    pod = lab.wait_until(
+        f"pod {name} Running",
+        lambda: (p := lab.core.read_namespaced_pod(name, "default")).status.phase == "Running" and p,
+        timeout=180,
+    )
+    return pod.metadata.uid
+
+
+def pod_gpus(lab: Lab, node: str, uid: str, resource: str, gpus: list[dict[str, Any]]) -> set[int]:
+    """The indexes of the GPUs whose devices the kubelet gave the pod (its device-manager checkpoint)."""
+    parent = {d["uuid"]: g["index"] for g in gpus for d in g["devices"]}
+    parent.update({g["uuid"]: g["index"] for g in gpus})
+    return {parent[device] for device in lab.checkpoint_devices(node, uid, resource)}
+
+
+def task_position(run: PlaybookRun, task: str, outcome: str = "changed") -> int | None:
+    """Where in the output the task (by its name in the nvidia_mig role) reported OUTCOME, None if it did not."""
+    header = f"TASK [gpuops.k8s.nvidia_mig : {task}]"
+    at = run.output.find(header)
+    while at >= 0:
+        following = run.output[at:].split("\nTASK [", 1)[0]
+        if f"\n{outcome}:" in following:
+            return at
+        at = run.output.find(header, at + 1)
+    return None
+
+
+class Runner:
+    """site.yml on the node with the flow's variables and a step's own."""
+
+    def __init__(self, flow: Flow) -> None:
+        self.flow = flow
+
+    def run(self, *args: str, **step_vars: Any) -> PlaybookRun:
+        done = run_playbook(
+            "site.yml",
+            self.flow.inventory,
+            "-e",
+            json.dumps(step_vars),
+            *args,
+            extra_vars=self.flow.base_vars,
+            limit=self.flow.node,
+        )
+        print(f"site.yml {json.dumps(step_vars)} {' '.join(args)}: rc {done.returncode}, {done.seconds:.0f}s")
+        return done
+
+    def step(
+        self, config: str, pods: dict[str, str], wanted: dict[str, int] | None, twice: bool = True, **extra: Any
+    ) -> Step:
+        lab, node = self.flow.lab, self.flow.node
+        first = self.run(gpu_mig_config=config, **extra)
+        if wanted is not None:
+            lab.wait_until(f"{node} allocatable {wanted}", lambda: resources(lab, node) == wanted, timeout=120)
+        second = self.run(gpu_mig_config=config, **extra) if twice and first.returncode == 0 else None
+        return Step(
+            config=config,
+            first=first,
+            second=second,
+            layout=layout(lab, node),
+            labels=mig_labels(lab, node),
+            allocatable=lab.allocatable(node),
+            plugin_active=lab.node_exec(node, "systemctl", "is-active", SERVICE, check=False).stdout.strip(),
+            pods_before=dict(pods),
+            pods_after={name: pod_uid(lab, name) for name in pods},
+        )
+
+
+@pytest.fixture(scope="module")
+def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
+    """The first node converged by site.yml with MIG off (all-disabled), the plugin in systemd mode serving MIG
+    devices as their own resources (migStrategy mixed), and GPU facts read through NVML."""
+    node = lab.nodes[0]
+    work = tmp_path_factory.mktemp("site-mig")
+    inventory = lab_inventory(work / "inventory.yml")
+    base_vars = work / "vars.yml"
+    base_vars.write_text(
+        yaml.safe_dump(
+            {
+                "gpuops_simulate_from": "",
+                "device_plugin_config": {"version": "v1", "flags": {"migStrategy": "mixed"}},
+            }
+        )
+    )
+    flow = Flow(lab, node, inventory, base_vars)
+    flow.setup = Runner(flow).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
+    yield flow
+    lab.core.delete_collection_namespaced_pod("default", label_selector=f"app.kubernetes.io/part-of={PART_OF}")
+
+
+@pytest.fixture(scope="module")
+def failed(flow: Flow) -> Step:
+    """all-1g.10gb with a fault injected half-way into the write."""
+    assert flow.setup is not None and flow.setup.returncode == 0, flow.setup and flow.setup.summary()
+    # The plugin serves the old layout again: eight whole GPUs.
+    return Runner(flow).step("all-1g.10gb", {}, {GPU: 8, MIG_1G: 0}, twice=False, nvidia_mig_environment=FAULT)
+
+
+@pytest.fixture(scope="module")
+def held(flow: Flow, failed: Step) -> Step:
+    """all-1g.10gb while an NVML client the collection does not own keeps every MIG mode change pending: the
+    write leaves the GPUs waiting for a reset, and the reset (the lab's double of nvidia-smi --gpu-reset) is
+    refused as nvidia-smi refuses it."""
+    lab, node = flow.lab, flow.node
+    lab.node_exec(node, "systemd-run", f"--unit={HOLDER}", "python3", "-c", HOLD)
+    lab.wait_until(
+        "the NVML client to have NVML open",
+        lambda: lab.node_exec(node, "systemctl", "is-active", HOLDER, check=False).stdout.strip() == "active",
+    )
+    try:
+        return Runner(flow).step("all-1g.10gb", {}, {GPU: 8, MIG_1G: 0}, twice=False)
+    finally:
+        lab.node_exec(node, "systemctl", "stop", HOLDER, check=False)
+
+
+@pytest.fixture(scope="module")
+def check_run(flow: Flow, held: Step) -> Step:
+    """`site.yml --check` to all-1g.10gb, with a pod holding four GPUs."""
+    pods = {"whole-a": start_pod(flow.lab, gpu_pod("whole-a", flow.node, GPU, 4))}
+    runner = Runner(flow)
+    check = runner.run("--check", gpu_mig_config="all-1g.10gb")
+    lab, node = flow.lab, flow.node
+    return Step(
+        "all-1g.10gb",
+        check,
+        None,
+        layout(lab, node),
+        mig_labels(lab, node),
+        lab.allocatable(node),
+        lab.node_exec(node, "systemctl", "is-active", SERVICE, check=False).stdout.strip(),
+        pods,
+        {name: pod_uid(lab, name) for name in pods},
+    )
+
+
+@pytest.fixture(scope="module")
+def all_1g(flow: Flow, check_run: Step) -> Step:
+    """none -> all-1g.10gb: every GPU changes, so the pod holding four of them goes first."""
+    return Runner(flow).step("all-1g.10gb", check_run.pods_before, {GPU: 0, MIG_1G: 56})
+
+
+@pytest.fixture(scope="module")
+def mixed(flow: Flow, all_1g: Step) -> tuple[Step, dict[str, set[int]]]:
+    """all-1g.10gb -> lab-mixed, with two pods of 28 MIG devices each: the plugin's preferred allocation puts
+    each on one NVLink island (returned: pod name -> its GPUs). Only GPUs 4-7 change."""
+    lab, node = flow.lab, flow.node
+    gpus = layout(lab, node)
+    pods, where = {}, {}
+    for name in ("mig-a", "mig-b"):
+        pods[name] = start_pod(lab, gpu_pod(name, node, MIG_1G, 28))
+        where[name] = pod_gpus(lab, node, pods[name], MIG_1G, gpus)
+    step = Runner(flow).step("lab-mixed", pods, {GPU: 4, MIG_1G: 28}, nvidia_mig_config=LAB_MIXED)
+    return step, where
+
+
+@pytest.fixture(scope="module")
+def none_again(flow: Flow, mixed: tuple[Step, dict[str, set[int]]]) -> tuple[Step, dict[str, set[int]]]:
+    """lab-mixed -> all-disabled, with a pod on four whole GPUs (4-7, the only whole ones) beside the MIG pod that
+    stayed on 0-3. Only GPUs 0-3 change."""
+    lab, node = flow.lab, flow.node
+    step, where = mixed
+    staying = {name: uid for name, uid in step.pods_after.items() if uid is not None}
+    pods = dict(staying)
+    pods["whole-b"] = start_pod(lab, gpu_pod("whole-b", node, GPU, 4))
+    where = {name: where[name] for name in staying}
+    where["whole-b"] = pod_gpus(lab, node, pods["whole-b"], GPU, layout(lab, node))
+    return Runner(flow).step("all-disabled", pods, {GPU: 8, MIG_1G: 0}), where
+
+
+@pytest.fixture(scope="module")
+def dra(flow: Flow, none_again: tuple[Step, dict[str, set[int]]]) -> Iterator[tuple[Step, list[dict[str, Any]]]]:
+    """The node moved to DRA allocation with MIG off, then all-disabled -> all-1g.10gb there, with a pod whose
+    ResourceClaim holds a whole GPU. Returns the step and the DRA slice's devices after it."""
+    lab, node = flow.lab, flow.node
+    runner = Runner(flow)
+    switch = runner.run(gpu_mig_config="all-disabled", gpu_allocation_mode="dra")
+    assert switch.returncode == 0, switch.summary()
+    objects = client.CustomObjectsApi(lab.api)
+    template = f"one-gpu-{uuid.uuid4().hex[:6]}"
+    objects.create_namespaced_custom_object(
+        *RESOURCE, "default", "resourceclaimtemplates", claim_template(template, 1, "40Gi")
+    )
+    manifest = pod_manifest("dra-a", node, claim_template=template)
+    manifest["metadata"]["labels"] = {"app.kubernetes.io/part-of": PART_OF}
+    pods = {"dra-a": start_pod(lab, manifest)}
+    step = runner.step("all-1g.10gb", pods, None, gpu_allocation_mode="dra")
+    devices = lab.wait_until(
+        "the DRA slice's 56 MIG devices",
+        lambda: len(found := list(published(lab, node).values())) == 56 and found,
+        timeout=120,
+    )
+    yield step, devices
+    objects.delete_namespaced_custom_object(*RESOURCE, "default", "resourceclaimtemplates", template)
+    # Back to device-plugin allocation with MIG off, as the module found the node.
+    back = runner.run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
+    assert back.returncode == 0, back.summary()
+
+
+def succeeded_twice(step: Step) -> None:
+    assert step.first.returncode == 0, step.first.summary()
+    assert step.first.changed > 0, step.first.summary()
+    assert step.second is not None and step.second.returncode == 0, step.second and step.second.summary()
+    assert step.second.changed == 0, (step.second.changed_tasks(), step.second.summary())
+
+
+def evicted_before_the_write(step: Step) -> None:
+    evicted = task_position(step.first, "Evict those pods")
+    written = task_position(step.first, "Write the MIG layout")
+    assert evicted is not None and written is not None and evicted < written, step.first.summary()
+
+
+# --- the setup, and a failure half-way ------------------------------------------------------------------
+def test_the_node_starts_with_mig_off(flow: Flow) -> None:
+    assert flow.setup is not None and flow.setup.returncode == 0, flow.setup and flow.setup.summary()
+    assert summary(layout(flow.lab, flow.node)) == [OFF] * 8
+    assert mig_labels(flow.lab, flow.node) == {
+        "nvidia.com/mig.config": "all-disabled",
+        "nvidia.com/mig.config.state": "success",
+    }
+
+
+def test_a_layout_failing_half_way_is_rolled_back(failed: Step) -> None:
+    assert failed.first.returncode != 0
+    out = failed.first.output
+    assert "did not take MIG config all-1g.10gb" in out, failed.first.summary()
+    assert "Unknown Error" in out, failed.first.summary()
+    assert "are back to the layout they had" in out, failed.first.summary()
+    # The GPUs the write touched before the fault (0 with seven devices, 1 with two) have MIG off again.
+    assert summary(failed.layout) == [OFF] * 8
+    assert failed.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "failed"}
+    # The plugin runs again and serves the old layout.
+    assert failed.plugin_active == "active"
+    assert int(failed.allocatable.get(GPU, "0")) == 8
+    assert int(failed.allocatable.get(MIG_1G, "0")) == 0
+
+
+def test_the_lab_gpu_reset_double_refuses_while_the_plugin_has_nvml_open(flow: Flow, failed: Step) -> None:
+    reset = flow.lab.node_exec(flow.node, "/usr/local/sbin/gpuops-lab-gpu-reset", failed.layout[0]["uuid"], check=False)
+    assert reset.returncode == 1
+    assert reset.stderr.strip() == f"Unable to reset GPU {failed.layout[0]['uuid']}: In use by another client"
+
+
+def test_a_mode_change_another_nvml_client_holds_is_reset_or_rolled_back(held: Step) -> None:
+    assert held.first.returncode != 0
+    out = held.first.output
+    # Every GPU waited for a reset; the role reset the first with the lab's double, which refused.
+    assert task_position(held.first, "Write the MIG layout") is not None, held.first.summary()
+    assert (
+        f"gpuops-lab-gpu-reset {held.layout[0]['uuid']} exited 1: Unable to reset GPU {held.layout[0]['uuid']}:"
+        " In use by another client" in " ".join(out.split())
+    ), held.first.summary()
+    # MIG mode is off again and nothing is pending (summary() fails on a pending mode).
+    assert summary(held.layout) == [OFF] * 8
+    assert held.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "failed"}
+    assert held.plugin_active == "active"
+
+
+# --- none -> all-1g.10gb ----------------------------------------------------------------------------------
+def test_check_mode_evicts_nothing_and_writes_nothing(check_run: Step) -> None:
+    assert check_run.first.returncode == 0, check_run.first.summary()
+    assert task_position(check_run.first, "Write the MIG layout") is not None, check_run.first.summary()
+    assert summary(check_run.layout) == [OFF] * 8
+    assert check_run.pods_after == check_run.pods_before
+    assert check_run.plugin_active == "active"
+    assert check_run.labels["nvidia.com/mig.config.state"] == "failed"
+
+
+def test_all_1g_10gb_partitions_every_gpu_and_the_plugin_serves_56_mig_devices(all_1g: Step) -> None:
+    succeeded_twice(all_1g)
+    assert summary(all_1g.layout) == [SEVEN] * 8
+    assert int(all_1g.allocatable[MIG_1G]) == 56
+    assert int(all_1g.allocatable.get(GPU, "0")) == 0
+    assert all_1g.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
+    assert all_1g.plugin_active == "active"
+
+
+def test_all_1g_10gb_evicts_the_pod_on_the_gpus_first(all_1g: Step) -> None:
+    assert all_1g.pods_after == {"whole-a": None}
+    evicted_before_the_write(all_1g)
+
+
+# --- all-1g.10gb -> lab-mixed: GPUs 4-7 change, 0-3 keep their MIG devices -----------------------------------
+def test_each_mig_pod_has_an_island(mixed: tuple[Step, dict[str, set[int]]]) -> None:
+    _step, where = mixed
+    assert sorted(sorted(gpus) for gpus in where.values()) == [[0, 1, 2, 3], [4, 5, 6, 7]], where
+
+
+def test_lab_mixed_changes_only_gpus_4_to_7(mixed: tuple[Step, dict[str, set[int]]]) -> None:
+    step, _where = mixed
+    succeeded_twice(step)
+    assert summary(step.layout) == [SEVEN] * 4 + [OFF] * 4
+    assert int(step.allocatable[MIG_1G]) == 28 and int(step.allocatable[GPU]) == 4
+    assert step.labels == {"nvidia.com/mig.config": "lab-mixed", "nvidia.com/mig.config.state": "success"}
+
+
+def test_lab_mixed_keeps_the_pod_on_0_to_3_and_evicts_the_one_on_4_to_7(
+    mixed: tuple[Step, dict[str, set[int]]],
+) -> None:
+    step, where = mixed
+    for name, gpus in where.items():
+        if gpus <= ISLANDS[0]:
+            assert step.pods_after[name] == step.pods_before[name], (name, step.pods_after)
+        else:
+            assert step.pods_after[name] is None, (name, step.pods_after)
+    evicted_before_the_write(step)
+
+
+# --- lab-mixed -> all-disabled: GPUs 0-3 change, 4-7 stay whole -----------------------------------------------
+def test_none_again_turns_mig_off(none_again: tuple[Step, dict[str, set[int]]]) -> None:
+    step, _where = none_again
+    succeeded_twice(step)
+    assert summary(step.layout) == [OFF] * 8
+    assert int(step.allocatable[GPU]) == 8 and int(step.allocatable.get(MIG_1G, "0")) == 0
+    assert step.labels == {"nvidia.com/mig.config": "all-disabled", "nvidia.com/mig.config.state": "success"}
+
+
+def test_none_again_keeps_the_pod_on_4_to_7_and_evicts_the_one_on_0_to_3(
+    none_again: tuple[Step, dict[str, set[int]]],
+) -> None:
+    step, where = none_again
+    assert where["whole-b"] == ISLANDS[1], where
+    assert step.pods_after["whole-b"] == step.pods_before["whole-b"]
+    evicted = [name for name in where if name != "whole-b"]
+    assert evicted and all(step.pods_after[name] is None for name in evicted), step.pods_after
+    evicted_before_the_write(step)
+
+
+# --- DRA: all-disabled -> all-1g.10gb --------------------------------------------------------------------
+def test_dra_slice_follows_the_layout(dra: tuple[Step, list[dict[str, Any]]]) -> None:
+    step, devices = dra
+    succeeded_twice(step)
+    assert summary(step.layout) == [SEVEN] * 8
+    kinds = Counter(
+        (d["attributes"]["type"]["string"], d["attributes"].get("migProfile", {}).get("string")) for d in devices
+    )
+    assert kinds == {("mig", "1g.10gb"): 56}, kinds
+    assert step.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
+
+
+def test_dra_evicts_the_pod_whose_claim_holds_a_gpu_that_changes(dra: tuple[Step, list[dict[str, Any]]]) -> None:
+    step, _devices = dra
+    assert step.pods_after == {"dra-a": None}
+    evicted_before_the_write(step)
