@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 import sys
@@ -89,6 +90,7 @@ def test_the_example_unit_is_the_unit_the_role_writes_with_its_defaults() -> Non
     install_dir = defaults["device_plugin_install_dir"]
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     environment.filters["quote"] = shlex.quote
+    environment.filters["dirname"] = os.path.dirname
     template = environment.from_string((ROLE / "templates" / "device-plugin.service.j2").read_text())
     # The arguments are the role's vars/main.yml expression evaluated for the defaults, written out here; the
     # comparison below checks them against the example's ExecStart option by option.
@@ -114,6 +116,7 @@ def test_the_example_unit_is_the_unit_the_role_writes_with_its_defaults() -> Non
         __device_plugin_args=args,
         device_plugin_kubelet_dir=defaults["device_plugin_kubelet_dir"],
         device_plugin_service_extra=defaults["device_plugin_service_extra"],
+        device_plugin_health_file=defaults["device_plugin_health_file"],
     )
     example = (PLUGIN / "gpu-device-plugin.service").read_text()
     role_lines, example_lines = unit_lines(rendered), unit_lines(example)
@@ -129,3 +132,19 @@ def test_the_example_inventory_logs_in_as_an_unprivileged_user() -> None:
     assert "unprivileged user with `sudo`" in readme
     assert inventory.get("ansible_user") not in (None, "root")
     assert not inventory.get("ansible_become")  # the playbooks become where they need to
+
+
+def test_the_xid_classes_page_is_the_table() -> None:
+    # docs/xid-classes.md shows the table of plugins/module_utils/_xid_classes.py row by row.
+    sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
+    try:
+        import _xid_classes as classes
+    finally:
+        sys.path.pop(0)
+    page = (REPO / "docs" / "xid-classes.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0].isdigit():
+            rows[int(cells[0])] = (cells[3].strip("`"), cells[2].strip("`"), cells[1])
+    assert rows == classes.TABLE

@@ -1,7 +1,7 @@
 """The device plugin as the roles ship it: the systemd mode's source archive (roles/device_plugin/files/
 pack_source.py) and the image reference the daemonset mode asks for by default.
 
-The daemon's package links to two of the collection's module_utils files (gpu_device_plugin/_shared,
+The daemon's package links to three of the collection's module_utils files (gpu_device_plugin/_shared,
 docs/architecture.md); the archive must carry the files themselves, or the node's copy would hold links
 pointing nowhere. The image build (files/device_plugin/build-image.sh) and the role must name the same
 image: the daemon-image tier checks that the built image carries the reference the script prints.
@@ -23,6 +23,7 @@ ROLE = os.path.join(REPO, "roles", "device_plugin")
 SHARED = {
     "src/gpu_device_plugin/_shared/simulated_spec.py": "plugins/module_utils/_simulated_spec.py",
     "src/gpu_device_plugin/_shared/gpu_discovery.py": "plugins/module_utils/_gpu_discovery.py",
+    "src/gpu_device_plugin/_shared/xid_classes.py": "plugins/module_utils/_xid_classes.py",
 }
 
 
@@ -82,16 +83,19 @@ def test_the_source_archive_installs_and_reads_a_spec(tmp_path):
     spec = os.path.join(REPO, "tests", "fixtures", "simulated", "a100-mig.yaml")
     code = (
         "import sys; from gpu_device_plugin import simspec; inv = simspec.load(sys.argv[1]); "
-        "print(simspec.__file__); print(inv.gpus[0].architecture, len(inv.gpus[0].mig_devices))"
+        "print(simspec.__file__); print(inv.gpus[0].architecture, len(inv.gpus[0].mig_devices)); "
+        "from gpu_device_plugin._shared import xid_classes; print(xid_classes.classify(79)[0])"
     )
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run(
         [sys.executable, "-c", code, spec], check=True, capture_output=True, text=True, env=env, cwd=tmp_path
     )
-    where, facts = out.stdout.splitlines()
+    where, facts, xid79 = out.stdout.splitlines()
     assert where.startswith(str(target))
     assert facts.split()[0] == "ampere" and int(facts.split()[1]) > 0
-    assert not os.path.islink(target / "gpu_device_plugin" / "_shared" / "gpu_discovery.py")
+    assert xid79 == "reboot"
+    for name in ("gpu_discovery.py", "xid_classes.py"):
+        assert not os.path.islink(target / "gpu_device_plugin" / "_shared" / name)
 
 
 def test_the_role_default_image_is_the_reference_the_build_script_tags():

@@ -559,3 +559,74 @@ def test_the_daemon_in_dra_mode_publishes_keeps_and_marks_its_node_slice(cluster
         daemon.wait(timeout=30)
         log.close()
     assert daemon.returncode == 0, (tmp_path / "daemon.log").read_text()
+
+
+# -- the Node condition GPUHealthy (gpu_device_plugin.faults through KubeApi.set_node_condition) -------------------
+def _conditions(cluster, node=NODE):
+    return {c.type: c for c in cluster["core"].read_node_status(node).status.conditions or []}
+
+
+def test_the_node_sets_its_own_gpu_condition_and_leaves_the_kubelets(cluster):
+    # The kubelet's condition, as an administrator writes it here (no kubelet runs).
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+        "lastHeartbeatTime": "2026-11-26T08:00:00Z",
+        "lastTransitionTime": "2026-11-26T08:00:00Z",
+    }
+    cluster["core"].patch_node_status(NODE, [{"op": "add", "path": "/status/conditions", "value": [ready]}])
+    api = KubeApi(cluster["node_kubeconfig"])
+    try:
+        healthy = {
+            "type": "GPUHealthy",
+            "status": "True",
+            "reason": "GPUsHealthy",
+            "message": "All 8 GPUs are healthy.",
+        }
+        assert api.set_node_condition(NODE, healthy) is True
+        first = _conditions(cluster)
+        assert set(first) == {"Ready", "GPUHealthy"}
+        assert (first["GPUHealthy"].status, first["GPUHealthy"].reason, first["GPUHealthy"].message) == (
+            "True",
+            "GPUsHealthy",
+            "All 8 GPUs are healthy.",
+        )
+        assert first["GPUHealthy"].last_heartbeat_time and first["GPUHealthy"].last_transition_time
+        assert api.set_node_condition(NODE, healthy) is False, "an unchanged condition is not written"
+
+        sick = {
+            "type": "GPUHealthy",
+            "status": "False",
+            "reason": "XID79",
+            "message": "GPU 1 (GPU-6f1c0a3e-0000-4000-8000-000000000002): class reboot, XID 79",
+        }
+        assert api.set_node_condition(NODE, sick) is True
+        assert api.set_node_condition(NODE, dict(sick, message=sick["message"] + "; GPU 2 too")) is True
+        now = _conditions(cluster)
+        assert (now["GPUHealthy"].status, now["GPUHealthy"].reason) == ("False", "XID79")
+        assert now["GPUHealthy"].message.endswith("; GPU 2 too")
+        # The kubelet's condition is as it was, and there is one GPUHealthy.
+        assert now["Ready"].to_dict() == first["Ready"].to_dict()
+        statuses = cluster["core"].read_node_status(NODE).status.conditions
+        assert [c.type for c in statuses].count("GPUHealthy") == 1
+    finally:
+        api.close()
+
+
+def test_a_node_may_not_set_another_nodes_condition(cluster):
+    api = KubeApi(cluster["node_kubeconfig"])
+    try:
+        with pytest.raises(KubeApiError) as refused:
+            api.set_node_condition(
+                OTHER, {"type": "GPUHealthy", "status": "True", "reason": "GPUsHealthy", "message": "x"}
+            )
+    finally:
+        api.close()
+    assert refused.value.status == 403
+    message = str(refused.value)
+    # Refused at the read (a node may read only its own Node) or at the patch.
+    assert message.startswith(("cannot get Node", "cannot set the condition")) and f"Node {OTHER}: " in message
+    assert "the API server answered 403 Forbidden" in message and "\n" not in message
+    assert "GPUHealthy" not in _conditions(cluster, OTHER)

@@ -191,6 +191,8 @@ def test_with_node_credentials_the_pod_uses_the_nodes_kubeconfig_on_the_hosts_ne
     assert container["args"][-2:] == ["--kubeconfig", "/etc/kubernetes/kubelet.conf"]
     assert {"name": "node-credentials", "mountPath": "/etc/kubernetes", "readOnly": True} in container["volumeMounts"]
     assert {"name": "node-credentials", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}} in pod["volumes"]
+    # With the node's identity the daemon sets the Node condition GPUHealthy.
+    assert not any(e["name"] == "GPU_DEVICE_PLUGIN_NODE_CONDITION" for e in container["env"])
 
 
 PROBE_TIMING = {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3}
@@ -361,7 +363,11 @@ def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rend
         "--cdi-dir",
         "/var/run/cdi",
     ]
-    assert container["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    assert container["env"] == [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        # The account may not patch Node status (NEIGHBOURS): no GPUHealthy condition without node credentials.
+        {"name": "GPU_DEVICE_PLUGIN_NODE_CONDITION", "value": "false"},
+    ]
     assert container["securityContext"] == {
         "runAsUser": 0,
         "runAsNonRoot": False,
@@ -372,11 +378,12 @@ def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rend
     }
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert set(volumes) == set(mounts) == {"plugins-registry", "plugin", "cdi", "config", "simulated-spec"}
+    assert set(volumes) == set(mounts) == {"plugins-registry", "plugin", "cdi", "config", "simulated-spec", "health"}
     for name, path in (
         ("plugins-registry", "/var/lib/kubelet/plugins_registry"),
         ("plugin", f"/var/lib/kubelet/plugins/{DRIVER}"),
         ("cdi", "/var/run/cdi"),
+        ("health", "/var/lib/gpuops"),  # the GPU health file's directory, which gpu_faults reads on the node
     ):
         # The same path in the pod as on the host: the endpoint the driver gives the kubelet is a host path.
         assert volumes[name]["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}, name

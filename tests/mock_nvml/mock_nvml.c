@@ -1551,6 +1551,46 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int 
     return end(NVML_SUCCESS);
 }
 
+/* Field values (nvml.h's nvmlFieldValue_t): none is implemented yet; each answers NVML_ERROR_NOT_SUPPORTED in
+ * its own nvmlReturn, as a driver does for a field it does not know, and the call itself succeeds. */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
+{
+    ENTER("nvmlDeviceGetFieldValues");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_device(device, &gpu);
+    if (rc)
+        return rc;
+    if (valuesCount < 0 || (valuesCount > 0 && values == NULL))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < valuesCount; i++) {
+        values[i].timestamp = 0;
+        values[i].latencyUsec = 0;
+        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        values[i].value.ullVal = 0;
+    }
+    return end(NVML_SUCCESS);
+}
+
 /* ---- topology and NVLink ------------------------------------------------------------------------ */
 EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t first, nvmlDevice_t second, int *level)
 {

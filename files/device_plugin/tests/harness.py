@@ -52,6 +52,8 @@ def make_config(
         "simulated_spec": spec,
         "kubelet_socket": kubelet_socket,
         "metrics_address": "",
+        # Tests never write the node's own health file; those about it name one in tmp_path.
+        "health_file": "off",
     }
     flags.update(values)
     return config.resolve(flags, env or {})
@@ -59,9 +61,16 @@ def make_config(
 
 class DaemonThread:
     def __init__(
-        self, settings: config.Config, nvml: Any = None, reload_config: Any = None, api_side: Any = None
+        self,
+        settings: config.Config,
+        nvml: Any = None,
+        reload_config: Any = None,
+        api_side: Any = None,
+        conditions_side: Any = None,
     ) -> None:
-        extra = {"api_side": api_side} if api_side is not None else {}
+        extra: dict[str, Any] = {"api_side": api_side} if api_side is not None else {}
+        if conditions_side is not None:
+            extra["conditions_side"] = conditions_side
         self.daemon = Daemon(settings, reload_config=reload_config, nvml=nvml, install_signal_handlers=False, **extra)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.exit_code: Optional[int] = None
@@ -121,6 +130,7 @@ def start_subprocess(args: list[str], env_extra: Optional[dict[str, str]] = None
     # The installed package is on the interpreter's own path; the source tree has to be added.
     paths = ["" if INSTALLED else SRC, extra.pop("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env["GPU_DEVICE_PLUGIN_HEALTH_FILE"] = "off"  # never the node's own; a test may name one in env_extra
     env.update(extra)
     return subprocess.Popen(
         [sys.executable, "-m", "gpu_device_plugin", *args],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 from gpu_device_plugin import simspec
@@ -31,6 +32,7 @@ NVML_TOPOLOGY_SYSTEM = 50
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
 nvmlEventTypeXidCriticalError = 0x8
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 
 _MESSAGES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -96,6 +98,7 @@ class PynvmlDouble:
         self.init_calls = 0
         self.initialized = False
         self.lost: set[str] = set()
+        self.recovery_actions: dict[str, int] = {}  # what NVML_FI_DEV_GET_GPU_RECOVERY_ACTION answers, per GPU
         self._events: queue.Queue[Any] = queue.Queue()
         self._handles = {g.uuid: _Handle(g) for g in inventory.gpus}
         self._lock = threading.Lock()
@@ -108,7 +111,11 @@ class PynvmlDouble:
         return cls(simspec.load(path), init_fails)
 
     # -- what tests drive --------------------------------------------------------------------------
-    def inject_xid(self, uuid: str, xid: int) -> None:
+    def inject_xid(self, uuid: str, xid: int, recovery_action: Optional[int] = None) -> None:
+        """An XID event; with `recovery_action`, the GPU's recovery action field is that value from now on
+        (the driver sets it before it reports XID 154)."""
+        if recovery_action is not None:
+            self.recovery_actions[uuid] = recovery_action
         self._events.put(_Event(self._handles[uuid], nvmlEventTypeXidCriticalError, xid))
 
     def lose(self, uuid: str) -> None:
@@ -229,6 +236,21 @@ class PynvmlDouble:
         if ga.numa_node is not None and ga.numa_node == gb.numa_node:
             return NVML_TOPOLOGY_NODE
         return NVML_TOPOLOGY_SYSTEM
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> list[Any]:
+        gpu = self._gpu(handle)
+        values = []
+        for field_id in field_ids:
+            action = self.recovery_actions.get(gpu.uuid)
+            known = field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and action is not None
+            values.append(
+                SimpleNamespace(
+                    fieldId=field_id,
+                    nvmlReturn=0 if known else NVML_ERROR_NOT_SUPPORTED,
+                    value=SimpleNamespace(uiVal=action if known else 0),
+                )
+            )
+        return values
 
     def nvmlEventSetCreate(self) -> object:
         self._ready()

@@ -28,7 +28,11 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 MODULE_UTILS = os.path.join(REPO, "plugins", "module_utils")
 VALID = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "simulated", "*.yaml")))
 INVALID = sorted(glob.glob(os.path.join(REPO, "tests", "unit", "fixtures", "simulated-invalid", "*.yaml")))
-SHARED = {"simulated_spec.py": "_simulated_spec.py", "gpu_discovery.py": "_gpu_discovery.py"}
+SHARED = {
+    "simulated_spec.py": "_simulated_spec.py",
+    "gpu_discovery.py": "_gpu_discovery.py",
+    "xid_classes.py": "_xid_classes.py",
+}
 
 
 def _collection_module(name: str) -> ModuleType:

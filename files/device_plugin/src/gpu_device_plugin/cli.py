@@ -97,6 +97,11 @@ def add_daemon_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--metrics-address", help="HOST:PORT for /metrics and /healthz; empty turns it off")
     p.add_argument(
+        "--health-file",
+        help=f"where the GPUs' health, XIDs and classes go (default {config.DEFAULT_HEALTH_FILE}; off: nowhere)",
+    )
+    p.add_argument("--alert-webhook", help="URL to POST a GPU's class to when it rises above device (default: none)")
+    p.add_argument(
         "--allocation-mode",
         choices=config.ALLOCATION_MODES,
         help="device-plugin (default): the device-plugin API; dra: a DRA kubelet plugin instead",

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
+from gpu_device_plugin._shared import xid_classes
 from gpu_device_plugin.dra.devices import DEFAULT_DRIVER_NAME
 
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -20,6 +21,7 @@ LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri", "mou
 ID_STRATEGIES = ("uuid", "index")
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 ALLOCATION_MODES = ("device-plugin", "dra")
+DEFAULT_HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -104,6 +106,17 @@ class Config:
     cdi_dir: str = "/var/run/cdi"
     node_name: str = ""
     kubeconfig: str = ""  # empty: the in-cluster service account
+    # GPU faults (faults.py): the node-local health file ("" or "off": none), the XID classes of the user's
+    # own as (xid, class) pairs over the collection's table, the Node condition GPUHealthy where the daemon
+    # has API credentials, and the alert webhook ("" : none).
+    health_file: str = DEFAULT_HEALTH_FILE
+    xid_classes: tuple[tuple[int, str], ...] = ()
+    node_condition: bool = True
+    alert_webhook: str = ""
+
+    @property
+    def xid_overrides(self) -> dict[int, str]:
+        return dict(self.xid_classes)
 
     @property
     def plugin_dir(self) -> str:
@@ -149,6 +162,9 @@ _ENV = (
     ("node_name", "NODE_NAME", "str"),
     ("kubeconfig", "GPU_DEVICE_PLUGIN_KUBECONFIG", "str"),
     ("container_driver_root", "CONTAINER_DRIVER_ROOT", "str"),
+    ("health_file", "GPU_DEVICE_PLUGIN_HEALTH_FILE", "str"),
+    ("node_condition", "GPU_DEVICE_PLUGIN_NODE_CONDITION", "bool"),
+    ("alert_webhook", "GPU_DEVICE_PLUGIN_ALERT_WEBHOOK", "str"),
 )
 
 
@@ -318,12 +334,21 @@ class _FileReader:
             "cdiDir": ("cdi_dir", "str"),
             "nodeName": ("node_name", "str"),
             "kubeconfig": ("kubeconfig", "str"),
+            "healthFile": ("health_file", "str"),
+            "nodeCondition": ("node_condition", "bool"),
+            "alertWebhook": ("alert_webhook", "str"),
         }
-        section = self.mapping(data, "gpuops", set(keys) | {"mounts"})
-        out = {}
+        section = self.mapping(data, "gpuops", set(keys) | {"mounts", "xidClasses"})
+        out: dict[str, Any] = {}
         for key, (attr, kind) in keys.items():
             if key in section:
                 out[attr] = _convert(section[key], kind, f"{self.path}: gpuops.{key}")
+        if "xidClasses" in section:
+            try:
+                parsed = xid_classes.parse_overrides(section["xidClasses"] or {}, f"{self.path}: gpuops.xidClasses")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            out["xid_classes"] = tuple(sorted(parsed.items()))
         mount_keys = {
             "driverRoot": ("driver_root", "str"),
             "devRoot": ("dev_root", "str"),
@@ -385,5 +410,9 @@ def _validate(config: Config) -> None:
             f"driver name must be a lowercase DNS subdomain of at most 63 characters with a dot"
             f" (gpu.example.com), not {config.driver_name!r}."
         )
+    if config.health_file not in ("", "off") and not os.path.isabs(config.health_file):
+        raise ConfigError(f"healthFile must be an absolute path or off, not {config.health_file!r}.")
+    if config.alert_webhook and not re.match(r"^https?://[^/\s]+", config.alert_webhook):
+        raise ConfigError(f"alertWebhook must be an http:// or https:// URL, not {config.alert_webhook!r}.")
     if config.allocation_mode == "dra" and not config.node_name:
         raise ConfigError("dra allocation mode needs the node's name (--node-name or the NODE_NAME variable).")

@@ -19,6 +19,7 @@ from gpu_device_plugin import allocation, hostdriver
 from gpu_device_plugin.config import Config, ConfigError
 from gpu_device_plugin.discovery import BackendError, NvmlBackend, make_backend
 from gpu_device_plugin.dra.node import ApiSide, DraNode, default_api_side
+from gpu_device_plugin.faults import FaultReporter, NodeConditions, default_conditions
 from gpu_device_plugin.health import HealthTracker, NvmlEventWatcher, policy_from
 from gpu_device_plugin.metrics import HttpEndpoint, Metrics
 from gpu_device_plugin.registration import DevicePluginNode
@@ -66,9 +67,12 @@ class Daemon:
         nvml: Any = None,
         install_signal_handlers: bool = True,
         api_side: ApiSide = default_api_side,
+        conditions_side: Callable[[Config], Optional[NodeConditions]] = default_conditions,
     ) -> None:
         self.config = config
         self.api_side = api_side
+        self.conditions_side = conditions_side
+        self.faults: Optional[FaultReporter] = None
         self.node: Optional[KubeletPlugin] = None
         self.reload_config = reload_config
         self.nvml = nvml
@@ -90,7 +94,11 @@ class Daemon:
         self.ready = asyncio.Event()
         self.state = DeviceState(self.config, HealthTracker(self._policy(self.config)), self.metrics)
         node = self.node = self._kubelet_plugin()
+        # Before the backend: its first inventory is the health file's first content.
+        self.faults = FaultReporter(self.config, self.state, self.metrics, self.conditions_side(self.config))
+        self.faults.start()
         if not await self._start_backend():
+            self.faults.stop()
             return 1
         if self.config.metrics_address:
             self._http = HttpEndpoint(self.config.metrics_address, self.metrics, self.healthz, self.readyz)
@@ -122,6 +130,8 @@ class Daemon:
     def _release(self) -> None:
         if self._retry_task is not None:
             self._retry_task.cancel()
+        if self.faults is not None:
+            self.faults.stop()
         self._stop_backend()
         if self._http is not None:
             self._http.stop()
@@ -129,7 +139,12 @@ class Daemon:
     # -- backend -------------------------------------------------------------------------------
     def _policy(self, config: Config) -> Any:
         try:
-            return policy_from(config.disable_healthchecks, config.enable_healthchecks, config.health_recovery_seconds)
+            return policy_from(
+                config.disable_healthchecks,
+                config.enable_healthchecks,
+                config.health_recovery_seconds,
+                config.xid_overrides,
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -187,7 +202,7 @@ class Daemon:
             self._events = NvmlEventWatcher(
                 backend.nvml,
                 [g.uuid for g in backend.snapshot().gpus],
-                lambda uuid, xid: loop.call_soon_threadsafe(state.on_xid, uuid, xid),
+                lambda uuid, xid, data=None: loop.call_soon_threadsafe(state.on_xid, uuid, xid, True, data),
                 lambda uuid: loop.call_soon_threadsafe(state.on_lost, uuid),
                 back=lambda uuid: loop.call_soon_threadsafe(state.on_back, uuid),
             )
@@ -218,6 +233,8 @@ class Daemon:
             log.error("SIGHUP: %s", refusal)
             return
         await self.node.reload(config, policy, builder, self._adopt_config)
+        if self.faults is not None:
+            self.faults.configure(config)
 
     async def _adopt_config(self, config: Config) -> bool:
         """Make `config` the daemon's, with a new backend if its settings changed; False (and the daemon

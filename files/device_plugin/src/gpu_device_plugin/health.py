@@ -11,14 +11,20 @@ import ctypes
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+
+from gpu_device_plugin._shared import xid_classes
 
 log = logging.getLogger(__name__)
 
-# XIDs that point at the application, not the GPU (NVIDIA's default list).
-DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+# XIDs that point at the application, not the GPU (NVIDIA's default list): the XIDs of class `none` in the
+# collection's table (_shared/xid_classes.py), so the daemon's health and the remediation classes agree.
+DEFAULT_IGNORED_XIDS = xid_classes.ignored_xids()
 XID_FALLEN_OFF_BUS = 79
+# How many XIDs a GPU keeps (the health file's `xids`), the latest ones.
+KEPT_XIDS = 16
+LOST = "fell off the bus"
 
 
 @dataclass(frozen=True)
@@ -27,9 +33,21 @@ class HealthPolicy:
     xids_enabled: bool = True
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     recovery_seconds: Optional[float] = None
+    # The user's XID classes over the collection's table (xidClasses): {xid: class}.
+    classes: dict[int, str] = field(default_factory=dict, hash=False, compare=False)
 
     def is_critical(self, xid: int) -> bool:
         return self.enabled and self.xids_enabled and xid not in self.ignored_xids
+
+    def classify(self, xid: int, data: Optional[str] = None) -> tuple[str, str]:
+        """(class, reason) as the daemon acts on it: `none` for an XID it ignores, at least `device` for one
+        that makes the GPU Unhealthy (an XID of class none made critical by DP_ENABLE_HEALTHCHECKS)."""
+        name, reason = xid_classes.classify(xid, data, self.classes)
+        if not self.is_critical(xid):
+            return "none", reason if name == "none" else f"{reason}; the daemon's health checks ignore it"
+        if name == "none":
+            return "device", f"{reason}; the daemon's health checks count it"
+        return name, reason
 
 
 def _xid_list(text: str, variable: str) -> set[int]:
@@ -46,23 +64,27 @@ def _xid_list(text: str, variable: str) -> set[int]:
     return out
 
 
-def policy_from(disable: str, enable: str, recovery_seconds: Optional[float]) -> HealthPolicy:
-    """Read DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS.
+def policy_from(
+    disable: str, enable: str, recovery_seconds: Optional[float], classes: Optional[dict[int, str]] = None
+) -> HealthPolicy:
+    """Read DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS over the XID classes.
 
-    disable: `all` (no health checks), `xids` (no XID checks), or XIDs to ignore on top of the
-    defaults. enable: `all`/`xids` (no XID is ignored, not even the defaults), or XIDs to treat as
-    critical although the default list ignores them."""
+    The XIDs ignored by default are those of class `none` (with `classes`, the user's overrides, merged
+    over the collection's table). disable: `all` (no health checks), `xids` (no XID checks), or XIDs to
+    ignore on top of the defaults. enable: `all`/`xids` (no XID is ignored, not even the defaults), or
+    XIDs to treat as critical although the default list ignores them."""
+    classes = dict(classes or {})
     disable, enable = disable.strip().lower(), enable.strip().lower()
     if disable == "all":
-        return HealthPolicy(enabled=False, recovery_seconds=recovery_seconds)
+        return HealthPolicy(enabled=False, recovery_seconds=recovery_seconds, classes=classes)
     if disable == "xids":
-        return HealthPolicy(xids_enabled=False, recovery_seconds=recovery_seconds)
-    ignored = set(DEFAULT_IGNORED_XIDS) | _xid_list(disable, "DP_DISABLE_HEALTHCHECKS")
+        return HealthPolicy(xids_enabled=False, recovery_seconds=recovery_seconds, classes=classes)
+    ignored = set(xid_classes.ignored_xids(classes)) | _xid_list(disable, "DP_DISABLE_HEALTHCHECKS")
     if enable in ("all", "xids"):
         ignored = set()
     else:
         ignored -= _xid_list(enable, "DP_ENABLE_HEALTHCHECKS")
-    return HealthPolicy(ignored_xids=frozenset(ignored), recovery_seconds=recovery_seconds)
+    return HealthPolicy(ignored_xids=frozenset(ignored), recovery_seconds=recovery_seconds, classes=classes)
 
 
 @dataclass
@@ -71,29 +93,68 @@ class _GpuHealth:
     reason: str = ""
     last_critical_at: float = 0.0
     standing_fault: Optional[str] = None
+    # The remediation class: the highest of the XIDs since the GPU last became healthy, and why.
+    fault_class: str = "none"
+    fault_reason: str = ""
+    fault_xid: Optional[int] = None  # the XID that gave the class; None for a GPU lost without one
+    xids: list[dict[str, Any]] = field(default_factory=list)
+    changed_at: float = field(default_factory=time.time)  # wall clock of the last change of the above
+
+
+@dataclass(frozen=True)
+class GpuFaults:
+    """One GPU's health and remediation class, as the health file and the Node condition show them."""
+
+    healthy: bool
+    fault_class: str
+    reason: str
+    xid: Optional[int]
+    xids: tuple[dict[str, Any], ...]
+    changed_at: float
 
 
 class HealthTracker:
     """Health per physical GPU UUID. Thread-safe: the NVML event thread and the event loop both call in."""
 
-    def __init__(self, policy: HealthPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        policy: HealthPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.policy = policy
         self._clock = clock
+        self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._gpus: dict[str, _GpuHealth] = {}
 
-    def record_xid(self, uuid: str, xid: int) -> bool:
+    def _raise_class(self, state: _GpuHealth, name: str, reason: str, xid: Optional[int], data: Optional[str]) -> None:
+        """Keep the XID (the latest KEPT_XIDS) and raise the GPU's class to it; called with the lock held."""
+        now = self._wall_clock()
+        if xid is not None:
+            state.xids.append({"xid": xid, "data": data, "time": now, "class": name, "reason": reason})
+            del state.xids[:-KEPT_XIDS]
+            state.changed_at = now
+        if xid_classes.rank(name) > xid_classes.rank(state.fault_class):
+            state.fault_class, state.fault_reason, state.fault_xid = name, reason, xid
+            state.changed_at = now
+
+    def record_xid(self, uuid: str, xid: int, data: Optional[str] = None) -> bool:
         """An XID event hit the GPU; True when its health changed."""
         critical = self.policy.is_critical(xid)
+        name, reason = self.policy.classify(xid, data)
         log.log(
             logging.WARNING if critical else logging.INFO,
             "XID event",
-            extra={"device": uuid, "xid": xid, "critical": critical},
+            extra={"device": uuid, "xid": xid, "critical": critical, "class": name},
         )
-        if not critical:
+        if not self.policy.enabled:
             return False
         with self._lock:
             state = self._gpus.setdefault(uuid, _GpuHealth())
+            self._raise_class(state, name, reason, xid, data)
+            if not critical:
+                return False
             state.last_critical_at = self._clock()
             changed = not state.unhealthy
             state.unhealthy, state.reason = True, f"XID {xid}"
@@ -108,6 +169,10 @@ class HealthTracker:
         with self._lock:
             state = self._gpus.setdefault(uuid, _GpuHealth())
             state.standing_fault = fault
+            if fault == LOST:
+                # A GPU off the bus asks for what XID 79 asks for, whether or not the XID itself came.
+                name, reason = self.policy.classify(XID_FALLEN_OFF_BUS)
+                self._raise_class(state, max(name, "device", key=xid_classes.rank), f"{LOST} ({reason})", None, None)
             if fault is None or state.unhealthy:
                 return False
             state.unhealthy, state.reason, state.last_critical_at = True, fault, self._clock()
@@ -125,6 +190,22 @@ class HealthTracker:
         with self._lock:
             state = self._gpus.get(uuid)
             return state is None or not state.unhealthy
+
+    def faults(self, uuid: str) -> GpuFaults:
+        """The GPU's health, class and XIDs (a GPU never seen is healthy, class none)."""
+        with self._lock:
+            state = self._gpus.get(uuid)
+            if state is None:
+                return GpuFaults(True, "none", "", None, (), 0.0)
+            healthy = not self.policy.enabled or not state.unhealthy
+            return GpuFaults(
+                healthy,
+                state.fault_class,
+                state.fault_reason,
+                state.fault_xid,
+                tuple(dict(x) for x in state.xids),
+                state.changed_at,
+            )
 
     def reason(self, uuid: str) -> str:
         """Why the GPU is Unhealthy ("XID 79", "fell off the bus"); empty when it is Healthy."""
@@ -146,6 +227,10 @@ class HealthTracker:
                 due = state.last_critical_at + wait
                 if now >= due:
                     state.unhealthy, state.reason = False, ""
+                    # Healthy again: the class and the XIDs start over.
+                    state.fault_class, state.fault_reason, state.fault_xid = "none", "", None
+                    state.xids.clear()
+                    state.changed_at = self._wall_clock()
                     recovered.append(uuid)
                 else:
                     next_check = min(next_check, due - now) if next_check is not None else due - now
@@ -168,7 +253,8 @@ def handle_key(handle: Any) -> int:
 class NvmlEventWatcher(threading.Thread):
     """Waits on an NVML event set for XID events, in its own thread so gRPC never waits on NVML.
 
-    `report(uuid, xid)` and `lost(uuid)` are called from this thread; they must be thread-safe. The
+    `report(uuid, xid)` (`report(uuid, xid, data)` for XID 154, with the recovery action NVML reports) and
+    `lost(uuid)` are called from this thread; they must be thread-safe. The
     thread never ends silently: whatever stops it early is logged as an error and kept in `failure`,
     which the daemon's /healthz reports as not ready."""
 
@@ -176,7 +262,7 @@ class NvmlEventWatcher(threading.Thread):
         self,
         nvml: Any,
         uuids: list[str],
-        report: Callable[[str, int], object],
+        report: Callable[..., object],
         lost: Callable[[str], object],
         wait_ms: int = 1000,
         back: Callable[[str], object] = lambda uuid: None,
@@ -245,10 +331,30 @@ class NvmlEventWatcher(threading.Thread):
                     continue
                 hit = self._event_uuid(handles, data.device)
                 if hit is not None and data.eventType == nvml.nvmlEventTypeXidCriticalError:
-                    self.report(hit, int(data.eventData))
+                    xid = int(data.eventData)
+                    detail = self._recovery_action(data.device) if xid == xid_classes.RECOVERY_ACTION_XID else None
+                    if detail is None:
+                        self.report(hit, xid)
+                    else:
+                        self.report(hit, xid, detail)
         finally:
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlEventSetFree(event_set)
+
+    def _recovery_action(self, device: Any) -> Optional[str]:
+        """XID 154's news, the GPU's recovery action now, in the words the driver logs it with (the event
+        carries only the XID); None where NVML cannot tell (an older driver or library)."""
+        nvml = self.nvml
+        field_id = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is None or not hasattr(nvml, "nvmlDeviceGetFieldValues"):
+            return None
+        try:
+            value = nvml.nvmlDeviceGetFieldValues(device, [field_id])[0]
+        except (nvml.NVMLError, IndexError, TypeError):
+            return None
+        if getattr(value, "nvmlReturn", 1) != 0:
+            return None
+        return f"GPU recovery action changed to 0x{int(value.value.uiVal):x} (read from NVML)"
 
     def _register(self, event_set: Any, handles: dict[int, tuple[Any, str]], uuid: str, quiet: bool = False) -> bool:
         """Listen for the GPU's XIDs; False when it cannot be reached (a lost GPU is reported as lost)."""

@@ -38,6 +38,13 @@ class Metrics:
             "gpu_device_plugin_xid_events", "XID events seen.", ["device", "xid", "critical"], registry=self.registry
         )
         self.errors = Counter("gpu_device_plugin_errors", "Errors, by kind.", ["kind"], registry=self.registry)
+        self.fault_class = Gauge(
+            "gpuops_gpu_fault_class",
+            "Each GPU's remediation class: 1 for the class it is in, 0 for the others (none, device, reset, reboot,"
+            " replace).",
+            ["gpu", "class"],
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

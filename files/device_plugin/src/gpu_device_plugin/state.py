@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from gpu_device_plugin import sharing
 from gpu_device_plugin.config import Config
-from gpu_device_plugin.health import HealthTracker
+from gpu_device_plugin.health import LOST, HealthTracker
 from gpu_device_plugin.inventory import EMPTY, Inventory
 from gpu_device_plugin.metrics import Metrics
 from gpu_device_plugin.sharing import PluginDevice, ResourcePlan
@@ -47,22 +47,22 @@ class DeviceState:
             self._last_xid[gpu.uuid] = gpu.xid
             fault = None
             if gpu.lost:
-                fault = "fell off the bus"
+                fault = LOST
             elif gpu.xid is not None and self.tracker.policy.is_critical(gpu.xid):
                 fault = f"XID {gpu.xid}"
             self.tracker.set_standing_fault(gpu.uuid, fault)
         self.tracker.forget_others({g.uuid for g in inventory.gpus})
         self.publish()
 
-    def on_xid(self, uuid: str, xid: int, publish: bool = True) -> None:
+    def on_xid(self, uuid: str, xid: int, publish: bool = True, data: Optional[str] = None) -> None:
         critical = self.tracker.policy.is_critical(xid)
         self.metrics.xid_events.labels(uuid, str(xid), str(critical).lower()).inc()
-        self.tracker.record_xid(uuid, xid)
+        self.tracker.record_xid(uuid, xid, data)
         if publish:
             self.publish()
 
     def on_lost(self, uuid: str) -> None:
-        self.tracker.set_standing_fault(uuid, "fell off the bus")
+        self.tracker.set_standing_fault(uuid, LOST)
         self.publish()
 
     def on_back(self, uuid: str) -> None:

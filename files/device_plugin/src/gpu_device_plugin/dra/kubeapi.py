@@ -12,6 +12,7 @@ which object, and what the server or the connection said."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 from typing import Any, Mapping, Optional
@@ -153,6 +154,44 @@ class KubeApi:
         """The Node as JSON, or None when it does not exist."""
         response = self._call(f"get Node {name}", self._core.read_node, name, _preload_content=False)
         return None if response is None else dict(json.loads(response.data))
+
+    def set_node_condition(self, node_name: str, condition: Mapping[str, Any]) -> bool:
+        """Set one condition of the Node's status, leaving the others (the kubelet's) as they are; False when
+        the Node already has it with the same status, reason and message.
+
+        A JSON patch of the status subresource: it replaces the condition at the index it was read at,
+        after a `test` that the index still holds that type, or appends it. (A strategic merge patch would
+        merge by type too, but the client releases the daemon supports disagree on the content type they
+        send for a dict.) The timestamps follow the kubelet's use: lastHeartbeatTime is the write,
+        lastTransitionTime the last change of status."""
+        node = self.get_node(node_name)
+        if node is None:
+            raise KubeApiError(f"cannot set the condition {condition['type']} of Node {node_name}: it does not exist.")
+        conditions = (node.get("status") or {}).get("conditions") or []
+        position = next((i for i, c in enumerate(conditions) if c.get("type") == condition["type"]), None)
+        current = conditions[position] if position is not None else {}
+        if all(current.get(key) == condition.get(key) for key in ("status", "reason", "message")):
+            return False
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        written = dict(condition, lastHeartbeatTime=now)
+        same_status = current.get("status") == condition.get("status") and current.get("lastTransitionTime")
+        written["lastTransitionTime"] = current["lastTransitionTime"] if same_status else now
+        if position is None:
+            patch: list[dict[str, Any]] = [
+                {"op": "add", "path": "/status/conditions" + ("/-" if conditions else ""), "value": written}
+            ]
+            if not conditions:
+                patch[0]["value"] = [written]
+        else:
+            path = f"/status/conditions/{position}"
+            patch = [
+                {"op": "test", "path": f"{path}/type", "value": condition["type"]},
+                {"op": "replace", "path": path, "value": written},
+            ]
+        what = f"set the condition {condition['type']} of Node {node_name}"
+        if self._call(what, self._core.patch_node_status, node_name, patch, _preload_content=False) is None:
+            raise KubeApiError(f"cannot {what}: the Node no longer exists.", 404)
+        return True
 
     def list_resource_slices(self, node_name: str, driver: str) -> list[dict[str, Any]]:
         """This node's slices of this driver, in the v1 shape. The field selector on spec.nodeName is

@@ -1,0 +1,407 @@
+"""GPU faults shown by the daemon (faults.py): the health file, the class gauge, the alert webhook and the Node
+condition GPUHealthy, driven through the simulated spec and the pynvml double.
+
+The health file is a real file in tmp_path. The webhook's peer is real: an HTTP server on 127.0.0.1 (the
+standard library's) that records each POST and can be made to hold its answer. The Node condition goes to
+a test double of the API server client that records each condition (dra.kubeapi.KubeApi.set_node_condition
+itself is tested against a real kube-apiserver in tests/integration/test_dra_api.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Optional
+
+import pytest
+from gpu_device_plugin import config
+from gpu_device_plugin.faults import CONDITION_TYPE
+from harness import H100, DaemonThread, fixture, make_config, wait_until, write_spec
+from pynvml_double import PynvmlDouble
+
+GPU = "nvidia.com/gpu"
+
+
+class WebhookPeer:
+    """An HTTP server that records the JSON bodies POSTed to it; `hold` (an Event) keeps each answer back
+    until it is set."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.hold: Optional[threading.Event] = None
+        self.arrived = threading.Event()
+        peer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length))
+                assert self.headers.get("Content-Type") == "application/json"
+                peer.bodies.append(body)
+                peer.arrived.set()
+                if peer.hold is not None:
+                    peer.hold.wait(10)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alert"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        if self.hold is not None:
+            self.hold.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class ConditionsDouble:
+    """Stands in for the API server client's set_node_condition: records every condition; `fail` (a count)
+    makes that many calls fail as an unreachable API server does."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.fail = 0
+        self._lock = threading.Lock()
+
+    def set_node_condition(self, node_name: str, condition: dict[str, Any]) -> bool:
+        with self._lock:
+            if self.fail:
+                self.fail -= 1
+                raise ConnectionRefusedError(111, "connection refused (API server double)")
+            self.calls.append((node_name, dict(condition)))
+        return True
+
+    def last(self) -> Optional[dict[str, Any]]:
+        with self._lock:
+            return self.calls[-1][1] if self.calls else None
+
+
+@pytest.fixture
+def webhook():
+    peer = WebhookPeer()
+    yield peer
+    peer.close()
+
+
+def edit(node, **per_gpu: dict[str, Any]) -> None:
+    """Write the fixture again with the given GPUs' keys changed (gpu index -> {key: value or None})."""
+    spec = fixture("h100x8.yaml")
+    for index, changes in per_gpu.items():
+        for key, value in changes.items():
+            if value is None:
+                spec["gpus"][int(index[1:])].pop(key, None)
+            else:
+                spec["gpus"][int(index[1:])][key] = value
+    write_spec(node.spec, spec)
+
+
+def read_health(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        data: dict[str, Any] = json.load(handle)
+    return data
+
+
+def gpu_row(path: str, index: int) -> dict[str, Any]:
+    return read_health(path)["gpus"][index]
+
+
+def start(node, conditions: Any = None, **values: Any) -> DaemonThread:
+    settings = make_config(node.kubelet_socket, node.spec, **values)
+    daemon = DaemonThread(settings, conditions_side=(lambda _config: conditions) if conditions else None).start()
+    assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+    return daemon
+
+
+def test_the_health_file_shows_each_gpus_class_and_xids(node):
+    path = str(node.tmp / "state" / "gpu-health.json")  # the directory does not exist yet
+    daemon = start(node, health_file=path, node_name="gpu-node-1")
+    try:
+        first = read_health(path)
+        assert first["version"] == 1 and first["node"] == "gpu-node-1" and first["updated"].endswith("Z")
+        assert [(g["index"], g["uuid"], g["healthy"], g["class"], g["xids"]) for g in first["gpus"]] == [
+            (i, H100[i], True, "none", []) for i in range(8)
+        ]
+        assert first["gpus"][0]["pci"] == fixture("h100x8.yaml")["gpus"][0]["pci_bus_id"]
+
+        edit(node, g0={"xid": 13}, g1={"xid": 79}, g2={"xid": 48}, g3={"lost": True})
+        assert wait_until(lambda: gpu_row(path, 3)["class"] == "reboot")
+        rows = read_health(path)["gpus"]
+        # XID 13 is ignored: healthy, class none, and the XID is still listed.
+        assert (rows[0]["healthy"], rows[0]["class"]) == (True, "none")
+        assert [(x["xid"], x["class"]) for x in rows[0]["xids"]] == [(13, "none")]
+        assert (rows[1]["healthy"], rows[1]["class"]) == (False, "reboot")
+        assert rows[1]["reason"] == "XID 79 (GPU has fallen off the bus): catalog RESTART_BM"
+        (xid,) = rows[1]["xids"]
+        assert (xid["xid"], xid["class"], xid["data"]) == (79, "reboot", None) and xid["time"].endswith("Z")
+        assert (rows[2]["healthy"], rows[2]["class"]) == (False, "reset")
+        assert (rows[3]["healthy"], rows[3]["class"], rows[3]["xids"]) == (False, "reboot", [])
+        assert rows[3]["reason"].startswith("fell off the bus (XID 79 ")
+        assert all(r["healthy"] and r["class"] == "none" for r in rows[4:])
+        # Written atomically: nothing but the file in its directory.
+        assert os.listdir(os.path.dirname(path)) == ["gpu-health.json"]
+    finally:
+        daemon.stop()
+
+
+def test_the_class_is_the_highest_since_the_gpu_became_healthy_and_starts_over_after(node):
+    path = str(node.tmp / "gpu-health.json")
+    daemon = start(node, health_file=path, health_recovery_seconds=0.3)
+    try:
+        edit(node, g5={"xid": 79})
+        assert wait_until(lambda: gpu_row(path, 5)["class"] == "reboot")
+        edit(node, g5={"xid": 48})  # a lesser class does not lower it
+        assert wait_until(lambda: len(gpu_row(path, 5)["xids"]) == 2)
+        assert gpu_row(path, 5)["class"] == "reboot"
+        edit(node)  # the standing XID is gone: the quiet period brings the GPU back
+        assert wait_until(lambda: gpu_row(path, 5)["healthy"], timeout=5)
+        assert (gpu_row(path, 5)["class"], gpu_row(path, 5)["xids"]) == ("none", [])
+        edit(node, g5={"xid": 48})
+        assert wait_until(lambda: gpu_row(path, 5)["class"] == "reset")
+    finally:
+        daemon.stop()
+
+
+def test_xid_classes_from_the_config_move_xids_across_the_health_line(node, tmp_path):
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text("version: v1\ngpuops:\n  xidClasses:\n    '13': reset\n    79: none\n")
+    path = str(tmp_path / "gpu-health.json")
+    daemon = start(node, health_file=path, **config.load_file(str(config_file)))
+    try:
+        edit(node, g0={"xid": 13}, g1={"xid": 79})
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=2.0)
+        assert node.kubelet.health(GPU)[H100[1]] == "Healthy"
+        assert wait_until(lambda: gpu_row(path, 0)["class"] == "reset")
+        assert gpu_row(path, 0)["reason"] == "XID 13 is reset by the inventory's override"
+        assert (gpu_row(path, 1)["healthy"], gpu_row(path, 1)["class"]) == (True, "none")
+    finally:
+        daemon.stop()
+
+
+def test_the_fault_class_gauge(node):
+    daemon = start(node)
+    try:
+        edit(node, g2={"xid": 95})
+        node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=2.0)
+
+        def gauge(uuid: str, name: str) -> str:
+            return f'gpuops_gpu_fault_class{{class="{name}",gpu="{uuid}"}}'
+
+        assert wait_until(lambda: gauge(H100[2], "reset") + " 1.0" in daemon.daemon.metrics.render().decode())
+        text = daemon.daemon.metrics.render().decode()
+        for name in ("none", "device", "reboot", "replace"):
+            assert gauge(H100[2], name) + " 0.0" in text
+        assert gauge(H100[0], "none") + " 1.0" in text
+    finally:
+        daemon.stop()
+
+
+def test_the_webhook_hears_once_per_gpu_and_class(node, webhook):
+    path = str(node.tmp / "gpu-health.json")
+    daemon = start(node, alert_webhook=webhook.url, node_name="gpu-node-1", health_file=path)
+
+    def seen(*xids: int) -> bool:
+        return [x["xid"] for x in gpu_row(path, 1)["xids"]] == list(xids)
+
+    try:
+        edit(node, g0={"xid": 63}, g1={"xid": 79})  # 63 is device: no alert; 79 is reboot
+        assert webhook.arrived.wait(5)
+        (body,) = webhook.bodies
+        assert {k: body[k] for k in ("node", "gpu", "uuid", "xid", "class")} == {
+            "node": "gpu-node-1",
+            "gpu": 1,
+            "uuid": H100[1],
+            "xid": 79,
+            "class": "reboot",
+        }
+        assert body["time"].endswith("Z") and body["reason"].startswith("XID 79 ")
+        # Another XID of the same class, then a lesser one: no news. A higher one is.
+        # (Each edit is waited for: the spec's watcher would see only the last of quick edits.)
+        edit(node, g0={"xid": 63}, g1={"xid": 151})
+        assert wait_until(lambda: seen(79, 151))
+        edit(node, g0={"xid": 63}, g1={"xid": 48})
+        assert wait_until(lambda: seen(79, 151, 48))
+        edit(node, g0={"xid": 63}, g1={"xid": 54})
+        assert wait_until(lambda: seen(79, 151, 48, 54))
+        assert wait_until(lambda: len(webhook.bodies) >= 2)
+        assert (webhook.bodies[1]["class"], webhook.bodies[1]["xid"]) == ("replace", 54)
+        for future in daemon.daemon.faults.webhook_posts:  # every POST was answered: nothing else is pending
+            assert future.result(5) is True
+        assert len(webhook.bodies) == 2
+    finally:
+        daemon.stop()
+
+
+def test_a_webhook_that_does_not_answer_never_holds_the_daemon(node, webhook):
+    webhook.hold = threading.Event()
+    path = str(node.tmp / "gpu-health.json")
+    daemon = start(node, alert_webhook=webhook.url, health_file=path)
+    try:
+        edit(node, g1={"xid": 79})
+        assert webhook.arrived.wait(5)
+        # The POST hangs; the kubelet, the health file and the next alert's turn go on.
+        edit(node, g1={"xid": 79}, g2={"xid": 95}, g4={"lost": True})
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=2.0)
+        assert wait_until(lambda: gpu_row(path, 4)["class"] == "reboot")
+        assert len(webhook.bodies) == 1
+        webhook.hold.set()
+        assert wait_until(lambda: len(webhook.bodies) == 3)
+        assert sorted((b["uuid"], b["class"]) for b in webhook.bodies[1:]) == [(H100[2], "reset"), (H100[4], "reboot")]
+    finally:
+        daemon.stop()
+
+
+def test_a_webhook_that_is_away_is_logged_and_counted(node, tmp_path, caplog):
+    # A port nothing listens on: the POST is refused.
+    closed = WebhookPeer()
+    url = closed.url
+    closed.close()
+    daemon = start(node, alert_webhook=url)
+    try:
+        edit(node, g0={"xid": 79})
+        assert wait_until(lambda: len(daemon.daemon.faults.webhook_posts) == 1)
+        assert daemon.daemon.faults.webhook_posts[0].result(10) is False
+        assert 'gpu_device_plugin_errors_total{kind="alert_webhook"} 1.0' in daemon.daemon.metrics.render().decode()
+        assert node.kubelet.health(GPU)[H100[0]] == "Unhealthy"
+    finally:
+        daemon.stop()
+    assert any(r.getMessage() == "the alert webhook failed" for r in caplog.records)
+
+
+def test_the_node_condition_names_the_gpu_and_the_xid_and_comes_back(node):
+    conditions = ConditionsDouble()
+    conditions.fail = 1  # the API server is away at first: the condition is retried
+    daemon = start(node, conditions=conditions, node_name="gpu-node-1", health_recovery_seconds=0.3)
+    try:
+        assert wait_until(lambda: conditions.last() is not None, timeout=5)
+        assert conditions.calls[0] == (
+            "gpu-node-1",
+            {"type": CONDITION_TYPE, "status": "True", "reason": "GPUsHealthy", "message": "All 8 GPUs are healthy."},
+        )
+        edit(node, g2={"xid": 48}, g6={"xid": 79})
+        assert wait_until(lambda: (conditions.last() or {}).get("status") == "False", timeout=5)
+        wanted = conditions.last()
+        assert wanted is not None
+        assert wanted["reason"] == "XID79"  # the worst GPU's
+        assert wanted["message"] == (
+            f"GPU 6 ({H100[6]}): class reboot, XID 79 (GPU has fallen off the bus): catalog RESTART_BM; "
+            f"GPU 2 ({H100[2]}): class reset, XID 48 (double bit ECC error): catalog WORKFLOW_XID_48."
+        )
+        edit(node)
+        assert wait_until(lambda: (conditions.last() or {}).get("status") == "True", timeout=5)
+    finally:
+        daemon.stop()
+
+
+def test_without_credentials_there_is_no_condition(node, monkeypatch):
+    from gpu_device_plugin.faults import default_conditions
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    # The device-plugin mode under systemd: neither a kubeconfig nor a ServiceAccount, perhaps a node name.
+    assert default_conditions(make_config(node.kubelet_socket, node.spec)) is None
+    assert default_conditions(make_config(node.kubelet_socket, node.spec, node_name="n")) is None
+    # A kubeconfig without a node name: the daemon would not know which Node is its own.
+    assert default_conditions(make_config(node.kubelet_socket, node.spec, kubeconfig="/k")) is None
+    # Switched off.
+    assert default_conditions(make_config(node.kubelet_socket, node.spec, node_name="n", node_condition=False)) is None
+
+
+def test_xid_154_takes_the_recovery_action_nvml_reports(node):
+    double = PynvmlDouble.from_spec(node.spec)
+    path = str(node.tmp / "gpu-health.json")
+    daemon = DaemonThread(make_config(node.kubelet_socket, None, health_file=path), nvml=double).start()
+    try:
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+        double.inject_xid(H100[3], 154, recovery_action=2)  # node reboot
+        double.inject_xid(H100[4], 154)  # NVML cannot tell
+        assert wait_until(lambda: gpu_row(path, 3)["class"] == "reboot" and gpu_row(path, 4)["xids"])
+        (xid,) = gpu_row(path, 3)["xids"]
+        assert xid["data"] == "GPU recovery action changed to 0x2 (read from NVML)"
+        assert xid["reason"] == "XID 154: the driver's recovery action is now node reboot (0x2)"
+        assert gpu_row(path, 4)["class"] == "device"
+    finally:
+        daemon.stop()
+
+
+def test_an_unwritable_health_file_is_logged_and_counted(node, tmp_path, caplog):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    daemon = start(node, health_file=str(blocker / "gpu-health.json"))
+    try:
+        edit(node, g0={"xid": 79})
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=2.0)
+        text = daemon.daemon.metrics.render().decode()
+        assert 'gpu_device_plugin_errors_total{kind="health_file"}' in text
+    finally:
+        daemon.stop()
+    messages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cannot write the GPU health file")]
+    assert messages and messages[0].startswith(f"cannot write the GPU health file {blocker / 'gpu-health.json'}: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("  xidClasses:\n    79: rebooot\n", "gpuops.xidClasses: XID 79 maps to 'rebooot', which is not one of"),
+        ("  xidClasses:\n    x: reset\n", "gpuops.xidClasses: 'x' is not an XID (a positive integer)."),
+        ("  xidClasses: [79]\n", "gpuops.xidClasses must be a mapping of XID to class, not list."),
+        ("  alertWebhook: ftp://x\n", "alertWebhook must be an http:// or https:// URL, not 'ftp://x'."),
+        ("  healthFile: gpu-health.json\n", "healthFile must be an absolute path or off, not 'gpu-health.json'."),
+        ("  nodeCondition: perhaps\n", "gpuops.nodeCondition must be true or false, not 'perhaps'."),
+    ],
+)
+def test_bad_fault_settings_are_one_sentence(tmp_path, text, message):
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\ngpuops:\n" + text)
+    with pytest.raises(config.ConfigError) as error:
+        config.resolve({"backend": "simulated", "simulated_spec": "x"}, {}, config.load_file(str(path)))
+    assert message in str(error.value)
+    assert "\n" not in str(error.value) and str(error.value).endswith(".")
+
+
+def test_the_fault_settings_from_file_environment_and_flags(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "version: v1\ngpuops:\n  healthFile: /srv/h.json\n  alertWebhook: http://eda:5000/alert\n"
+        "  nodeCondition: false\n  xidClasses: {63: reset}\n"
+    )
+    settings = config.resolve({}, {}, config.load_file(str(path)))
+    assert (settings.health_file, settings.alert_webhook, settings.node_condition) == (
+        "/srv/h.json",
+        "http://eda:5000/alert",
+        False,
+    )
+    assert settings.xid_overrides == {63: "reset"}
+    default = config.resolve({}, {})
+    assert (default.health_file, default.alert_webhook, default.node_condition, default.xid_classes) == (
+        "/var/lib/gpuops/gpu-health.json",
+        "",
+        True,
+        (),
+    )
+    from_env = config.resolve(
+        {}, {"GPU_DEVICE_PLUGIN_HEALTH_FILE": "off", "GPU_DEVICE_PLUGIN_ALERT_WEBHOOK": "https://a"}
+    )
+    assert (from_env.health_file, from_env.alert_webhook) == ("off", "https://a")
+
+
+def test_xid_154_through_the_library_that_reports_no_recovery_action(node, mock_nvml):
+    # The real pynvml on the mock libnvidia-ml.so.1, which answers no field values: the class is the default.
+    path = str(node.tmp / "gpu-health.json")
+    daemon = DaemonThread(make_config(node.kubelet_socket, None, health_file=path), nvml=mock_nvml.pynvml).start()
+    try:
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+        spec = fixture("h100x8.yaml")
+        spec["gpus"][4]["xid"] = 154
+        write_spec(mock_nvml.spec, spec)
+        assert wait_until(lambda: gpu_row(path, 4)["xids"], timeout=5)
+        (xid,) = gpu_row(path, 4)["xids"]
+        assert (xid["xid"], xid["data"], xid["class"]) == (154, None, "device")
+        assert xid["reason"] == "XID 154 without its recovery action: device"
+    finally:
+        daemon.stop()
