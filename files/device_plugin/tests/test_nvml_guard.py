@@ -27,6 +27,7 @@ SOURCES = [
 FALLBACKS = {
     "nvmlDeviceGetPciInfo": "nvmlDeviceGetPciInfo_v3",
     "nvmlSystemGetCudaDriverVersion": "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetAttributes": "nvmlDeviceGetAttributes_v2",
 }
 # Test files that may use a Python double of pynvml, and why: this tier's (tests/pynvml_double.py,
 # tests/doubles/pynvml.py) and the module's unit tier's (tests/unit/plugins/modules/nvml_test_double.py).
