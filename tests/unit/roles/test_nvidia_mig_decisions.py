@@ -3,8 +3,9 @@
 """What the nvidia_mig role decides from its read (vars/main.yml), rendered with Ansible's own templar from the
 role's defaults and vars, given a gpuops.k8s.nvidia_mig check-mode result and a gpuops.k8s.node_state result built
 here: whether anything differs, whether a MIG mode changes (the daemon must stop), gpu-pods' command line, the
-daemon's readiness URL and the config the module is given. The e2e tier (tests/e2e/test_site_mig.py) runs the
-role's tasks."""
+daemon's readiness URL and the config the module is given; under the DaemonSet deployment, whether the DaemonSet (as
+the device_plugin role's templates render it) steps aside for the role's pause label, and gpu-pods' command line in
+the node's daemon pod. The e2e tier (tests/e2e/test_site_mig.py) runs the role's tasks."""
 
 from __future__ import annotations
 
