@@ -15,6 +15,8 @@ apt_packages=(
   podman containerd runc debootstrap gnupg dpkg-dev apt-utils uidmap slirp4netns
   fuse-overlayfs iproute2 rsync curl ca-certificates jq etcd-server inotify-tools shellcheck
   python3-tomlkit apt-cacher-ng gcc openssl time
+  # ansible-rulebook's rule engine (scripts/eda-env.sh, extensions/eda) runs on a Java 17+ runtime.
+  openjdk-17-jdk-headless
 )
 
 need_apt=()

@@ -14,7 +14,9 @@ description:
     C(nvidia.com/gpu.memory), C(nvidia.com/gpu.family), C(nvidia.com/gpu.compute.major/minor),
     C(nvidia.com/cuda.driver-version.*), C(nvidia.com/cuda.runtime-version.*) and their older
     C(nvidia.com/cuda.driver.*) / C(nvidia.com/cuda.runtime.*) names), merged with the user's own labels.
-  - Also C(nvidia.com/gpu.replicas) and C(nvidia.com/gpu.sharing-strategy), from O(sharing).
+  - Also C(nvidia.com/gpu.replicas) and C(nvidia.com/gpu.sharing-strategy), from O(sharing), and the labels of
+    the device plugin's MIG strategy (C(nvidia.com/mig.strategy), C(nvidia.com/mig-<profile>.*)), from
+    O(mig_strategy).
   - As GPU Feature Discovery does, the product, memory and compute capability describe one GPU - the first whole
     GPU (not in MIG mode), or GPU 0 when every GPU is in MIG mode - and C(nvidia.com/gpu.count) counts the GPUs of
     that model. The product is GFD's spelling of the name - characters other than C([A-Za-z0-9_. -]) dropped,
@@ -47,6 +49,24 @@ options:
       - C(mps) is refused with one sentence; the collection's device plugin does not run MPS.
     type: dict
     default: {}
+  mig_strategy:
+    description:
+      - The device plugin's MIG strategy (C(flags.migStrategy) of its config), for the labels GPU Feature
+        Discovery adds for it. C(none) adds none.
+      - C(mixed) adds C(nvidia.com/mig.strategy=mixed) and, per MIG profile on the node (C(+) in a profile
+        name becomes C(.)), C(nvidia.com/mig-<profile>.count), C(.product) (C(<model>-MIG-<profile>)),
+        C(.replicas), C(.sharing-strategy), C(.memory), C(.multiprocessors), C(.slices.gi), C(.slices.ci) and
+        C(.engines.copy/decoder/encoder/jpeg/ofa), from the first MIG device of the profile.
+      - C(single) adds C(nvidia.com/mig.strategy=single) and, when every GPU is in MIG mode with devices of one
+        profile, those labels under C(nvidia.com/gpu.*) instead of the whole GPU's (the MIG devices are the
+        node's C(nvidia.com/gpu)); otherwise, as GPU Feature Discovery, C(<model>-MIG-INVALID) with count,
+        replicas and memory 0 and an empty sharing strategy. A node without GPUs in MIG mode gets only
+        C(nvidia.com/mig.strategy).
+      - The MIG attribute labels need the facts' MIG device attributes (C(multiprocessors) and the others); facts
+        without them give only count, product, replicas, sharing strategy and memory.
+    type: str
+    default: none
+    choices: [none, single, mixed]
 """
 
 EXAMPLES = r"""
@@ -57,6 +77,10 @@ EXAMPLES = r"""
 - name: The labels of a node whose GPUs the device plugin time-slices four ways
   ansible.builtin.set_fact:
     node_labels: "{{ gpu_info | gpuops.k8s.gpu_labels(sharing=device_plugin_config.sharing) }}"
+
+- name: The labels of a node whose device plugin serves its MIG devices as nvidia.com/mig-<profile>
+  ansible.builtin.set_fact:
+    node_labels: "{{ gpu_info | gpuops.k8s.gpu_labels(mig_strategy=device_plugin_config.flags.migStrategy) }}"
 """
 
 RETURN = r"""
@@ -78,10 +102,10 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import Lab
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import gpu_labels as _gpu_labels
 
 
-def gpu_labels(gpu_info, user_labels=None, sharing=None):
+def gpu_labels(gpu_info, user_labels=None, sharing=None, mig_strategy=None):
     """The labels live in module_utils/_node_labels.py, shared with the module gpuops.k8s.node_labels."""
     try:
-        return _gpu_labels(gpu_info, user_labels, sharing)
+        return _gpu_labels(gpu_info, user_labels, sharing, mig_strategy)
     except LabelError as error:
         raise AnsibleFilterError(str(error)) from None
 

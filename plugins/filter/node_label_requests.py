@@ -20,9 +20,14 @@ description:
   - The GPU facts are the host's result registered as O(discovered_var) when that is given and the task ran on
     the host, or else the host's variable named by O(gpu_info_var). A host with neither is listed in
     RV(_value.no_facts).
+  - For C(mig_strategy), a host without its own C(gpu_node_labels_mig_strategy) whose own C(device_plugin_config)
+    has C(flags.migStrategy) gets that strategy.
   - The labels the role C(gpuops.k8s.nvidia_mig) noted for a host in this play, its fact C(nvidia_mig_node_labels)
     with C(nvidia.com/mig.config) and C(nvidia.com/mig.config.state), are added to the host's user labels, which
-    win over them.
+    win over them. A host without that fact (the MIG stage did not run in this play, as with
+    C(--tags labels)) that names a MIG config (its own C(nvidia_mig_config_name) or C(gpu_mig_config), else the
+    C(mig_config) of O(defaults)) keeps the node's current values of those two labels (C(keep_labels)); a host
+    that names none has them removed.
 options:
   _input:
     description: The inventory names of the batch's hosts.
@@ -36,8 +41,9 @@ options:
   defaults:
     description:
       - The values for settings a host does not set itself, under the role's variable names without the
-        C(gpu_node_labels_) prefix (C(user_labels), C(sharing), C(taint), C(taint_key), C(taint_value), C(taint_effect),
-        C(delegate_to), C(kubeconfig), C(context), C(api_host), C(api_key), C(validate_certs)).
+        C(gpu_node_labels_) prefix (C(user_labels), C(sharing), C(mig_strategy), C(taint), C(taint_key),
+        C(taint_value), C(taint_effect), C(delegate_to), C(kubeconfig), C(context), C(api_host), C(api_key),
+        C(validate_certs)), and C(mig_config), the MIG config name of hosts that do not set their own.
     type: dict
     required: true
   gpu_info_var:
@@ -92,12 +98,24 @@ import hashlib
 from ansible.errors import AnsibleFilterError
 
 PREFIX = "gpu_node_labels_"
-_LABEL_SETTINGS = ("user_labels", "sharing", "taint", "taint_key", "taint_value", "taint_effect")
+_LABEL_SETTINGS = ("user_labels", "sharing", "mig_strategy", "taint", "taint_key", "taint_value", "taint_effect")
 _API_SETTINGS = ("delegate_to", "kubeconfig", "context", "api_host", "validate_certs")
 _API_KEY = PREFIX + "api_key"
 _DEVICE_PLUGIN_CONFIG = "device_plugin_config"
 # Labels another role of the collection decided for the host in this play, as a fact of the host.
-_ROLE_LABELS = ("nvidia_mig_node_labels",)
+_MIG_ROLE_LABELS = "nvidia_mig_node_labels"
+_ROLE_LABELS = (_MIG_ROLE_LABELS,)
+# The MIG labels that role owns, and the host variables that name the host's MIG config (the role's, the user's).
+_MIG_CONFIG_LABELS = ["nvidia.com/mig.config", "nvidia.com/mig.config.state"]
+_MIG_CONFIG_VARS = ("nvidia_mig_config_name", "gpu_mig_config")
+
+
+def _mig_config(own, defaults):
+    """The MIG config name the host names (its own variables first), or ''."""
+    for name in _MIG_CONFIG_VARS:
+        if name in own:
+            return own[name] or ""
+    return defaults.get("mig_config") or ""
 
 
 def _usable(result):
@@ -135,10 +153,17 @@ def node_label_requests(hosts, hostvars, defaults, gpu_info_var="gpu_node_labels
                 role_labels.update(own[name])
         if role_labels:
             node["user_labels"] = {**role_labels, **(node["user_labels"] or {})}
+        if not isinstance(own.get(_MIG_ROLE_LABELS), dict) and _mig_config(own, defaults):
+            # The MIG stage did not run in this play: the node's MIG config labels are still its layout's.
+            node["keep_labels"] = list(_MIG_CONFIG_LABELS)
         plugin_config = own.get(_DEVICE_PLUGIN_CONFIG)
         if PREFIX + "sharing" not in own and isinstance(plugin_config, dict) and "sharing" in plugin_config:
             # The labels follow the host's own device-plugin config, which shares its GPUs that way.
             node["sharing"] = plugin_config["sharing"]
+        plugin_flags = plugin_config.get("flags") if isinstance(plugin_config, dict) else None
+        if PREFIX + "mig_strategy" not in own and isinstance(plugin_flags, dict) and "migStrategy" in plugin_flags:
+            # And its MIG strategy: the devices it serves are what the MIG labels describe.
+            node["mig_strategy"] = plugin_flags["migStrategy"]
         nodes.append(node)
         api = {name: setting(name) for name in _API_SETTINGS}
         token = setting("api_key") or ""

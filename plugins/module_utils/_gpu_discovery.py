@@ -80,6 +80,19 @@ GPU_FACT_KEYS = (
     "xid",
     "lost",
 )
+# What NVML's device attributes (nvmlDeviceGetAttributes_v2) say of a MIG device, beside its profile and memory:
+# the fact name, then the attribute of NVML's struct. GPU Feature Discovery labels a MIG profile with them.
+MIG_ATTRIBUTE_FACTS = (
+    ("multiprocessors", "multiprocessorCount"),
+    ("gpu_instance_slices", "gpuInstanceSliceCount"),
+    ("compute_instance_slices", "computeInstanceSliceCount"),
+    ("copy_engines", "sharedCopyEngineCount"),
+    ("decoders", "sharedDecoderCount"),
+    ("encoders", "sharedEncoderCount"),
+    ("jpeg_engines", "sharedJpegCount"),
+    ("ofa_engines", "sharedOfaCount"),
+)
+MIG_ATTRIBUTE_KEYS = tuple(name for name, _attribute in MIG_ATTRIBUTE_FACTS)
 
 
 def installed_pynvml():
@@ -135,12 +148,17 @@ def gpu_fact(**fields):
         raise ValueError("unknown GPU fact(s): " + ", ".join(sorted(unknown)))
     fact = dict((key, fields.get(key)) for key in GPU_FACT_KEYS)
     fact["architecture"] = gpu_architecture(fact["compute_capability"])
-    fact["mig_devices"] = [
-        {"index": position, "uuid": mig["uuid"], "profile": mig["profile"], "memory_mib": mig["memory_mib"]}
-        for position, mig in enumerate(fact["mig_devices"] or [])
-    ]
+    fact["mig_devices"] = [_mig_device_fact(position, mig) for position, mig in enumerate(fact["mig_devices"] or [])]
     fact["nvlink_peers"] = list(fact["nvlink_peers"] or [])
     fact["lost"] = bool(fact["lost"])
+    return fact
+
+
+def _mig_device_fact(position, mig):
+    """One MIG device's facts: its position, UUID, profile and memory, and the attributes NVML gives (None where
+    they are not known)."""
+    fact = {"index": position, "uuid": mig["uuid"], "profile": mig["profile"], "memory_mib": mig["memory_mib"]}
+    fact.update((key, mig.get(key)) for key in MIG_ATTRIBUTE_KEYS)
     return fact
 
 
@@ -376,14 +394,21 @@ def _read_mig(nvml, reader, handle):
         mig_uuid = to_text(reader.call("nvmlDeviceGetUUID", mig_handle))
         mig_name = to_text(reader.call("nvmlDeviceGetName", mig_handle))
         memory = reader.call("nvmlDeviceGetMemoryInfo", mig_handle).total
-        devices.append(
-            {
-                "uuid": mig_uuid,
-                "profile": _mig_profile(mig_name),
-                "memory_mib": memory // _MIB,
-            }
-        )
+        device = {"uuid": mig_uuid, "profile": _mig_profile(mig_name), "memory_mib": memory // _MIB}
+        device.update(_mig_attributes(nvml, reader, mig_handle))
+        devices.append(device)
     return "enabled", devices
+
+
+def _mig_attributes(nvml, reader, mig_handle):
+    """The MIG device's SMs, slices and shared engines as NVML's device attributes give them (what GPU Feature
+    Discovery reads for its labels); None each when this driver or pynvml does not answer."""
+    call = "nvmlDeviceGetAttributes_v2" if hasattr(nvml, "nvmlDeviceGetAttributes_v2") else "nvmlDeviceGetAttributes"
+    attributes = reader.optional(call, mig_handle)
+    return dict(
+        (key, None if attributes is None else int(getattr(attributes, attribute)))
+        for key, attribute in MIG_ATTRIBUTE_FACTS
+    )
 
 
 def _mig_profile(name):

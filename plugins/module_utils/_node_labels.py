@@ -79,9 +79,9 @@ def gfd_product_name(*parts):
     return sanitize_label_value("-".join(part for part in cleaned if part))
 
 
-def _time_slicing(sharing):
-    """(replicas of each nvidia.com/gpu, whether shared GPUs are renamed) from the device plugin's `sharing`
-    section (NVIDIA's config, version v1). Only timeSlicing exists for the collection's plugin."""
+def _time_slicing(sharing, resource=_SHARED_RESOURCE):
+    """(replicas of each device of the resource, whether shared devices are renamed) from the device plugin's
+    `sharing` section (NVIDIA's config, version v1). Only timeSlicing exists for the collection's plugin."""
     if sharing in (None, {}):
         return 1, False
     where = "gpu_labels: sharing"
@@ -102,14 +102,14 @@ def _time_slicing(sharing):
     rename_by_default = slicing.get("renameByDefault", False)
     if not isinstance(rename_by_default, bool):
         raise LabelError(f"{where}.timeSlicing.renameByDefault must be true or false, not {rename_by_default!r}.")
-    for position, resource in enumerate(resources):
-        replicas = resource.get("replicas")
+    for position, entry in enumerate(resources):
+        replicas = entry.get("replicas")
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             raise LabelError(
                 f"{where}.timeSlicing.resources[{position}].replicas must be a whole number of at least 1, "
                 f"not {replicas!r}."
             )
-        if resource.get("name") == _SHARED_RESOURCE:
+        if entry.get("name") == resource:
             # As in GFD, a rename of the resource shows in the product label only through renameByDefault.
             return replicas, rename_by_default
     return 1, False
@@ -140,7 +140,92 @@ def _gpu_mode(gpus, pci_devices):
     return _GPU_MODES.get(seen.pop(), "unknown") if len(seen) == 1 else "unknown"
 
 
-def gpu_labels(gpu_info, user_labels=None, sharing=None):
+MIG_STRATEGIES = ("none", "single", "mixed")
+# A MIG device's attributes in the facts (nvidia_gpu_info), under the label suffix GPU Feature Discovery gives them.
+_MIG_ATTRIBUTE_LABELS = (
+    ("multiprocessors", "multiprocessors"),
+    ("slices.gi", "gpu_instance_slices"),
+    ("slices.ci", "compute_instance_slices"),
+    ("engines.copy", "copy_engines"),
+    ("engines.decoder", "decoders"),
+    ("engines.encoder", "encoders"),
+    ("engines.jpeg", "jpeg_engines"),
+    ("engines.ofa", "ofa_engines"),
+)
+
+
+def _mig_profiles(gpus):
+    """The node's MIG devices by profile, as GPU Feature Discovery names a profile in labels and resources ('+'
+    becomes '.': 1g.10gb+me is 1g.10gb.me): name -> (the first device's GPU, the first device, how many)."""
+    profiles = {}
+    for gpu in gpus:
+        if gpu.get("mig_mode") != "enabled":
+            continue
+        for mig in gpu.get("mig_devices") or []:
+            if not isinstance(mig, dict) or mig.get("profile") in (None, "") or mig.get("memory_mib") is None:
+                raise LabelError(
+                    f"gpu_labels: a MIG device of GPU {gpu.get('index', 0)} in the nvidia_gpu_info result has no "
+                    "profile or memory_mib."
+                )
+            name = str(mig["profile"]).replace("+", ".")
+            first_gpu, first, count = profiles.get(name, (gpu, mig, 0))
+            profiles[name] = (first_gpu, first, count + 1)
+    return profiles
+
+
+def _mig_resource_labels(prefix, profile, found, sharing):
+    """GFD's labels of one MIG resource (prefix nvidia.com/mig-<profile>, or nvidia.com/gpu in single strategy):
+    product, count, replicas, sharing strategy, memory, and the attributes NVML gives the profile's first device."""
+    gpu, mig, count = found
+    replicas, renamed = _time_slicing(sharing, prefix)
+    shared = replicas > 1
+    labels = {
+        prefix + ".product": gfd_product_name(gpu["name"], "MIG", profile, "SHARED" if shared and not renamed else ""),
+        prefix + ".count": str(count),
+        prefix + ".replicas": str(replicas),
+        prefix + ".sharing-strategy": "time-slicing" if shared else "none",
+        prefix + ".memory": str(int(mig["memory_mib"])),
+    }
+    for suffix, fact in _MIG_ATTRIBUTE_LABELS:
+        if mig.get(fact) is not None:
+            labels[f"{prefix}.{suffix}"] = str(int(mig[fact]))
+    return labels
+
+
+def _mig_strategy_labels(gpus, strategy, sharing):
+    """The labels GPU Feature Discovery adds for the device plugin's MIG strategy (none: no label).
+
+    mixed: nvidia.com/mig-<profile>.* per MIG profile on the node. single: the one profile's labels under
+    nvidia.com/gpu (its devices are the node's nvidia.com/gpu), or, when the node is not all MIG devices of one
+    profile (a GPU not in MIG mode, one in MIG mode without devices, several profiles), GFD's INVALID labels."""
+    if strategy == "none":
+        return {}
+    labels = {"nvidia.com/mig.strategy": strategy}
+    profiles = _mig_profiles(gpus)
+    if strategy == "mixed":
+        for profile, found in profiles.items():
+            labels.update(_mig_resource_labels(f"nvidia.com/mig-{profile}", profile, found, sharing))
+        return labels
+    in_mig_mode = [gpu for gpu in gpus if gpu.get("mig_mode") == "enabled"]
+    if not in_mig_mode:
+        return labels
+    if len(in_mig_mode) != len(gpus) or not all(gpu.get("mig_devices") for gpu in in_mig_mode) or len(profiles) != 1:
+        labels.update(
+            {
+                "nvidia.com/gpu.product": gfd_product_name(in_mig_mode[0]["name"], "MIG", "INVALID"),
+                "nvidia.com/gpu.count": "0",
+                "nvidia.com/gpu.replicas": "0",
+                "nvidia.com/gpu.sharing-strategy": "",
+                "nvidia.com/gpu.memory": "0",
+            }
+        )
+        return labels
+    ((profile, found),) = profiles.items()
+    labels.update(_mig_resource_labels(_SHARED_RESOURCE, profile, found, sharing))
+    return labels
+
+
+def gpu_labels(gpu_info, user_labels=None, sharing=None, mig_strategy=None):
     if not isinstance(gpu_info, dict):
         raise LabelError(
             f"gpu_labels: the input must be the result of nvidia_gpu_info (a dict), got {type(gpu_info).__name__}."
@@ -149,6 +234,12 @@ def gpu_labels(gpu_info, user_labels=None, sharing=None):
     if not isinstance(user_labels, dict):
         raise LabelError("gpu_labels: user_labels must be a dict of label key to value.")
     replicas, renamed = _time_slicing(sharing)
+    mig_strategy = mig_strategy or "none"
+    if mig_strategy not in MIG_STRATEGIES:
+        raise LabelError(
+            f"gpu_labels: mig_strategy must be one of {', '.join(MIG_STRATEGIES)} (the device plugin's "
+            f"flags.migStrategy), not {mig_strategy!r}."
+        )
     gpus = gpu_info.get("gpus") or []
     labels = {}
     if gpus:
@@ -203,6 +294,7 @@ def gpu_labels(gpu_info, user_labels=None, sharing=None):
                     "nvidia.com/cuda.driver.rev": rev,
                 }
             )
+        labels.update(_mig_strategy_labels(gpus, mig_strategy, sharing))
         cuda = gpu_info.get("cuda_driver_version")
         if cuda:
             major, minor = _split_version(cuda, 2, "cuda_driver_version")
@@ -330,7 +422,9 @@ _TAINT_ARGS = ("taint", "taint_key", "taint_value", "taint_effect")
 def label_batch(requests, api, check_mode=False, conflict_retries=5, before_write=None):
     """Bring every requested Node to its wanted labels and GPU taint with one LIST and one PATCH per node.
 
-    requests: dicts with name, gpu_info, user_labels, sharing, taint, taint_key, taint_value, taint_effect.
+    requests: dicts with name, gpu_info, user_labels, sharing, mig_strategy, keep_labels, taint, taint_key,
+    taint_value, taint_effect. keep_labels names labels the request does not decide: the Node's current value of
+    each is kept (and stays the collection's), a label the Node does not have is not added.
     api: an object with list_nodes() -> [node dict], read_node(name) -> node dict or None, and
     patch_node(name, merge_patch) -> the patched node dict, raising Conflict on HTTP 409.
     before_write: called once between the LIST and the first PATCH (tests use it to write in that window).
@@ -347,20 +441,26 @@ def label_batch(requests, api, check_mode=False, conflict_retries=5, before_writ
     for request in requests:
         name = request["name"]
         try:
-            wanted = gpu_labels(request.get("gpu_info") or {}, request.get("user_labels"), request.get("sharing"))
+            wanted = gpu_labels(
+                request.get("gpu_info") or {},
+                request.get("user_labels"),
+                request.get("sharing"),
+                request.get("mig_strategy"),
+            )
+            keep = _kept_label_keys(request.get("keep_labels"))
         except LabelError as error:
             result["invalid"][name] = str(error)
             continue
         if name not in nodes:
             result["missing"].append(name)
             continue
-        pending.append((name, wanted, request))
+        pending.append((name, wanted, keep, request))
     if before_write is not None:
         before_write()
-    for name, wanted, request in pending:
+    for name, wanted, keep, request in pending:
         # What the request leaves out takes node_label_patch's defaults, the one place they are written.
         taint_args = {k: request[k] for k in _TAINT_ARGS if request.get(k) is not None}
-        written = _write(api, name, nodes[name], wanted, taint_args, check_mode, conflict_retries, result)
+        written = _write(api, name, nodes[name], (wanted, keep), taint_args, check_mode, conflict_retries, result)
         if written is None:
             result["missing"].append(name)
             continue
@@ -373,13 +473,34 @@ def label_batch(requests, api, check_mode=False, conflict_retries=5, before_writ
     return result
 
 
-def _write(api, name, node, wanted, taint_args, check_mode, conflict_retries, result):
+def _kept_label_keys(keep):
+    """The label keys a request keeps at the Node's values, checked."""
+    if keep is None:
+        return ()
+    if not isinstance(keep, (list, tuple)):
+        raise LabelError("node_labels: keep_labels must be a list of label keys.")
+    for key in keep:
+        validate_label_key(key)
+    return tuple(keep)
+
+
+def _with_kept(wanted, keep, node):
+    """The wanted labels, plus the Node's current value of each kept label the request does not decide."""
+    if not keep:
+        return wanted
+    current = (node.get("metadata") or {}).get("labels") or {}
+    kept = {key: current[key] for key in keep if key not in wanted and key in current}
+    return {**wanted, **kept} if kept else wanted
+
+
+def _write(api, name, node, wanted_and_kept, taint_args, check_mode, conflict_retries, result):
     """One node's patch, written with its precondition and redone from a fresh read on a conflict.
 
     Returns (the patch computed last, the node it was computed from, the node as written) or None when the
     Node went away."""
+    wanted, keep = wanted_and_kept
     for _attempt in range(conflict_retries + 1):
-        patch = node_label_patch(node, wanted, **taint_args)
+        patch = node_label_patch(node, _with_kept(wanted, keep, node), **taint_args)
         if not patch or check_mode:
             return patch, node, node
         try:

@@ -202,7 +202,9 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
         if not isinstance(raw["mig_devices"], list):
             fail("mig_devices must be a list")
         for mig_index, mig in enumerate(raw["mig_devices"]):
-            mig_devices.append(_parse_mig_device(mig, mig_index, fail, seen_uuids, index))
+            device = _parse_mig_device(mig, mig_index, fail, seen_uuids, index)
+            device.update(mig_device_attributes(raw["name"], device["profile"]))
+            mig_devices.append(device)
 
     return {
         "index": index,
@@ -377,6 +379,36 @@ def _mig_ci_profiles(table):
             profiles.append((_MIG_CI_PROFILE[ci], ci, len(starts), sms if ci == slices else plain_sms[ci], starts))
         result[row[0]] = profiles
     return result
+
+
+# The facts NVML's device attributes give of a MIG device (as _gpu_discovery.MIG_ATTRIBUTE_FACTS names them).
+MIG_ATTRIBUTE_KEYS = (
+    "multiprocessors",
+    "gpu_instance_slices",
+    "compute_instance_slices",
+    "copy_engines",
+    "decoders",
+    "encoders",
+    "jpeg_engines",
+    "ofa_engines",
+)
+
+
+def mig_device_attributes(gpu_name, profile):
+    """What the mock NVML library's device attributes say of a MIG device of this profile on this product: the SMs
+    of its compute instance, the slices of its GPU and compute instance, and its GPU instance's shared engines.
+    None each for a product or profile the library does not model (NVML's answer cannot be known)."""
+    table = MIG_PRODUCTS.get(gpu_name)
+    match = _MIG_DEVICE_NAME.match(profile) if table is not None else None
+    row = next((r for r in table if r[2] == match.group("gi")), None) if match else None
+    if row is None:
+        return dict.fromkeys(MIG_ATTRIBUTE_KEYS)
+    ci_slices = int(match.group("ci") or row[3])
+    ci_profile = next((p for p in _mig_ci_profiles(table)[row[0]] if p[1] == ci_slices), None)
+    if ci_profile is None:
+        return dict.fromkeys(MIG_ATTRIBUTE_KEYS)
+    values = (ci_profile[3], row[3], ci_slices, *row[7:12])
+    return dict(zip(MIG_ATTRIBUTE_KEYS, values))
 
 
 def _mig_seed_layout(gpu, path):

@@ -51,6 +51,25 @@ options:
             P(gpuops.k8s.gpu_labels#filter) filter computes them.
         type: dict
         default: {}
+      mig_strategy:
+        description:
+          - The device plugin's MIG strategy on this node (C(flags.migStrategy) of its config), for the labels GPU
+            Feature Discovery adds for it, as the P(gpuops.k8s.gpu_labels#filter) filter computes them.
+          - C(mixed) adds C(nvidia.com/mig.strategy) and C(nvidia.com/mig-<profile>.*) per MIG profile; C(single)
+            adds C(nvidia.com/mig.strategy) and describes the MIG devices under C(nvidia.com/gpu.*).
+        type: str
+        default: none
+        choices: [none, single, mixed]
+      keep_labels:
+        description:
+          - Label keys this run does not decide; the Node's current value of each is kept, and stays the
+            collection's (a later run that neither wants nor keeps it removes it). A key the Node does not
+            have is not added, and a key this run computes or the user labels set is decided by them.
+          - The role M(gpuops.k8s.gpu_node_labels) keeps C(nvidia.com/mig.config) and
+            C(nvidia.com/mig.config.state) of a node that names a MIG config where the MIG stage did not run.
+        type: list
+        elements: str
+        default: []
       taint:
         description: Whether the node carries the GPU taint.
         type: bool
@@ -184,6 +203,8 @@ ARGUMENT_SPEC = {
             "gpu_info": {"type": "dict", "default": {}},
             "user_labels": {"type": "dict", "default": {}},
             "sharing": {"type": "dict", "default": {}},
+            "mig_strategy": {"type": "str", "default": "none", "choices": ["none", "single", "mixed"]},
+            "keep_labels": {"type": "list", "elements": "str", "default": []},
             "taint": {"type": "bool", "default": True},
             "taint_key": {"type": "str", "default": "nvidia.com/gpu", "no_log": False},
             "taint_value": {"type": "str", "default": "present"},

@@ -195,6 +195,42 @@ gpus:
           description: The memory of the MIG device in MiB.
           type: int
           sample: 9984
+        multiprocessors:
+          description:
+            - The streaming multiprocessors of the MIG device (its compute instance), from NVML's device attributes
+              (C(nvmlDeviceGetAttributes_v2)), as GPU Feature Discovery reads them; null when NVML does not answer.
+            - With a simulated-GPU spec, what the lab's mock NVML library answers for the profile on that product
+              (null for a product or profile it does not model); the same holds for the attributes below.
+          type: int
+          sample: 16
+        gpu_instance_slices:
+          description: The compute slices of the MIG device's GPU instance; null when NVML does not answer.
+          type: int
+          sample: 1
+        compute_instance_slices:
+          description: The compute slices of the MIG device's compute instance; null when NVML does not answer.
+          type: int
+          sample: 1
+        copy_engines:
+          description: The copy engines the MIG device's GPU instance has; null when NVML does not answer.
+          type: int
+          sample: 1
+        decoders:
+          description: The video decoders the MIG device's GPU instance has; null when NVML does not answer.
+          type: int
+          sample: 1
+        encoders:
+          description: The video encoders the MIG device's GPU instance has; null when NVML does not answer.
+          type: int
+          sample: 0
+        jpeg_engines:
+          description: The JPEG engines the MIG device's GPU instance has; null when NVML does not answer.
+          type: int
+          sample: 1
+        ofa_engines:
+          description: The optical flow accelerators the MIG device's GPU instance has; null when NVML does not answer.
+          type: int
+          sample: 0
     minor_number:
       description: The minor number of the device node C(/dev/nvidia<minor>); null when NVML does not support the query.
       type: int

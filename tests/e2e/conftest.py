@@ -203,6 +203,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "last_in_session: run after every other test of the session")
 
 
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each phase's time (the lab's bring-up counts for the test that first needed it) to its module."""
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The minutes of each module, so the tier's share of CI's budget is visible at every run."""
+    if not _MODULE_SECONDS:
+        return
+    terminalreporter.write_sep("-", "e2e minutes per module")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{seconds / 60:6.1f}  {module}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``last_in_session`` run at the end, on the lab the rest of the tier left behind."""
     items.sort(key=lambda item: item.get_closest_marker("last_in_session") is not None)

@@ -13,7 +13,12 @@ At each step the node's allocatable MIG devices (or its DRA slice) and its label
 layout changes are evicted before the change while a pod on a GPU that keeps its layout keeps running, and a second
 run changes nothing. A layout that fails half-way (a fault injected into the mock library) is rolled back.
 
-The module leaves the node in device-plugin allocation with MIG off, as it found it.
+Last, the node moves to the DaemonSet deployment of the plugin (its image imported by the role, as in
+test_site_daemonset.py), where all-disabled -> all-1g.10gb fails half-way and is rolled back, then succeeds: the pods
+are found by gpu-pods in the plugin's pod, the pod steps aside for the mode change (the pause label, which the
+DaemonSet's node affinity excludes) and a new one serves the new devices; the label never stays.
+
+The module leaves the node in device-plugin allocation with MIG off under the systemd deployment, as it found it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 import pytest
 import yaml
 from conftest import PAUSE_IMAGE, Lab
+from daemonset_checks import ready_pod
+from daemonset_node import DAEMONSET, build_plugin_archive
 from dra_objects import RESOURCE, claim_template, pod_manifest, published
 from kubernetes import client
 from playbook_run import PlaybookRun, lab_inventory, run_playbook
@@ -50,6 +57,8 @@ LAB_MIXED = {
 }
 # The tenth nvmlDeviceCreateGpuInstance of the write fails (NVML_ERROR_UNKNOWN): GPU 0 has its seven, GPU 1 two.
 FAULT = {"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:999@10"}
+# The node label with which the nvidia_mig role keeps the plugin's DaemonSet pod off the node while a MIG mode changes.
+PAUSE_LABEL = "gpuops.k8s/device-plugin.paused"
 # An NVML client the collection does not own (a monitoring agent), as a transient unit in the node.
 HOLDER = "gpuops-test-nvml-holder"
 HOLD = "import time, pynvml; pynvml.nvmlInit(); time.sleep(3600)"
@@ -510,3 +519,146 @@ def test_dra_evicts_the_pod_whose_claim_holds_a_gpu_that_changes(dra: tuple[Step
     step, _devices = dra
     assert step.pods_after == {"dra-a": None}
     evicted_before_the_write(step)
+
+
+# --- the DaemonSet deployment: all-disabled -> all-1g.10gb, failing half-way, then for real ---------------------------
+@dataclass
+class DaemonsetStep:
+    """One site.yml run to a config under the DaemonSet deployment (twice where the first succeeds)."""
+
+    first: PlaybookRun
+    second: PlaybookRun | None
+    pod_before: client.V1Pod
+    pod_after: client.V1Pod  # the node's plugin pod once it is Ready again
+    layout: list[dict[str, Any]]
+    labels: dict[str, str]
+    node_labels: dict[str, str]
+    allocatable: dict[str, str]
+    pods_before: dict[str, str] = field(default_factory=dict)
+    pods_after: dict[str, str | None] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def ds_flow(flow: Flow, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
+    """The node moved to the DaemonSet deployment of the plugin (device-plugin allocation, MIG off): the flow's
+    variables plus the image, which the role imports into the node's containerd. Moved back to systemd afterwards."""
+    work = tmp_path_factory.mktemp("site-mig-daemonset")
+    archive = work / "gpu-device-plugin.oci.tar"
+    image = build_plugin_archive(archive)
+    ds_vars = work / "vars.yml"
+    ds_vars.write_text(
+        yaml.safe_dump(
+            {
+                **yaml.safe_load(flow.base_vars.read_text()),
+                "device_plugin_mode": "daemonset",
+                "device_plugin_image": image,
+                "device_plugin_image_archive": str(archive),
+            }
+        )
+    )
+    ds = Flow(flow.lab, flow.node, flow.inventory, ds_vars)
+    ds.setup = Runner(ds).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
+    yield ds
+    # Back to the systemd deployment with MIG off (from all-1g.10gb: the pause path once more, turning MIG off).
+    back = Runner(flow).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
+    assert back.returncode == 0, back.summary()
+
+
+def ds_step(
+    ds: Flow, config: str, pods: dict[str, str], wanted: dict[str, int], twice: bool, **extra: Any
+) -> DaemonsetStep:
+    lab, node = ds.lab, ds.node
+    assert ds.setup is not None and ds.setup.returncode == 0, ds.setup and ds.setup.summary()
+    runner = Runner(ds)
+    before = ready_pod(lab, node, DAEMONSET)
+    first = runner.run(gpu_mig_config=config, gpu_allocation_mode="device_plugin", **extra)
+    lab.wait_until(f"{node} allocatable {wanted}", lambda: resources(lab, node) == wanted, timeout=120)
+    second = (
+        runner.run(gpu_mig_config=config, gpu_allocation_mode="device_plugin", **extra)
+        if twice and first.returncode == 0
+        else None
+    )
+    return DaemonsetStep(
+        first=first,
+        second=second,
+        pod_before=before,
+        pod_after=ready_pod(lab, node, DAEMONSET),
+        layout=layout(lab, node),
+        labels=mig_labels(lab, node),
+        node_labels=dict(lab.node(node).metadata.labels or {}),
+        allocatable=lab.allocatable(node),
+        pods_before=dict(pods),
+        pods_after={name: pod_uid(lab, name) for name in pods},
+    )
+
+
+@pytest.fixture(scope="module")
+def ds_failed(ds_flow: Flow) -> DaemonsetStep:
+    """all-disabled -> all-1g.10gb under the DaemonSet deployment, with a fault injected half-way into the write."""
+    return ds_step(ds_flow, "all-1g.10gb", {}, {GPU: 8, MIG_1G: 0}, twice=False, nvidia_mig_environment=FAULT)
+
+
+@pytest.fixture(scope="module")
+def ds_all_1g(ds_flow: Flow, ds_failed: DaemonsetStep) -> DaemonsetStep:
+    """all-disabled -> all-1g.10gb under the DaemonSet deployment, with a pod holding four GPUs."""
+    pods = {"ds-whole": start_pod(ds_flow.lab, gpu_pod("ds-whole", ds_flow.node, GPU, 4))}
+    return ds_step(ds_flow, "all-1g.10gb", pods, {GPU: 0, MIG_1G: 56}, twice=True)
+
+
+def paused_around_the_write(run: PlaybookRun) -> None:
+    """The pod was kept off the node before the layout was written, and let back after."""
+    paused = task_position(run, "Label the node so that the DaemonSet's pod leaves it")
+    gone = task_position(run, "Wait until the node has no pod of the DaemonSet", "ok")
+    written = task_position(run, "Write the MIG layout", "changed") or task_position(
+        run, "Write the MIG layout", "fatal"
+    )
+    resumed = task_position(run, "Remove the node's pause label")
+    assert None not in (paused, gone, written, resumed), run.summary()
+    assert paused < gone < written < resumed, run.summary()
+
+
+def test_daemonset_deployment_a_failure_half_way_is_rolled_back_and_the_plugin_pod_comes_back(
+    ds_failed: DaemonsetStep,
+) -> None:
+    step = ds_failed
+    assert step.first.returncode != 0
+    out = step.first.output
+    assert "did not take MIG config all-1g.10gb" in out, step.first.summary()
+    assert "Unknown Error" in out, step.first.summary()
+    assert "are back to the layout they had" in out, step.first.summary()
+    paused_around_the_write(step.first)
+    assert summary(step.layout) == [OFF] * 8
+    assert step.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "failed"}
+    # The DaemonSet is back on the node: the pause label is gone, and a new pod serves the old layout.
+    assert PAUSE_LABEL not in step.node_labels, step.node_labels
+    assert step.pod_after.metadata.uid != step.pod_before.metadata.uid
+    assert int(step.allocatable.get(GPU, "0")) == 8 and int(step.allocatable.get(MIG_1G, "0")) == 0
+
+
+def test_daemonset_deployment_all_1g_10gb_pauses_the_plugin_pod_and_a_new_one_serves_56_mig_devices(
+    ds_all_1g: DaemonsetStep,
+) -> None:
+    step = ds_all_1g
+    assert step.first.returncode == 0, step.first.summary()
+    assert step.second is not None and step.second.returncode == 0, step.second and step.second.summary()
+    assert step.second.changed == 0, (step.second.changed_tasks(), step.second.summary())
+    paused_around_the_write(step.first)
+    assert summary(step.layout) == [SEVEN] * 8
+    assert int(step.allocatable[MIG_1G]) == 56 and int(step.allocatable.get(GPU, "0")) == 0
+    assert step.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
+    assert PAUSE_LABEL not in step.node_labels, step.node_labels
+    assert step.pod_after.metadata.uid != step.pod_before.metadata.uid
+
+
+def test_daemonset_deployment_finds_the_pod_on_the_gpus_from_the_plugin_pod_and_evicts_it_first(
+    ds_all_1g: DaemonsetStep,
+) -> None:
+    step = ds_all_1g
+    assert step.pods_after == {"ds-whole": None}
+    asked = task_position(
+        step.first, "Find the pods that hold devices of the GPUs that change, from the daemon's pod", "ok"
+    )
+    evicted = task_position(step.first, "Evict those pods")
+    paused = task_position(step.first, "Label the node so that the DaemonSet's pod leaves it")
+    assert None not in (asked, evicted, paused), step.first.summary()
+    assert asked < evicted < paused, step.first.summary()

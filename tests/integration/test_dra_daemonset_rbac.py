@@ -378,7 +378,31 @@ def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rend
     }
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert set(volumes) == set(mounts) == {"plugins-registry", "plugin", "cdi", "config", "simulated-spec", "health"}
+    assert (
+        set(volumes)
+        == set(mounts)
+        == {"plugins-registry", "plugin", "cdi", "config", "pod-resources", "simulated-spec", "health"}
+    )
+    # The kubelet's pod-resources API, read-only, for gpu-pods in the pod (the nvidia_mig role).
+    assert volumes["pod-resources"]["hostPath"] == {
+        "path": "/var/lib/kubelet/pod-resources",
+        "type": "DirectoryOrCreate",
+    }
+    assert mounts["pod-resources"] == {
+        "name": "pod-resources",
+        "mountPath": "/var/lib/kubelet/pod-resources",
+        "readOnly": True,
+    }
+    # The pod leaves a node the nvidia_mig role pauses while a MIG mode changes there.
+    assert pod["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpuops.k8s/device-plugin.paused", "operator": "DoesNotExist"}]}
+                ]
+            }
+        }
+    }
     for name, path in (
         ("plugins-registry", "/var/lib/kubelet/plugins_registry"),
         ("plugin", f"/var/lib/kubelet/plugins/{DRIVER}"),

@@ -47,6 +47,12 @@ TIME_SLICING_CONFIG = {
 }
 
 
+def _mig_strategy(strategy: str) -> dict:
+    """NVIDIA's config file (version v1) with a MIG strategy: GFD reads it, and the role reads it as the host's
+    device_plugin_config (flags.migStrategy)."""
+    return {"version": "v1", "flags": {"migStrategy": strategy}}
+
+
 @dataclass
 class Shape:
     spec: str
@@ -54,13 +60,25 @@ class Shape:
     gfd_flags: list[str] = field(default_factory=list)
     device_plugin_config: dict | None = None
     gpu_changes: dict = field(default_factory=dict)  # set on every GPU of a copy of the spec
+    # Every GPU of a copy of the spec in MIG mode with these MIG devices: (profile, MiB) each.
+    mig_layout: list[tuple[str, int]] = field(default_factory=list)
 
 
 SHAPES = {
     "h100x8": Shape("h100x8.yaml", "PowerEdge XE9680"),
     "t4x1": Shape("t4x1.yaml", "Google Compute Engine"),
     # a100-mig.yaml is mixed: GPU 0 in MIG mode (3g.20gb + 2 x 1g.5gb), GPU 1 whole.
-    "a100-mig-mixed": Shape("a100-mig.yaml", "DGX A100", ["--mig-strategy=mixed"]),
+    "a100-mig-mixed": Shape("a100-mig.yaml", "DGX A100", device_plugin_config=_mig_strategy("mixed")),
+    # The same node under the single strategy, which it does not fit (a whole GPU, two profiles): GFD's INVALID.
+    "a100-mig-single-invalid": Shape("a100-mig.yaml", "DGX A100", device_plugin_config=_mig_strategy("single")),
+    # Every GPU of the H100 node in mig-parted's all-1g.10gb (seven 1g.10gb, 9984 MiB each on an H100 80GB):
+    # under the single strategy the 56 MIG devices are the node's nvidia.com/gpu.
+    "h100-mig-single": Shape(
+        "h100x8.yaml",
+        "PowerEdge XE9680",
+        device_plugin_config=_mig_strategy("single"),
+        mig_layout=[("1g.10gb", 9984)] * 7,
+    ),
     # The T4 node again, its GPU time-sliced four ways, and without MIG as a real T4 answers (NOT_SUPPORTED;
     # t4x1.yaml leaves mig_mode at the spec's default, disabled).
     "t4x1-time-sliced": Shape(
@@ -104,6 +122,16 @@ SHARED = (
     "nvidia.com/cuda.runtime.minor",
 )
 
+# Label names both write where the node has what they describe (patterns over the whole name): the MIG strategy,
+# each MIG profile's labels (mixed), and a MIG device's attributes under nvidia.com/gpu (single). On a shape where
+# either side writes one, both must, with GFD's value unless DIFFERENCES says otherwise.
+SHARED_WHERE_WRITTEN = (
+    r"nvidia\.com/mig\.strategy",
+    r"nvidia\.com/mig-[0-9a-z.]+\.(count|product|memory|multiprocessors|replicas|sharing-strategy"
+    r"|slices\.(gi|ci)|engines\.(copy|decoder|encoder|jpeg|ofa))",
+    r"nvidia\.com/gpu\.(multiprocessors|slices\.(gi|ci)|engines\.(copy|decoder|encoder|jpeg|ofa))",
+)
+
 # Shared names whose values differ, per shape: (GFD's value, ours). Reasons in docs/compared-labels.md.
 DIFFERENCES: dict[str, dict[str, tuple[str, str]]] = {name: {} for name in SHAPES}
 
@@ -112,9 +140,6 @@ GFD_ONLY = (
     r"nvidia\.com/gpu\.machine",
     r"nvidia\.com/mps\.capable",
     r"nvidia\.com/vgpu\.present",
-    r"nvidia\.com/mig\.strategy",
-    r"nvidia\.com/mig-[0-9a-z.+]+\.(count|product|memory|multiprocessors|replicas|sharing-strategy"
-    r"|slices\.(gi|ci)|engines\.(copy|decoder|encoder|jpeg|ofa))",
 )
 # Our nvidia.com/ labels GFD does not write.
 OURS_ONLY = ("nvidia.com/gpu.present",)
@@ -166,9 +191,15 @@ def nodes(binaries, tmp_path_factory):
         work = tmp_path_factory.mktemp(name)
         spec_path = SPECS / shape.spec
         spec = yaml.safe_load(spec_path.read_text())
-        if shape.gpu_changes:
+        if shape.gpu_changes or shape.mig_layout:
             for gpu in spec["gpus"]:
                 gpu.update(shape.gpu_changes)
+                if shape.mig_layout:
+                    gpu["mig_mode"] = "enabled"
+                    gpu["mig_devices"] = [
+                        {"uuid": f"MIG-{gpu['uuid'][4:]}-{n}", "profile": profile, "memory_mib": memory}
+                        for n, (profile, memory) in enumerate(shape.mig_layout)
+                    ]
             spec_path = work / shape.spec
             spec_path.write_text(yaml.safe_dump(spec))
         state = work / "nvml.state"
@@ -338,21 +369,32 @@ def _gfd_only(name: str) -> bool:
     return any(re.fullmatch(pattern, name) for pattern in GFD_ONLY)
 
 
+def _shared_where_written(name: str) -> bool:
+    return any(re.fullmatch(pattern, name) for pattern in SHARED_WHERE_WRITTEN)
+
+
+def _shared_names(gfd: dict[str, str], ours: dict[str, str]) -> list[str]:
+    """SHARED, and the names of SHARED_WHERE_WRITTEN that either side writes on this shape."""
+    return list(SHARED) + sorted(n for n in set(gfd) | set(ours) if _shared_where_written(n))
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_shared_labels_have_gfds_values(shape, compared):
     gfd, ours = compared[shape]["gfd"], compared[shape]["ours"]
-    missing = {"GFD": [n for n in SHARED if n not in gfd], "ours": [n for n in SHARED if n not in ours]}
+    shared = _shared_names(gfd, ours)
+    missing = {"GFD": [n for n in shared if n not in gfd], "ours": [n for n in shared if n not in ours]}
     assert missing == {"GFD": [], "ours": []}, f"{shape}: a shared label name is missing"
-    differences = {n: (gfd[n], ours[n]) for n in SHARED if gfd[n] != ours[n]}
+    differences = {n: (gfd[n], ours[n]) for n in shared if gfd[n] != ours[n]}
     assert differences == DIFFERENCES[shape]
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_the_labels_only_one_side_writes_are_the_documented_ones(shape, compared):
     gfd, ours = compared[shape]["gfd"], compared[shape]["ours"]
-    unlisted_gfd = sorted(n for n in set(gfd) - set(SHARED) if not _gfd_only(n))
+    shared = set(_shared_names(gfd, ours))
+    unlisted_gfd = sorted(n for n in set(gfd) - shared if not _gfd_only(n))
     assert unlisted_gfd == [], f"{shape}: GFD writes labels this comparison does not account for"
-    unlisted_ours = sorted(set(ours) - set(SHARED) - set(OURS_ONLY))
+    unlisted_ours = sorted(set(ours) - shared - set(OURS_ONLY))
     assert unlisted_ours == [], f"{shape}: we write nvidia.com/ labels this comparison does not account for"
     assert sorted(n for n in OURS_ONLY if n in gfd) == [], f"{shape}: GFD now writes a label we listed as ours only"
     assert all(n in ours for n in OURS_ONLY)
@@ -361,8 +403,20 @@ def test_the_labels_only_one_side_writes_are_the_documented_ones(shape, compared
 def test_each_shape_shows_what_it_is_there_for(gfd_labels, our_labels):
     """The shapes exercise what they are named for, on GFD's side, so a broken stand-in cannot pass unnoticed."""
     assert gfd_labels["h100x8"]["nvidia.com/gpu.count"] == "8"
-    assert gfd_labels["a100-mig-mixed"]["nvidia.com/mig.strategy"] == "mixed"
-    assert gfd_labels["a100-mig-mixed"]["nvidia.com/mig-1g.5gb.count"] == "2"
+    mixed = gfd_labels["a100-mig-mixed"]
+    assert mixed["nvidia.com/mig.strategy"] == "mixed"
+    assert mixed["nvidia.com/mig-1g.5gb.count"] == "2"
+    # Both profiles with all 13 labels each, so that the comparison of their values has something to compare.
+    assert len([n for n in mixed if n.startswith(("nvidia.com/mig-1g.5gb.", "nvidia.com/mig-3g.20gb."))]) == 26
+    invalid = gfd_labels["a100-mig-single-invalid"]
+    assert (invalid["nvidia.com/mig.strategy"], invalid["nvidia.com/gpu.count"]) == ("single", "0")
+    assert invalid["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-INVALID"
+    single = gfd_labels["h100-mig-single"]
+    assert (single["nvidia.com/mig.strategy"], single["nvidia.com/gpu.count"]) == ("single", "56")
+    assert single["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"
+    assert len([n for n in single if re.fullmatch(SHARED_WHERE_WRITTEN[2], n)]) == 8
+    for shape in ("h100x8", "t4x1", "t4x1-time-sliced"):
+        assert not [n for n in gfd_labels[shape] if _shared_where_written(n)], shape
     assert gfd_labels["t4x1-time-sliced"]["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert gfd_labels["t4x1-time-sliced"]["nvidia.com/gpu.replicas"] == "4"
     assert gfd_labels["t4x1-time-sliced"]["nvidia.com/mig.capable"] == "false"

@@ -377,6 +377,57 @@ def test_the_fleet_entry_point_labels_from_the_control_host_with_each_hosts_fact
     assert made.get("PATCH", 0) == 0, made
 
 
+MIG_SPEC = ROOT / "tests/fixtures/simulated/a100-mig.yaml"
+MIG_CONFIG_LABELS = {"nvidia.com/mig.config": "all-balanced", "nvidia.com/mig.config.state": "success"}
+
+
+def test_the_mig_labels_follow_the_hosts_plugin_config_and_survive_a_run_without_the_mig_stage(apiserver):
+    """The MIG strategy labels come from each host's own device_plugin_config; the MIG config labels the nvidia_mig
+    role notes (its fact nvidia_mig_node_labels, here given as a host variable) are kept by a later run where that
+    stage did not run (site.yml --tags labels) while the host names a MIG config, and removed once it names none."""
+    names = [f"gpu-labels-mig-{i}" for i in (1, 2)]
+    for name in names:
+        apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    mixed = {"version": "v1", "flags": {"migStrategy": "mixed"}}
+    stage_ran = {"gpu_mig_config": "all-balanced", "nvidia_mig_node_labels": MIG_CONFIG_LABELS}
+    hosts = {
+        # The batch's first host: its own plugin config must not stand for the other host's.
+        names[0]: {"gpu_node_labels_simulate_from": str(MIG_SPEC), "device_plugin_config": mixed, **stage_ran},
+        names[1]: dict(stage_ran),
+    }
+    common = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpu_node_labels_simulate_from": str(SPEC),
+        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
+    }
+    changed, _made = _play_batch(apiserver, hosts, common)
+    assert changed == set(names)
+    first, second = (apiserver["core"].read_node(name).metadata.labels for name in names)
+    assert (first["nvidia.com/mig.strategy"], first["nvidia.com/mig-1g.5gb.count"]) == ("mixed", "2")
+    assert first["nvidia.com/mig-3g.20gb.product"] == "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb"
+    assert not [key for key in second if key.startswith(("nvidia.com/mig.strategy", "nvidia.com/mig-"))]
+    for labels in (first, second):
+        assert {key: labels[key] for key in MIG_CONFIG_LABELS} == MIG_CONFIG_LABELS
+
+    # The labels stage alone: no MIG stage noted anything. Both hosts still name their config: no change.
+    for name in names:
+        del hosts[name]["nvidia_mig_node_labels"]
+    changed, made = _play_batch(apiserver, hosts, common)
+    assert changed == set() and made.get("PATCH", 0) == 0, made
+    for name in names:
+        labels = apiserver["core"].read_node(name).metadata.labels
+        assert {key: labels[key] for key in MIG_CONFIG_LABELS} == MIG_CONFIG_LABELS
+
+    # The second host names no MIG config any more: its MIG config labels go, the first host's stay.
+    hosts[names[1]]["gpu_mig_config"] = ""
+    changed, _made = _play_batch(apiserver, hosts, common)
+    assert changed == {names[1]}
+    first, second = (apiserver["core"].read_node(name).metadata.labels for name in names)
+    assert {key: first[key] for key in MIG_CONFIG_LABELS} == MIG_CONFIG_LABELS
+    assert not set(MIG_CONFIG_LABELS) & set(second)
+
+
 def test_the_fleet_entry_point_with_no_hosts_does_nothing(apiserver):
     """An empty batch (a group without hosts) is not an error: no API request, no change."""
     work = apiserver["work"]

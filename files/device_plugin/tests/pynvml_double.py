@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 from gpu_device_plugin import simspec
+from gpu_device_plugin._shared import simulated_spec
 from gpu_device_plugin.inventory import Gpu, Inventory, MigDevice
 
 NVML_ERROR_UNINITIALIZED = 1
@@ -57,6 +58,21 @@ class NVMLError(Exception):
 @dataclass
 class _Memory:
     total: int
+
+
+@dataclass
+class _Attributes:
+    """NVML's nvmlDeviceAttributes_t, field for field."""
+
+    multiprocessorCount: int
+    sharedCopyEngineCount: int
+    sharedDecoderCount: int
+    sharedEncoderCount: int
+    sharedJpegCount: int
+    sharedOfaCount: int
+    gpuInstanceSliceCount: int
+    computeInstanceSliceCount: int
+    memorySizeMB: int
 
 
 @dataclass
@@ -181,6 +197,27 @@ class PynvmlDouble:
         if isinstance(handle, _MigHandle):
             return _Memory(handle.mig.memory_mib * 1024 * 1024)
         return _Memory(self._gpu(handle).memory_mib * 1024 * 1024)
+
+    def nvmlDeviceGetAttributes_v2(self, handle: Any) -> _Attributes:
+        """A MIG device's attributes as the mock NVML library models its product's profiles; NOT_SUPPORTED for a
+        whole GPU (the daemon asks only MIG devices) and for a product or profile the library does not model."""
+        if not isinstance(handle, _MigHandle):
+            self._gpu(handle)
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        known = simulated_spec.mig_device_attributes(handle.gpu.name, handle.mig.profile)
+        if None in known.values():
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return _Attributes(
+            multiprocessorCount=known["multiprocessors"],
+            sharedCopyEngineCount=known["copy_engines"],
+            sharedDecoderCount=known["decoders"],
+            sharedEncoderCount=known["encoders"],
+            sharedJpegCount=known["jpeg_engines"],
+            sharedOfaCount=known["ofa_engines"],
+            gpuInstanceSliceCount=known["gpu_instance_slices"],
+            computeInstanceSliceCount=known["compute_instance_slices"],
+            memorySizeMB=handle.mig.memory_mib,
+        )
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> _Pci:
         return _Pci(_bus(self._gpu(handle).pci_bus_id))

@@ -29,6 +29,7 @@ class WebhookPeer:
 
     def __init__(self, status: int = 200) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.authorizations: list[Optional[str]] = []
         self.hold: Optional[threading.Event] = None
         self.arrived = threading.Event()
         peer = self
@@ -38,6 +39,7 @@ class WebhookPeer:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
                 assert self.headers.get("Content-Type") == "application/json"
+                peer.authorizations.append(self.headers.get("Authorization"))
                 peer.bodies.append(body)
                 peer.arrived.set()
                 if peer.hold is not None:
@@ -238,6 +240,31 @@ def test_the_webhook_hears_once_per_gpu_and_class(node, webhook):
         daemon.stop()
 
 
+def test_the_webhook_carries_the_token_of_its_token_file_read_at_each_post(node, webhook, tmp_path):
+    token = tmp_path / "alert-token"
+    token.write_text("first-token\n")
+    daemon = start(node, alert_webhook=webhook.url, alert_webhook_token_file=str(token))
+    try:
+        edit(node, g1={"xid": 79})
+        assert wait_until(lambda: len(webhook.bodies) == 1)
+        token.write_text("rotated-token")  # a new token is taken without a restart
+        edit(node, g1={"xid": 79}, g2={"xid": 48})
+        assert wait_until(lambda: len(webhook.bodies) == 2)
+        assert webhook.authorizations == ["Bearer first-token", "Bearer rotated-token"]
+    finally:
+        daemon.stop()
+
+
+def test_without_a_token_file_the_webhook_gets_no_authorization(node, webhook):
+    daemon = start(node, alert_webhook=webhook.url)
+    try:
+        edit(node, g3={"xid": 79})
+        assert wait_until(lambda: len(webhook.bodies) == 1)
+        assert webhook.authorizations == [None]
+    finally:
+        daemon.stop()
+
+
 def test_a_webhook_that_does_not_answer_never_holds_the_daemon(node, webhook):
     webhook.hold = threading.Event()
     path = str(node.tmp / "gpu-health.json")
@@ -352,6 +379,7 @@ def test_an_unwritable_health_file_is_logged_and_counted(node, tmp_path, caplog)
         ("  xidClasses: [79]\n", "gpuops.xidClasses must be a mapping of XID to class, not list."),
         ("  alertWebhook: ftp://x\n", "alertWebhook must be an http:// or https:// URL, not 'ftp://x'."),
         ("  healthFile: gpu-health.json\n", "healthFile must be an absolute path or off, not 'gpu-health.json'."),
+        ("  alertWebhookTokenFile: token\n", "alertWebhookTokenFile must be an absolute path, not 'token'."),
         ("  nodeCondition: perhaps\n", "gpuops.nodeCondition must be true or false, not 'perhaps'."),
     ],
 )

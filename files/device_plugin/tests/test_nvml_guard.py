@@ -8,6 +8,7 @@ test files named below, each with the reason the library cannot serve it."""
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import os
 import re
@@ -27,6 +28,7 @@ SOURCES = [
 FALLBACKS = {
     "nvmlDeviceGetPciInfo": "nvmlDeviceGetPciInfo_v3",
     "nvmlSystemGetCudaDriverVersion": "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetAttributes": "nvmlDeviceGetAttributes_v2",
 }
 # Test files that may use a Python double of pynvml, and why: this tier's (tests/pynvml_double.py,
 # tests/doubles/pynvml.py) and the module's unit tier's (tests/unit/plugins/modules/nvml_test_double.py).
@@ -63,13 +65,61 @@ def referenced_functions(pynvml) -> set[str]:
 
 
 def c_symbols(pynvml, function: str) -> set[str]:
-    """The library symbols a pynvml function resolves (nvmlInit -> nvmlInitWithFlags, ...)."""
+    """The library symbols a pynvml function resolves, itself or through the pynvml functions it calls
+    (nvmlInit -> nvmlInitWithFlags, nvmlComputeInstanceGetInfo -> nvmlComputeInstanceGetInfo_v2, ...)."""
     import inspect
 
-    found = set(_POINTER.findall(inspect.getsource(getattr(pynvml, function))))
-    if function == "nvmlInit":
-        found |= c_symbols(pynvml, "nvmlInitWithFlags")
+    source = inspect.getsource(getattr(pynvml, function))
+    found = set(_POINTER.findall(source))
+    if not found:
+        for called in set(_NAME.findall(source)) - {function}:
+            if callable(getattr(pynvml, called, None)):
+                found |= c_symbols(pynvml, called)
     return found
+
+
+def collection_module_utils(name: str):
+    """A module of the collection's plugins/module_utils (the nvidia_mig module's _mig_layout, its NVML layer, and
+    _mig_plan), imported from the tree without Ansible: its package is made here, pointing at that directory."""
+    import importlib
+    import sys
+    import types
+
+    parts = ["ansible_collections", "gpuops", "k8s", "plugins", "module_utils"]
+    for depth in range(1, len(parts) + 1):
+        package_name = ".".join(parts[:depth])
+        if package_name not in sys.modules:
+            package = types.ModuleType(package_name)
+            package.__path__ = [os.path.join(REPO, *parts[3:depth])] if depth > 3 else []
+            sys.modules[package_name] = package
+    return importlib.import_module(f"ansible_collections.gpuops.k8s.plugins.module_utils.{name}")
+
+
+def run_the_mig_paths(library: MockNvml) -> None:
+    """The nvidia_mig module's writes on one H100, as its runs make them: MIG on, two GPU instances with their
+    compute instances, everything destroyed, the layout put back at its placements, MIG off."""
+    layout = collection_module_utils("_mig_layout")
+    plan = collection_module_utils("_mig_plan")
+    nvml = library.pynvml
+    nvml.nvmlInit()
+    try:
+        api = layout.Nvml(nvml)
+        gpu = layout.read_gpus(api)[0]
+        assert layout.set_mode(api, gpu, True)
+        layout.refresh(api, gpu)
+        layout.create(api, gpu, plan.gpu_instances({"3g.40gb": 1, "1c.3g.40gb": 3}))
+        layout.refresh(api, gpu)
+        before = copy.copy(gpu)  # as the module keeps it: the read replaces the lists, never edits them
+        assert gpu.layout()["devices"] == {"3g.40gb": 1, "1c.3g.40gb": 3}
+        layout.destroy_all(api, gpu)
+        assert layout.restore(api, gpu, before)
+        layout.refresh(api, gpu)
+        assert gpu.layout()["devices"] == {"3g.40gb": 1, "1c.3g.40gb": 3}
+        assert [gi.placement for gi in gpu.instances] == [gi.placement for gi in before.instances]
+        layout.destroy_all(api, gpu)
+        assert layout.set_mode(api, gpu, False)
+    finally:
+        nvml.nvmlShutdown()
 
 
 def run_the_project_paths(library: MockNvml, tmp_path) -> None:
@@ -117,6 +167,13 @@ def test_every_nvml_function_the_project_calls_runs_through_the_library(tmp_path
             gpu_discovery.nvml_discover(mig.pynvml, str(tmp_path))
         finally:
             mig.close()
+        spec_for_mig = tmp_path / "mig-gpus.yaml"
+        write_spec(str(spec_for_mig), fixture("h100x8.yaml"))
+        mig_writes = MockNvml(str(spec_for_mig), str(tmp_path / "mig-writes-state"))
+        try:
+            run_the_mig_paths(mig_writes)
+        finally:
+            mig_writes.close()
     finally:
         library.close()
     called = set(trace.read_text().split())

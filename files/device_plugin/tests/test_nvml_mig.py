@@ -236,7 +236,7 @@ def test_all_1g_10gb_on_an_h100_takes_seven_gpu_instances_where_the_driver_puts_
     assert code(nvml, nvml.nvmlDeviceCreateGpuInstance, gpu, 19) == nvml.NVML_ERROR_NOT_SUPPORTED
     enable(nvml, gpu)
     assert nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 19) == 7
-    made = [create(nvml, gpu, 19) for _ in range(7)]
+    made = [create(nvml, gpu, 19) for _attempt in range(7)]
     # NVIDIA's own transcript of `nvidia-smi mig -cgi 19,19,19,19,19,19,19 -C` on an H100: IDs 13, 11, 12, 7-10.
     assert made == [(13, 6), (11, 4), (12, 5), (7, 0), (8, 1), (9, 2), (10, 3)]
     assert code(nvml, nvml.nvmlDeviceCreateGpuInstance, gpu, 19) == nvml.NVML_ERROR_INSUFFICIENT_RESOURCES

@@ -71,6 +71,11 @@ def _compare(gpu: Gpu, fact: dict[str, Any]) -> None:
             for m in gpu.mig_devices
         ],
     }
+    # The daemon keeps what it allocates by; the attributes NVML gives a MIG device (SMs, slices, engines) are
+    # the labels' and stay in the facts.
+    fact = dict(
+        fact, mig_devices=[{k: m[k] for k in ("index", "uuid", "profile", "memory_mib")} for m in fact["mig_devices"]]
+    )
     for key, daemon_value in pairs.items():
         module_value = sorted(fact[key]) if key == "nvlink_peers" else fact[key]
         assert daemon_value == module_value, (

@@ -104,6 +104,17 @@ def test_mig_mixed_follows_spec_edits_that_add_a_profile(node, daemon, tmp_path)
     assert [d["id"] for d in node.kubelet.devices("nvidia.com/mig-2g.10gb")] == [MIGS[0]]
 
 
+def test_a_media_extension_profile_is_a_resource_spelled_with_a_dot(node, daemon, tmp_path):
+    spec_path = str(tmp_path / "a100.yaml")
+    spec = fixture("a100-mig.yaml")
+    spec["gpus"][0]["mig_devices"][1]["profile"] = "1g.5gb+me"
+    write_spec(spec_path, spec)
+    daemon(spec=spec_path, mig_strategy="mixed")
+    assert node.kubelet.wait(lambda: node.kubelet.devices("nvidia.com/mig-1g.5gb.me") is not None)
+    assert [d["id"] for d in node.kubelet.devices("nvidia.com/mig-1g.5gb.me")] == [MIGS[1]]
+    assert "gpuops-nvidia.com-mig-1g.5gb.me.sock" in {r.endpoint for r in node.kubelet.registrations}
+
+
 def test_mig_strategy_single(node, daemon, tmp_path):
     spec = fixture("a100-mig.yaml")
     spec["gpus"] = spec["gpus"][:1]

@@ -41,6 +41,7 @@ def test_the_inventorys_xid_classes_webhook_and_health_file_reach_the_daemon():
     config = config_of(
         gpu_remediation_xid_classes={63: "reset", 79: "replace"},
         device_plugin_alert_webhook="http://eda.example:5000/endpoint",
+        device_plugin_alert_webhook_token_file="/etc/gpuops/alert-token",
         device_plugin_health_file="/srv/gpuops/health.json",
         device_plugin_config={"version": "v1", "flags": {"migStrategy": "single"}, "gpuops": {"initRetrySeconds": 5}},
     )
@@ -51,6 +52,7 @@ def test_the_inventorys_xid_classes_webhook_and_health_file_reach_the_daemon():
             "initRetrySeconds": 5,
             "xidClasses": {63: "reset", 79: "replace"},
             "alertWebhook": "http://eda.example:5000/endpoint",
+            "alertWebhookTokenFile": "/etc/gpuops/alert-token",
             "healthFile": "/srv/gpuops/health.json",
         },
     }

@@ -3,11 +3,14 @@
 """What the nvidia_mig role decides from its read (vars/main.yml), rendered with Ansible's own templar from the
 role's defaults and vars, given a gpuops.k8s.nvidia_mig check-mode result and a gpuops.k8s.node_state result built
 here: whether anything differs, whether a MIG mode changes (the daemon must stop), gpu-pods' command line, the
-daemon's readiness URL and the config the module is given. The e2e tier (tests/e2e/test_site_mig.py) runs the
-role's tasks."""
+daemon's readiness URL and the config the module is given; under the DaemonSet deployment, whether the DaemonSet (as
+the device_plugin role's templates render it) steps aside for the role's pause label, and gpu-pods' command line in
+the node's daemon pod. The e2e tier (tests/e2e/test_site_mig.py) runs the role's tasks."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ init_plugin_loader()
 
 ROLE = Path(__file__).resolve().parents[3] / "roles" / "nvidia_mig"
 CLI = "/opt/gpuops/device-plugin/venv/bin/gpu-device-plugin"
+CONTAINERFILE = ROLE.parents[1] / "files" / "device_plugin" / "Containerfile"
 CONFIG_FILE = "/etc/gpuops/device-plugin/config.yaml"
 ABSENT = {"type": "absent"}
 FILE = {"type": "file", "mode": "0644", "owner": "root", "group": "root"}
@@ -161,3 +165,103 @@ def test_the_shipped_config_unless_another_file_or_a_document_is_given(tmp_path:
 def test_the_config_name_is_the_hosts_gpu_mig_config():
     assert role_vars()("nvidia_mig_config_name") == ""
     assert role_vars(gpu_mig_config="all-balanced")("nvidia_mig_config_name") == "all-balanced"
+
+
+# --- the DaemonSet deployment -----------------------------------------------------------------------------------
+DEVICE_PLUGIN = ROLE.parent / "device_plugin"
+RECORD = "/var/lib/gpuops/device-plugin-daemonset.json"
+
+
+def device_plugin_daemonset(template: str) -> dict[str, Any]:
+    """The DaemonSet of one of the device_plugin role's templates, rendered with that role's defaults and vars."""
+    loader = DataLoader()
+    variables: dict[str, Any] = {"device_plugin_image": "gpu-device-plugin:test"}
+    variables.update(loader.load_from_file(str(DEVICE_PLUGIN / "defaults" / "main.yml"), trusted_as_template=True))
+    variables.update(loader.load_from_file(str(DEVICE_PLUGIN / "vars" / "main.yml"), trusted_as_template=True))
+    templar = Templar(loader=loader, variables=variables)
+    text = templar.template(trust_as_template((DEVICE_PLUGIN / "templates" / template).read_text()))
+    (daemonset,) = [o for o in yaml.safe_load_all(text) if o and o["kind"] == "DaemonSet"]
+    return daemonset
+
+
+def daemonset_node(record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "paths": {CLI: ABSENT, CONFIG_FILE: ABSENT, RECORD: FILE},
+        "contents": {RECORD: json.dumps(record)},
+        "units": {},
+    }
+
+
+@pytest.mark.parametrize("template", ["daemonset.yml.j2", "dra-daemonset.yml.j2"])
+def test_both_daemonsets_step_aside_for_the_label_the_role_pauses_a_node_with(template):
+    daemonset = device_plugin_daemonset(template)
+    get = role_vars(__nvidia_mig_daemonset_object={"resources": [daemonset]})
+    assert get("__nvidia_mig_daemonset_pausable") is True
+    assert get("__nvidia_mig_daemonset_selector") == [f"app.kubernetes.io/name={daemonset['metadata']['name']}"]
+    # The pod mounts the directory of the socket gpu-pods is pointed at, read-only.
+    socket_dir = str(Path(role_vars()("nvidia_mig_pod_resources_socket")).parent)
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert {"name": "pod-resources", "mountPath": socket_dir, "readOnly": True} in container["volumeMounts"]
+    assert {"name": "pod-resources", "hostPath": {"path": socket_dir, "type": "DirectoryOrCreate"}} in daemonset[
+        "spec"
+    ]["template"]["spec"]["volumes"]
+
+
+def test_a_daemonset_without_the_pause_affinity_or_not_in_the_api_cannot_be_paused():
+    daemonset = device_plugin_daemonset("daemonset.yml.j2")
+    del daemonset["spec"]["template"]["spec"]["affinity"]
+    assert (
+        role_vars(__nvidia_mig_daemonset_object={"resources": [daemonset]})("__nvidia_mig_daemonset_pausable") is False
+    )
+    assert role_vars(__nvidia_mig_daemonset_object={"resources": []})("__nvidia_mig_daemonset_pausable") is False
+    # A second term that does not exclude the label lets the pod stay on a labelled node.
+    daemonset = device_plugin_daemonset("daemonset.yml.j2")
+    terms = daemonset["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    terms["nodeSelectorTerms"].append({"matchExpressions": [{"key": "zone", "operator": "Exists"}]})
+    assert (
+        role_vars(__nvidia_mig_daemonset_object={"resources": [daemonset]})("__nvidia_mig_daemonset_pausable") is False
+    )
+
+
+def test_the_node_is_in_the_daemonset_deployment_by_its_record():
+    record = {"namespace": "gpuops-system", "daemonset": "gpuops-dra-plugin", "allocation_mode": "dra"}
+    get = role_vars(__nvidia_mig_node=daemonset_node(record))
+    assert get("__nvidia_mig_in_daemonset") is True
+    assert get("__nvidia_mig_daemonset") == record
+    assert role_vars(__nvidia_mig_node=node(FILE))("__nvidia_mig_in_daemonset") is False
+
+
+@pytest.mark.parametrize("template", ["daemonset.yml.j2", "dra-daemonset.yml.j2"])
+def test_gpu_pods_runs_in_the_pod_with_the_arguments_its_container_runs_the_daemon_with(template):
+    container = device_plugin_daemonset(template)["spec"]["template"]["spec"]["containers"][0]
+    get = role_vars(
+        __nvidia_mig_read=read(gpu(0, SEVEN, SEVEN), gpu(1, OFF, SEVEN)),
+        __nvidia_mig_daemonset_pod={"spec": {"containers": [container]}},
+    )
+    argv = get("__nvidia_mig_pod_gpu_pods_argv")
+    # The image's entrypoint (files/device_plugin/Containerfile), where the container names no command.
+    entrypoint = re.search(r"^ENTRYPOINT (.*)$", CONTAINERFILE.read_text(), re.MULTILINE)
+    assert entrypoint is not None and argv[:3] == json.loads(entrypoint.group(1))
+    assert argv[3] == "gpu-pods"
+    assert argv[4:-3] == container["args"]
+    assert argv[-3:] == ["--socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "--gpu=GPU-1"]
+    own = dict(container, command=["/usr/local/bin/gpu-device-plugin"])
+    get = role_vars(
+        __nvidia_mig_read=read(gpu(0, OFF, SEVEN)), __nvidia_mig_daemonset_pod={"spec": {"containers": [own]}}
+    )
+    assert get("__nvidia_mig_pod_gpu_pods_argv")[:2] == ["/usr/local/bin/gpu-device-plugin", "gpu-pods"]
+
+
+def test_the_pods_to_evict_come_from_the_pod_under_the_daemonset_deployment():
+    found = {"stdout": json.dumps({"pods": [{"namespace": "default", "name": "a"}]})}
+    record = {"namespace": "gpuops-system", "daemonset": "gpuops-device-plugin"}
+    get = role_vars(
+        __nvidia_mig_node=daemonset_node(record),
+        __nvidia_mig_found_pods={"skipped": True},
+        __nvidia_mig_found_pods_in_pod=found,
+    )
+    assert get("__nvidia_mig_pods") == [{"namespace": "default", "name": "a"}]
+    get = role_vars(__nvidia_mig_node=node(FILE), __nvidia_mig_found_pods=found, __nvidia_mig_found_pods_in_pod={})
+    assert get("__nvidia_mig_pods") == [{"namespace": "default", "name": "a"}]

@@ -113,6 +113,9 @@ class Config:
     xid_classes: tuple[tuple[int, str], ...] = ()
     node_condition: bool = True
     alert_webhook: str = ""
+    # A file holding the token sent as "Authorization: Bearer <token>" with each alert ("": none), read at each POST
+    # so a rotated token needs no restart; a file, not the token, so the daemon's config stays free of secrets.
+    alert_webhook_token_file: str = ""
 
     @property
     def xid_overrides(self) -> dict[int, str]:
@@ -165,6 +168,7 @@ _ENV = (
     ("health_file", "GPU_DEVICE_PLUGIN_HEALTH_FILE", "str"),
     ("node_condition", "GPU_DEVICE_PLUGIN_NODE_CONDITION", "bool"),
     ("alert_webhook", "GPU_DEVICE_PLUGIN_ALERT_WEBHOOK", "str"),
+    ("alert_webhook_token_file", "GPU_DEVICE_PLUGIN_ALERT_WEBHOOK_TOKEN_FILE", "str"),
 )
 
 
@@ -337,6 +341,7 @@ class _FileReader:
             "healthFile": ("health_file", "str"),
             "nodeCondition": ("node_condition", "bool"),
             "alertWebhook": ("alert_webhook", "str"),
+            "alertWebhookTokenFile": ("alert_webhook_token_file", "str"),
         }
         section = self.mapping(data, "gpuops", set(keys) | {"mounts", "xidClasses"})
         out: dict[str, Any] = {}
@@ -414,5 +419,7 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"healthFile must be an absolute path or off, not {config.health_file!r}.")
     if config.alert_webhook and not re.match(r"^https?://[^/\s]+", config.alert_webhook):
         raise ConfigError(f"alertWebhook must be an http:// or https:// URL, not {config.alert_webhook!r}.")
+    if config.alert_webhook_token_file and not os.path.isabs(config.alert_webhook_token_file):
+        raise ConfigError(f"alertWebhookTokenFile must be an absolute path, not {config.alert_webhook_token_file!r}.")
     if config.allocation_mode == "dra" and not config.node_name:
         raise ConfigError("dra allocation mode needs the node's name (--node-name or the NODE_NAME variable).")

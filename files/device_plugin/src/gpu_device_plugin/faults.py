@@ -216,10 +216,12 @@ class FaultReporter:
     def _post(self, url: str, payload: dict[str, Any]) -> bool:
         """POST one alert (in the webhook's thread); False when it failed, which is logged and counted."""
         body = json.dumps(payload).encode()
-        request = urllib.request.Request(
-            url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "gpuops-k8s"}
-        )
+        headers = {"Content-Type": "application/json", "User-Agent": "gpuops-k8s"}
         try:
+            if self.config.alert_webhook_token_file:
+                with open(self.config.alert_webhook_token_file, encoding="utf-8") as handle:
+                    headers["Authorization"] = f"Bearer {handle.read().strip()}"
+            request = urllib.request.Request(url, data=body, method="POST", headers=headers)
             with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_SECONDS) as response:
                 response.read()
         except (urllib.error.URLError, OSError, ValueError) as exc:

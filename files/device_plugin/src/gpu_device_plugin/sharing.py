@@ -54,6 +54,13 @@ def _migs(gpu: Gpu, config: Config) -> list[tuple[str, PluginDevice]]:
     return out
 
 
+def mig_resource_name(profile: str) -> str:
+    """The resource of a MIG profile in the mixed strategy: `+` is no character of a resource name, so a
+    media-extension profile is spelled with a dot (`1g.10gb+me` -> `nvidia.com/mig-1g.10gb.me`), as NVIDIA's
+    plugin and GPU Feature Discovery's labels spell it."""
+    return "nvidia.com/mig-" + profile.replace("+", ".")
+
+
 def plan(inventory: Inventory, config: Config) -> dict[str, ResourcePlan]:
     """Resources to advertise, in a stable order; `nvidia.com/gpu` (or its shared name) is always there."""
     base: list[PluginDevice] = []
@@ -74,7 +81,7 @@ def plan(inventory: Inventory, config: Config) -> dict[str, ResourcePlan]:
         for gpu in inventory.gpus:
             if gpu.mig_mode == "enabled":
                 for profile, device in _migs(gpu, config):
-                    extra.setdefault(f"nvidia.com/mig-{profile}", []).append(device)
+                    extra.setdefault(mig_resource_name(profile), []).append(device)
             else:
                 base.append(_whole(gpu, config))
     plans = _time_sliced(base, inventory, config)

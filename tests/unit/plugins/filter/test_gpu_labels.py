@@ -279,3 +279,196 @@ def test_mig_capable_when_any_gpu_answers_for_its_mig_mode(modes, capable):
 
 def test_mig_capable_is_left_out_when_the_facts_do_not_say():
     assert "nvidia.com/mig.capable" not in gpu_labels(_info())
+
+
+# MIG strategy labels, with the values GPU Feature Discovery v0.19.0 writes (internal/lm/mig-strategy.go and
+# resource.go; tests/integration/test_gfd_labels_compared.py compares them with GFD itself on the mock library).
+def _mig(uuid, profile, memory, sms=14, gi=1, ci=1, ce=1, dec=0, enc=0, jpeg=0, ofa=0):
+    return {
+        "uuid": uuid,
+        "profile": profile,
+        "memory_mib": memory,
+        "multiprocessors": sms,
+        "gpu_instance_slices": gi,
+        "compute_instance_slices": ci,
+        "copy_engines": ce,
+        "decoders": dec,
+        "encoders": enc,
+        "jpeg_engines": jpeg,
+        "ofa_engines": ofa,
+    }
+
+
+def _mig_gpu(index, devices, name="NVIDIA A100-SXM4-40GB", cc="8.0"):
+    return dict(_gpu(index, name, "enabled", cc=cc), mig_devices=devices)
+
+
+A100_MIXED = {
+    "gpus": [
+        _mig_gpu(0, [_mig("MIG-a", "3g.20gb", 19968, 42, 3, 3, 3, 2), _mig("MIG-b", "1g.5gb", 4864)]),
+        _mig_gpu(1, [_mig("MIG-c", "1g.5gb", 4864), _mig("MIG-d", "1g.5gb+me", 4864, jpeg=1, ofa=1, dec=1)]),
+        _gpu(2, "NVIDIA A100-SXM4-40GB"),
+    ]
+}
+
+
+def _mig_labels(labels):
+    return {k: v for k, v in labels.items() if k.startswith("nvidia.com/mig-") or k == "nvidia.com/mig.strategy"}
+
+
+def test_no_mig_strategy_adds_no_mig_labels():
+    for strategy in (None, "none"):
+        assert _mig_labels(gpu_labels(A100_MIXED, mig_strategy=strategy)) == {}
+
+
+def test_mixed_labels_each_mig_profile_as_gfd_does():
+    labels = gpu_labels(A100_MIXED, mig_strategy="mixed")
+    mig = _mig_labels(labels)
+    assert mig["nvidia.com/mig.strategy"] == "mixed"
+    assert {k: v for k, v in mig.items() if k.startswith("nvidia.com/mig-3g.20gb.")} == {
+        "nvidia.com/mig-3g.20gb.count": "1",
+        "nvidia.com/mig-3g.20gb.product": "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb",
+        "nvidia.com/mig-3g.20gb.replicas": "1",
+        "nvidia.com/mig-3g.20gb.sharing-strategy": "none",
+        "nvidia.com/mig-3g.20gb.memory": "19968",
+        "nvidia.com/mig-3g.20gb.multiprocessors": "42",
+        "nvidia.com/mig-3g.20gb.slices.gi": "3",
+        "nvidia.com/mig-3g.20gb.slices.ci": "3",
+        "nvidia.com/mig-3g.20gb.engines.copy": "3",
+        "nvidia.com/mig-3g.20gb.engines.decoder": "2",
+        "nvidia.com/mig-3g.20gb.engines.encoder": "0",
+        "nvidia.com/mig-3g.20gb.engines.jpeg": "0",
+        "nvidia.com/mig-3g.20gb.engines.ofa": "0",
+    }
+    # Counted over every GPU; a "+" in a profile's name becomes "." in the label and the product.
+    assert mig["nvidia.com/mig-1g.5gb.count"] == "2"
+    assert mig["nvidia.com/mig-1g.5gb.me.count"] == "1"
+    assert mig["nvidia.com/mig-1g.5gb.me.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me"
+    assert mig["nvidia.com/mig-1g.5gb.me.engines.ofa"] == "1"
+    assert len(mig) == 1 + 3 * 13
+    # The whole GPUs keep their labels: GPU 2 is described.
+    assert (labels["nvidia.com/gpu.product"], labels["nvidia.com/gpu.count"]) == ("NVIDIA-A100-SXM4-40GB", "3")
+
+
+def test_mixed_mig_resources_are_not_time_sliced_by_the_gpu_rule_but_by_their_own():
+    mig = _mig_labels(gpu_labels(A100_MIXED, sharing=TIME_SLICED, mig_strategy="mixed"))
+    assert (mig["nvidia.com/mig-1g.5gb.replicas"], mig["nvidia.com/mig-1g.5gb.sharing-strategy"]) == ("1", "none")
+    own = {"timeSlicing": {"resources": [{"name": "nvidia.com/mig-1g.5gb", "replicas": 2}]}}
+    mig = _mig_labels(gpu_labels(A100_MIXED, sharing=own, mig_strategy="mixed"))
+    assert mig["nvidia.com/mig-1g.5gb.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb-SHARED"
+    assert (mig["nvidia.com/mig-1g.5gb.replicas"], mig["nvidia.com/mig-1g.5gb.sharing-strategy"]) == (
+        "2",
+        "time-slicing",
+    )
+
+
+def test_mixed_without_mig_devices_is_the_strategy_label_alone():
+    assert _mig_labels(gpu_labels(_info(count=2), mig_strategy="mixed")) == {"nvidia.com/mig.strategy": "mixed"}
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+H100_SINGLE = {
+    "gpus": [
+        _mig_gpu(i, [_mig(f"MIG-{i}-{j}", "1g.10gb", 9984, 16, dec=1, jpeg=1) for j in range(7)], H100, "9.0")
+        for i in range(2)
+    ]
+}
+
+
+def test_single_describes_the_mig_devices_as_the_nodes_gpus():
+    labels = gpu_labels(H100_SINGLE, mig_strategy="single")
+    assert labels["nvidia.com/mig.strategy"] == "single"
+    assert not [k for k in labels if k.startswith("nvidia.com/mig-")]
+    gpu = {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.")}
+    assert gpu == {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb",
+        "nvidia.com/gpu.count": "14",
+        "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.sharing-strategy": "none",
+        "nvidia.com/gpu.memory": "9984",
+        "nvidia.com/gpu.multiprocessors": "16",
+        "nvidia.com/gpu.slices.gi": "1",
+        "nvidia.com/gpu.slices.ci": "1",
+        "nvidia.com/gpu.engines.copy": "1",
+        "nvidia.com/gpu.engines.decoder": "1",
+        "nvidia.com/gpu.engines.encoder": "0",
+        "nvidia.com/gpu.engines.jpeg": "1",
+        "nvidia.com/gpu.engines.ofa": "0",
+        # The whole GPU's architecture stays.
+        "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+    }
+
+
+def test_single_mig_devices_are_time_sliced_as_the_nodes_gpus():
+    labels = gpu_labels(H100_SINGLE, sharing=TIME_SLICED, mig_strategy="single")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED"
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.sharing-strategy"]) == ("4", "time-slicing")
+
+
+INVALID_SINGLE = {
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-INVALID",
+    "nvidia.com/gpu.count": "0",
+    "nvidia.com/gpu.replicas": "0",
+    "nvidia.com/gpu.sharing-strategy": "",
+    "nvidia.com/gpu.memory": "0",
+}
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [
+        # A GPU not in MIG mode beside one in MIG mode.
+        [_mig_gpu(0, [_mig("MIG-a", "1g.5gb", 4864)]), _gpu(1, "NVIDIA A100-SXM4-40GB")],
+        # A GPU in MIG mode without MIG devices.
+        [_mig_gpu(0, [_mig("MIG-a", "1g.5gb", 4864)]), _mig_gpu(1, [])],
+        # Two profiles.
+        [_mig_gpu(0, [_mig("MIG-a", "1g.5gb", 4864), _mig("MIG-b", "2g.10gb", 9856, 28, 2, 2, 2, 1)])],
+    ],
+    ids=["a-whole-gpu", "an-empty-gpu", "two-profiles"],
+)
+def test_single_on_a_node_that_is_not_one_profile_is_gfds_invalid(gpus):
+    labels = gpu_labels({"gpus": gpus}, sharing=TIME_SLICED, mig_strategy="single")
+    assert {k: labels[k] for k in INVALID_SINGLE} == INVALID_SINGLE
+    assert labels["nvidia.com/mig.strategy"] == "single"
+    assert not [k for k in labels if k.startswith(("nvidia.com/gpu.multiprocessors", "nvidia.com/gpu.slices"))]
+
+
+def test_single_without_gpus_in_mig_mode_is_the_strategy_label_and_the_whole_gpus():
+    labels = gpu_labels(_info(count=2), mig_strategy="single")
+    assert labels["nvidia.com/mig.strategy"] == "single"
+    assert (labels["nvidia.com/gpu.product"], labels["nvidia.com/gpu.count"]) == ("NVIDIA-H100-80GB-HBM3", "2")
+
+
+def test_mig_labels_from_facts_without_the_attributes_have_what_the_facts_say():
+    info = {"gpus": [_mig_gpu(0, [{"uuid": "MIG-a", "profile": "1g.5gb", "memory_mib": 4864}])]}
+    assert _mig_labels(gpu_labels(info, mig_strategy="mixed")) == {
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig-1g.5gb.count": "1",
+        "nvidia.com/mig-1g.5gb.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+        "nvidia.com/mig-1g.5gb.replicas": "1",
+        "nvidia.com/mig-1g.5gb.sharing-strategy": "none",
+        "nvidia.com/mig-1g.5gb.memory": "4864",
+    }
+
+
+def test_no_gpus_no_mig_strategy_label():
+    assert gpu_labels({"gpus": []}, mig_strategy="mixed") == {}
+
+
+@pytest.mark.parametrize(
+    "info, strategy, message",
+    [
+        (_info(), "all", "mig_strategy must be one of none, single, mixed .* not 'all'"),
+        (
+            {"gpus": [_mig_gpu(0, [{"uuid": "MIG-a"}])]},
+            "mixed",
+            "a MIG device of GPU 0 .* has no profile or memory_mib",
+        ),
+    ],
+)
+def test_bad_mig_input_fails_with_one_sentence(info, strategy, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        gpu_labels(info, mig_strategy=strategy)

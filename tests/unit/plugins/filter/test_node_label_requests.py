@@ -148,3 +148,59 @@ def test_the_mig_roles_labels_join_the_user_labels_which_win():
     assert first["user_labels"] == {**mig, "team": "ml"}
     assert second["user_labels"] == {**mig, "nvidia.com/mig.config": "mine"}
     assert third["user_labels"] == {"team": "ml"}
+
+
+def test_the_mig_strategy_follows_the_hosts_own_device_plugin_config_unless_it_sets_its_own():
+    hostvars = {
+        "plain": {"gpu_node_labels_gpu_info": FACTS},
+        "mixed": {"gpu_node_labels_gpu_info": FACTS, "device_plugin_config": {"flags": {"migStrategy": "mixed"}}},
+        "both": {
+            "gpu_node_labels_gpu_info": FACTS,
+            "device_plugin_config": {"flags": {"migStrategy": "mixed"}},
+            "gpu_node_labels_mig_strategy": "single",
+        },
+        "no-flag": {"gpu_node_labels_gpu_info": FACTS, "device_plugin_config": {"version": "v1", "flags": {}}},
+    }
+    out = node_label_requests(list(hostvars), hostvars, dict(DEFAULTS, mig_strategy="none"))
+    assert [n["mig_strategy"] for n in out["nodes"]] == ["none", "mixed", "single", "none"]
+
+
+MIG_LABELS = ["nvidia.com/mig.config", "nvidia.com/mig.config.state"]
+
+
+def test_without_the_mig_stage_a_host_that_names_a_mig_config_keeps_its_mig_labels():
+    """--tags labels: the MIG stage did not run, so it noted no labels; the node's layout is still its config's."""
+    mig = {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
+    hostvars = {
+        "ran": {"gpu_node_labels_gpu_info": FACTS, "gpu_mig_config": "all-1g.10gb", "nvidia_mig_node_labels": mig},
+        "named": {"gpu_node_labels_gpu_info": FACTS, "gpu_mig_config": "all-1g.10gb"},
+        "role-var": {"gpu_node_labels_gpu_info": FACTS, "nvidia_mig_config_name": "all-balanced"},
+        # The role's own variable decides over the user's: empty means no MIG config.
+        "role-var-empty": {
+            "gpu_node_labels_gpu_info": FACTS,
+            "nvidia_mig_config_name": "",
+            "gpu_mig_config": "all-1g.10gb",
+        },
+        "none": {"gpu_node_labels_gpu_info": FACTS},
+        "empty": {"gpu_node_labels_gpu_info": FACTS, "gpu_mig_config": ""},
+    }
+    nodes = node_label_requests(list(hostvars), hostvars, DEFAULTS)["nodes"]
+    assert {n["name"]: n.get("keep_labels") for n in nodes} == {
+        "ran": None,
+        "named": MIG_LABELS,
+        "role-var": MIG_LABELS,
+        "role-var-empty": None,
+        "none": None,
+        "empty": None,
+    }
+    # Where the stage ran, its labels are what the node gets.
+    assert nodes[0]["user_labels"] == {**mig, "team": "ml"}
+
+
+def test_a_mig_config_the_play_names_applies_to_hosts_without_their_own():
+    hostvars = {
+        "gpu-1": {"gpu_node_labels_gpu_info": FACTS},
+        "gpu-2": {"gpu_node_labels_gpu_info": FACTS, "gpu_mig_config": ""},
+    }
+    nodes = node_label_requests(list(hostvars), hostvars, dict(DEFAULTS, mig_config="all-1g.10gb"))["nodes"]
+    assert [n.get("keep_labels") for n in nodes] == [MIG_LABELS, None]

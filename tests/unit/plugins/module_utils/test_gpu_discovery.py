@@ -8,6 +8,7 @@ import os
 import pytest
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     GPU_FACT_KEYS,
+    MIG_ATTRIBUTE_KEYS,
     DiscoveryError,
     _pcie_switch_groups,
     facts_from_spec,
@@ -19,7 +20,11 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     sysfs_numa_node,
     to_text,
 )
-from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import parse_spec
+from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import MIG_ATTRIBUTE_KEYS as SPEC_MIG_KEYS
+from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import (
+    mig_device_attributes,
+    parse_spec,
+)
 from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.fake_sysfs import (
     NVIDIA_HOST_GPUS,
     NVIDIA_HOST_NVSWITCHES,
@@ -139,7 +144,10 @@ def test_gpu_fact_has_every_key_and_derives_the_architecture():
     )
     assert tuple(fact) == GPU_FACT_KEYS
     assert fact["architecture"] == "ampere"
-    assert fact["mig_devices"] == [{"index": 0, "uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864}]
+    # The MIG attributes NVML gives are null where the source does not know them.
+    assert fact["mig_devices"] == [
+        {"index": 0, "uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864, **dict.fromkeys(MIG_ATTRIBUTE_KEYS)}
+    ]
     assert (fact["nvlink_peers"], fact["lost"], fact["xid"], fact["pcie_switch"]) == ([], False, None, None)
     with pytest.raises(ValueError, match="unknown GPU fact"):
         gpu_fact(uuid="GPU-1", colour="green")
@@ -184,7 +192,23 @@ def test_facts_from_spec_keeps_every_key_of_the_format():
             "numa_node": 1,
             "persistence_mode": False,
             "mig_mode": "enabled",
-            "mig_devices": [{"index": 0, "uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864}],
+            # An A100 40GB's 1g.5gb as the mock NVML library models it: 14 SMs, one slice, one copy engine.
+            "mig_devices": [
+                {
+                    "index": 0,
+                    "uuid": "MIG-1",
+                    "profile": "1g.5gb",
+                    "memory_mib": 4864,
+                    "multiprocessors": 14,
+                    "gpu_instance_slices": 1,
+                    "compute_instance_slices": 1,
+                    "copy_engines": 1,
+                    "decoders": 0,
+                    "encoders": 0,
+                    "jpeg_engines": 0,
+                    "ofa_engines": 0,
+                }
+            ],
             "minor_number": 4,
             "nvlink_peers": [],
             "pcie_switch": "plx0",
@@ -219,3 +243,32 @@ def test_pcie_switch_groups_are_named_in_index_order():
 
 def test_pcie_switch_groups_without_the_topology_call():
     assert _pcie_switch_groups(object(), [0, 1]) == [None, None]
+
+
+def test_the_spec_reader_names_the_mig_attributes_as_the_facts_do():
+    # Two files (the daemon carries each apart), one list of names.
+    assert SPEC_MIG_KEYS == MIG_ATTRIBUTE_KEYS
+
+
+@pytest.mark.parametrize(
+    "gpu, profile, attributes",
+    [
+        # H100 80GB, `nvidia-smi mig -lgip`: 1g.10gb has 16 SMs, a copy engine, a decoder and a JPEG engine.
+        ("NVIDIA H100 80GB HBM3", "1g.10gb", (16, 1, 1, 1, 1, 0, 1, 0)),
+        # The +me profile adds the OFA engine.
+        ("NVIDIA H100 80GB HBM3", "1g.10gb+me", (16, 1, 1, 1, 1, 0, 1, 1)),
+        ("NVIDIA H100 80GB HBM3", "7g.80gb", (132, 7, 7, 8, 7, 0, 7, 1)),
+        # A compute instance of one slice in a 3-slice GPU instance: the 1-slice SMs, the GPU instance's engines.
+        ("NVIDIA A100-SXM4-40GB", "1c.3g.20gb", (14, 3, 1, 3, 2, 0, 0, 0)),
+    ],
+)
+def test_a_mig_devices_attributes_are_what_the_mock_library_answers(gpu, profile, attributes):
+    assert tuple(mig_device_attributes(gpu, profile).values()) == attributes
+
+
+@pytest.mark.parametrize(
+    "gpu, profile",
+    [("Tesla T4", "1g.5gb"), ("NVIDIA H100 80GB HBM3", "1g.5gb"), ("NVIDIA A100-SXM4-40GB", "3c.4g.20gb")],
+)
+def test_a_mig_device_the_mock_library_does_not_model_has_no_attributes(gpu, profile):
+    assert mig_device_attributes(gpu, profile) == dict.fromkeys(MIG_ATTRIBUTE_KEYS)

@@ -157,3 +157,93 @@ def test_each_nodes_sharing_reaches_its_labels():
         "mps": "gpu_labels: sharing has mps; only timeSlicing is supported (the collection's "
         "device plugin does not run MPS)."
     }
+
+
+MIG_CONFIG = {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
+KEEP = ["nvidia.com/mig.config", "nvidia.com/mig.config.state"]
+
+
+def _labelled_by_the_mig_stage(store, name):
+    """The node as a run with the MIG stage left it: its labels, the MIG config's among them, are the collection's."""
+    label_batch([request(name, user_labels=dict(MIG_CONFIG))], store)
+    assert store.nodes[name]["metadata"]["labels"]["nvidia.com/mig.config"] == "all-1g.10gb"
+
+
+def test_kept_labels_keep_the_nodes_values_and_stay_owned():
+    store = NodeStoreDouble("a")
+    _labelled_by_the_mig_stage(store, "a")
+    store.patches.clear()
+    # A run that does not decide them (no MIG stage) and keeps them: nothing to write.
+    result = label_batch([request("a", keep_labels=KEEP)], store)
+    assert result["changed"] == {} and store.patches == []
+    # Without keeping them they are removed, as any label the collection owned and no longer wants.
+    result = label_batch([request("a")], store)
+    assert result["changed"]["a"]["metadata"]["labels"] == dict.fromkeys(KEEP)
+    assert not set(KEEP) & set(store.nodes["a"]["metadata"]["labels"])
+
+
+def test_a_kept_label_the_node_does_not_have_is_not_added_and_a_decided_one_wins():
+    store = NodeStoreDouble("a")
+    label_batch([request("a", keep_labels=KEEP)], store)
+    labels = store.nodes["a"]["metadata"]["labels"]
+    assert not set(KEEP) & set(labels)
+    assert "nvidia.com/mig.config" not in store.nodes["a"]["metadata"]["annotations"]["gpuops.k8s/owned-labels"]
+    _labelled_by_the_mig_stage(store, "a")
+    label_batch([request("a", keep_labels=KEEP, user_labels={"nvidia.com/mig.config.state": "pending"})], store)
+    assert store.nodes["a"]["metadata"]["labels"]["nvidia.com/mig.config.state"] == "pending"
+    assert store.nodes["a"]["metadata"]["labels"]["nvidia.com/mig.config"] == "all-1g.10gb"
+
+
+def test_a_kept_label_written_meanwhile_is_kept_at_its_new_value():
+    """After a conflict the node is read again, and the kept value is the fresh one."""
+    store = NodeStoreDouble("a")
+    _labelled_by_the_mig_stage(store, "a")
+
+    def relabel():
+        store.bump("a", {"metadata": {"labels": {"nvidia.com/mig.config.state": "failed", "rack": "r2"}}})
+
+    result = label_batch([request("a", keep_labels=KEEP, user_labels={"site": "x"})], store, before_write=relabel)
+    assert result["conflicts"] == 1
+    assert store.nodes["a"]["metadata"]["labels"]["nvidia.com/mig.config.state"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "keep, message",
+    [
+        ("nvidia.com/mig.config", "keep_labels must be a list of label keys"),
+        (["bad key!"], "label key 'bad key!'"),
+    ],
+)
+def test_bad_kept_labels_make_the_node_invalid_with_a_sentence(keep, message):
+    store = NodeStoreDouble("a")
+    result = label_batch([request("a", keep_labels=keep)], store)
+    assert message in result["invalid"]["a"]
+    assert store.patches == []
+
+
+def test_each_nodes_mig_strategy_reaches_its_labels():
+    mig_info = {
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA A100-SXM4-40GB",
+                "memory_total_mib": 40960,
+                "compute_capability": "8.0",
+                "mig_mode": "enabled",
+                "mig_devices": [{"index": 0, "uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864}],
+            }
+        ]
+    }
+    store = NodeStoreDouble("none", "mixed", "bad")
+    result = label_batch(
+        [
+            request("none", gpu_info=mig_info),
+            request("mixed", gpu_info=mig_info, mig_strategy="mixed"),
+            request("bad", gpu_info=mig_info, mig_strategy="all"),
+        ],
+        store,
+    )
+    plain, mixed = (store.nodes[n]["metadata"]["labels"] for n in ("none", "mixed"))
+    assert "nvidia.com/mig.strategy" not in plain and "nvidia.com/mig-1g.5gb.count" not in plain
+    assert (mixed["nvidia.com/mig.strategy"], mixed["nvidia.com/mig-1g.5gb.count"]) == ("mixed", "1")
+    assert "mig_strategy must be one of none, single, mixed" in result["invalid"]["bad"]

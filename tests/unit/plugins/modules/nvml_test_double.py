@@ -24,6 +24,8 @@ class DoubleMigDevice:
     name: str
     memory_mib: int
     slot: int = 0
+    # nvmlDeviceGetAttributes_v2: {struct field: value}; None answers NOT_SUPPORTED.
+    attributes: Optional[dict] = None
 
 
 @dataclass
@@ -62,6 +64,7 @@ _LEGACY_MISSING = {
     "nvmlSystemGetCudaDriverVersion_v2",
     "nvmlDeviceGetPciInfo_v3",
     "nvmlDeviceGetNvLinkRemoteDeviceType",
+    "nvmlDeviceGetAttributes_v2",
 }
 
 
@@ -225,6 +228,21 @@ class NvmlTestDouble:
             if mig.slot == index:
                 return _Handle(device.gpu_index, device.gpu, mig)
         raise real_pynvml.NVMLError(real_pynvml.NVML_ERROR_NOT_FOUND)
+
+    def _attributes(self, name, device):
+        self._enter(name, device)
+        if device.mig is None or device.mig.attributes is None:
+            raise real_pynvml.NVMLError(real_pynvml.NVML_ERROR_NOT_SUPPORTED)
+        attributes = real_pynvml.c_nvmlDeviceAttributes()
+        for field_name, value in device.mig.attributes.items():
+            setattr(attributes, field_name, value)
+        return attributes
+
+    def nvmlDeviceGetAttributes_v2(self, device):
+        return self._attributes("nvmlDeviceGetAttributes_v2", device)
+
+    def nvmlDeviceGetAttributes(self, device):
+        return self._attributes("nvmlDeviceGetAttributes", device)
 
     def _link(self, device, link):
         links = device.gpu.nvlinks

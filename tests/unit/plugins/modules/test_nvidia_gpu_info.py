@@ -44,6 +44,33 @@ MIG0 = "MIG-8a2b0000-0000-4000-8000-0000000000a1"
 MIG1 = "MIG-8a2b0000-0000-4000-8000-0000000000a2"
 
 
+# nvmlDeviceGetAttributes_v2 of an H100's 3g.40gb MIG device (`nvidia-smi mig -lgip`: 60 SMs, 3 copy engines,
+# 3 decoders, 3 JPEG engines, no encoder or OFA).
+H100_3G_ATTRIBUTES = {
+    "multiprocessorCount": 60,
+    "sharedCopyEngineCount": 3,
+    "sharedDecoderCount": 3,
+    "sharedEncoderCount": 0,
+    "sharedJpegCount": 3,
+    "sharedOfaCount": 0,
+    "gpuInstanceSliceCount": 3,
+    "computeInstanceSliceCount": 3,
+    "memorySizeMB": 40192,
+}
+NO_ATTRIBUTES = dict.fromkeys(
+    (
+        "multiprocessors",
+        "gpu_instance_slices",
+        "compute_instance_slices",
+        "copy_engines",
+        "decoders",
+        "encoders",
+        "jpeg_engines",
+        "ofa_engines",
+    )
+)
+
+
 def host_gpus():
     """Three GPUs that between them exercise every field and every fallback."""
     return [
@@ -63,7 +90,10 @@ def host_gpus():
             minor_number=1,
             mig_mode="enabled",
             mig_devices=[
-                DoubleMigDevice(MIG0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40192, slot=0),
+                DoubleMigDevice(
+                    MIG0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40192, slot=0, attributes=H100_3G_ATTRIBUTES
+                ),
+                # A driver that does not give this MIG device's attributes: they are null.
                 DoubleMigDevice(MIG1, "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9856, slot=3),
             ],
             nvlinks=[DoubleNvLink("00000000:18:00.0")],
@@ -115,8 +145,21 @@ EXPECTED_GPUS = [
         "persistence_mode": False,
         "mig_mode": "enabled",
         "mig_devices": [
-            {"index": 0, "uuid": MIG0, "profile": "3g.40gb", "memory_mib": 40192},
-            {"index": 1, "uuid": MIG1, "profile": "1g.10gb", "memory_mib": 9856},
+            {
+                "index": 0,
+                "uuid": MIG0,
+                "profile": "3g.40gb",
+                "memory_mib": 40192,
+                "multiprocessors": 60,
+                "gpu_instance_slices": 3,
+                "compute_instance_slices": 3,
+                "copy_engines": 3,
+                "decoders": 3,
+                "encoders": 0,
+                "jpeg_engines": 3,
+                "ofa_engines": 0,
+            },
+            {"index": 1, "uuid": MIG1, "profile": "1g.10gb", "memory_mib": 9856, **NO_ATTRIBUTES},
         ],
         "minor_number": 1,
         "nvlink_peers": [UUID0],
@@ -417,7 +460,8 @@ def test_simulated_fixture(monkeypatch, capsys, spec_path, check_mode):
         assert gpu["persistence_mode"] == source.get("persistence_mode", True)
         assert gpu["minor_number"] == source.get("minor_number", index)
         assert gpu["mig_mode"] == source.get("mig_mode", "disabled")
-        assert gpu["mig_devices"] == [
+        # The spec's keys; the attributes NVML would give come from the mock library's model (below).
+        assert [{k: m[k] for k in ("index", "uuid", "profile", "memory_mib")} for m in gpu["mig_devices"]] == [
             dict(mig, index=position) for position, mig in enumerate(source.get("mig_devices", []))
         ]
         assert gpu["pcie_switch"] == source.get("pcie_switch")
@@ -461,6 +505,15 @@ def test_simulated_a100_mig(monkeypatch, capsys):
     assert code == 0
     assert result["gpus"][0]["mig_mode"] == "enabled"
     assert [m["profile"] for m in result["gpus"][0]["mig_devices"]] == ["3g.20gb", "1g.5gb", "1g.5gb"]
+    # What the lab's mock NVML library answers as these devices' attributes (an A100 40GB's profiles as
+    # `nvidia-smi mig -lgip` lists them): SMs, slices, copy engines, decoders, encoders, JPEG, OFA.
+    keys = ("multiprocessors", "gpu_instance_slices", "compute_instance_slices", "copy_engines", "decoders")
+    keys += ("encoders", "jpeg_engines", "ofa_engines")
+    assert [tuple(m[k] for k in keys) for m in result["gpus"][0]["mig_devices"]] == [
+        (42, 3, 3, 3, 2, 0, 0, 0),
+        (14, 1, 1, 1, 0, 0, 0, 0),
+        (14, 1, 1, 1, 0, 0, 0, 0),
+    ]
     assert result["gpus"][1]["mig_devices"] == []
     assert result["gpus"][1]["numa_node"] is None
 

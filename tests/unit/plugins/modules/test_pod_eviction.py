@@ -3,6 +3,8 @@ checks and the last resort, each one sentence."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import unexpected_error_message
 from ansible_collections.gpuops.k8s.plugins.modules import pod_eviction
@@ -12,6 +14,19 @@ from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.module_harness im
 def test_an_unexpected_exception_fails_the_module_with_one_sentence(patched, monkeypatch):
     # The kubernetes client is not installed where the unit tests run; the module gets past its check here.
     monkeypatch.setattr(pod_eviction, "KUBERNETES_IMPORT_ERROR", None)
+    # ... and the exception types its handlers name, which come from that client.
+    monkeypatch.setattr(
+        pod_eviction,
+        "k8s_config",
+        types.SimpleNamespace(ConfigException=type("ConfigException", (Exception,), {})),
+        raising=False,
+    )
+    monkeypatch.setattr(
+        pod_eviction,
+        "urllib3_exceptions",
+        types.SimpleNamespace(HTTPError=type("HTTPError", (Exception,), {})),
+        raising=False,
+    )
 
     def boom(*args, **kwargs):
         raise KeyError("uid")
