@@ -220,7 +220,7 @@ def _mig_strategy_labels(gpus, strategy, sharing):
             }
         )
         return labels
-    ((profile, found),) = profiles.items()
+    profile, found = next(iter(profiles.items()))  # the one profile (a node of several is labelled INVALID above)
     labels.update(_mig_resource_labels(_SHARED_RESOURCE, profile, found, sharing))
     return labels
 
