@@ -13,6 +13,7 @@ from __future__ import absolute_import, division, print_function
 import re
 
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import gpu_architecture
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict
 
 
 class LabelError(ValueError):
@@ -388,10 +389,6 @@ def node_label_patch(
         # A merge patch replaces the whole list; null removes the field when no taint is left.
         patch["spec"] = {"taints": taint_patch or None}
     return patch
-
-
-class Conflict(Exception):
-    """The API server refused a write because the Node changed since it was read (HTTP 409)."""
 
 
 def _with_precondition(patch, node):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict
+
 TAINT_KEY = "nvidia.com/gpu-remediation"
 ANNOTATION = "gpuops.k8s/gpu-remediation"
 CLASSES = ("reset", "reboot", "replace")
@@ -22,10 +24,6 @@ CLASSES = ("reset", "reboot", "replace")
 
 class RemediationError(Exception):
     """One sentence saying what went wrong."""
-
-
-class Conflict(Exception):
-    """The API server refused a write because the Node changed since it was read (HTTP 409)."""
 
 
 def _annotation(node):

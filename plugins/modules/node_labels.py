@@ -148,50 +148,19 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_connection import CONNECTION_ARGUMENT_SPEC
 from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_connection import api_client as _api_client
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import NodeApi
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import api_error as _api_error
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
-from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import Conflict, LabelError, label_batch
+from ansible_collections.gpuops.k8s.plugins.module_utils._node_labels import LabelError, label_batch
 
 try:
     from kubernetes import config as k8s_config
-    from kubernetes.dynamic import DynamicClient
-    from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
+    from kubernetes.dynamic.exceptions import DynamicApiError
     from urllib3 import exceptions as urllib3_exceptions
 
     KUBERNETES_IMPORT_ERROR = None
 except ImportError:
     KUBERNETES_IMPORT_ERROR = traceback.format_exc()
-
-MERGE_PATCH = "application/merge-patch+json"
-
-
-class NodeApi:
-    """The three calls label_batch makes, on the kubernetes client's dynamic client."""
-
-    def __init__(self, api_client):
-        self._nodes = DynamicClient(api_client).resources.get(api_version="v1", kind="Node")
-
-    def list_nodes(self):
-        return self._nodes.get().to_dict().get("items") or []
-
-    def read_node(self, name):
-        try:
-            return self._nodes.get(name=name).to_dict()
-        except NotFoundError:
-            return None
-
-    def patch_node(self, name, patch):
-        try:
-            return self._nodes.patch(name=name, body=patch, content_type=MERGE_PATCH).to_dict()
-        except ConflictError:
-            raise Conflict(name) from None
-
-
-def _api_error(error):
-    """One sentence from a Kubernetes API error."""
-    reason = getattr(error, "summary", None)
-    text = reason() if callable(reason) else str(error)
-    return " ".join(str(text).split())
-
 
 ARGUMENT_SPEC = {
     "nodes": {

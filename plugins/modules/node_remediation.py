@@ -119,9 +119,10 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_connection import CONNECTION_ARGUMENT_SPEC, api_client
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import NodeApi
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import api_error as _api_error
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation import (
-    Conflict,
     RemediationError,
     set_remediation,
     view,
@@ -129,8 +130,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation impor
 
 try:
     from kubernetes import config as k8s_config
-    from kubernetes.dynamic import DynamicClient
-    from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
+    from kubernetes.dynamic.exceptions import DynamicApiError
     from urllib3 import exceptions as urllib3_exceptions
 
     KUBERNETES_IMPORT_ERROR = None
@@ -141,35 +141,6 @@ try:
 except ImportError:
     KUBERNETES_IMPORT_ERROR = traceback.format_exc()
     SETUP_ERRORS, API_ERRORS, CONNECTION_ERRORS = (OSError,), (), ()
-
-MERGE_PATCH = "application/merge-patch+json"
-
-
-class NodeApi:
-    """The two calls set_remediation makes, on the kubernetes client: each answers in plain data."""
-
-    def __init__(self, client):
-        self._nodes = DynamicClient(client).resources.get(api_version="v1", kind="Node")
-
-    def read_node(self, name):
-        try:
-            return self._nodes.get(name=name).to_dict()
-        except NotFoundError:
-            return None
-
-    def patch_node(self, name, patch):
-        try:
-            return self._nodes.patch(name=name, body=patch, content_type=MERGE_PATCH).to_dict()
-        except ConflictError:
-            raise Conflict(name) from None
-
-
-def _api_error(error):
-    """One sentence from a Kubernetes API error."""
-    summary = getattr(error, "summary", None)
-    text = summary() if callable(summary) else str(error)
-    return " ".join(str(text).split())
-
 
 ARGUMENT_SPEC = {
     "name": {"type": "str", "required": True},
