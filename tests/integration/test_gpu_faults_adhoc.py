@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
+from adhoc import ansible_environment, run_module
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 UUID0 = "GPU-6f1c0a3e-0000-4000-8000-000000000001"
@@ -24,31 +23,11 @@ UUID1 = "GPU-6f1c0a3e-0000-4000-8000-000000000002"
 
 @pytest.fixture(scope="module")
 def ansible_env(tmp_path_factory):
-    subprocess.run([os.path.join(REPO, "scripts", "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
-    env = dict(os.environ)
-    env.update(
-        ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build"),
-        ANSIBLE_STDOUT_CALLBACK="json",
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_LOCAL_TEMP=str(tmp_path_factory.mktemp("ansible-tmp")),
-        ANSIBLE_NOCOLOR="1",
-    )
-    return env
+    return ansible_environment(str(tmp_path_factory.mktemp("ansible-tmp")))
 
 
 def run_adhoc(env, args, *extra):
-    command = [
-        os.path.join(os.path.dirname(sys.executable), "ansible"),
-        "localhost",
-        "-m",
-        "gpuops.k8s.gpu_faults",
-        "-a",
-        json.dumps(args),
-        *extra,
-    ]
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
-    output = json.loads(completed.stdout)
-    return completed.returncode, output["plays"][0]["tasks"][0]["hosts"]["localhost"], output["stats"]["localhost"]
+    return run_module(env, "gpuops.k8s.gpu_faults", args, *extra)
 
 
 def journal_entry(n, message):

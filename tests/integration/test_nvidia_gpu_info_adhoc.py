@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from adhoc import ansible_environment, run_module
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SPECS = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "simulated", "*.yaml")))
@@ -24,31 +25,11 @@ INVALID = os.path.join(REPO, "tests", "unit", "fixtures", "simulated-invalid", "
 
 @pytest.fixture(scope="module")
 def ansible_env(tmp_path_factory):
-    subprocess.run([os.path.join(REPO, "scripts", "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
-    env = dict(os.environ)
-    env.update(
-        ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build"),
-        ANSIBLE_STDOUT_CALLBACK="json",
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_LOCAL_TEMP=str(tmp_path_factory.mktemp("ansible-tmp")),
-        ANSIBLE_NOCOLOR="1",
-    )
-    return env
+    return ansible_environment(str(tmp_path_factory.mktemp("ansible-tmp")))
 
 
 def run_adhoc(env, module_args, *extra):
-    command = [
-        os.path.join(os.path.dirname(sys.executable), "ansible"),
-        "localhost",
-        "-m",
-        "gpuops.k8s.nvidia_gpu_info",
-        "-a",
-        module_args,
-        *extra,
-    ]
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
-    output = json.loads(completed.stdout)
-    return completed.returncode, output["plays"][0]["tasks"][0]["hosts"]["localhost"], output["stats"]["localhost"]
+    return run_module(env, "gpuops.k8s.nvidia_gpu_info", module_args, *extra)
 
 
 SPEC_RUNS = [(spec, False) for spec in SPECS] + [(spec, True) for spec in SPECS if spec.endswith("h100x8.yaml")]

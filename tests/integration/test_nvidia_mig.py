@@ -10,7 +10,6 @@ nvidia_gpu_info module), and the mock library's layout file (what clients change
 from __future__ import annotations
 
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import sys
 import pynvml
 import pytest
 import yaml
+from adhoc import ansible_environment, run_module
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SPEC = os.path.join(REPO, "tests", "fixtures", "simulated", "h100x8.yaml")
@@ -74,16 +74,7 @@ def library_dir():
 
 @pytest.fixture(scope="module")
 def ansible_env(tmp_path_factory):
-    subprocess.run([os.path.join(REPO, "scripts", "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
-    env = dict(os.environ)
-    env.update(
-        ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build"),
-        ANSIBLE_STDOUT_CALLBACK="json",
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_LOCAL_TEMP=str(tmp_path_factory.mktemp("ansible-tmp")),
-        ANSIBLE_NOCOLOR="1",
-    )
-    return env
+    return ansible_environment(str(tmp_path_factory.mktemp("ansible-tmp")))
 
 
 class Node:
@@ -103,13 +94,8 @@ class Node:
 
     def run(self, module, args, *flags, env=None):
         """(rc, the task's result) of an ad hoc run of a module on localhost."""
-        command = [os.path.join(os.path.dirname(sys.executable), "ansible"), "localhost", "-m", module]
-        command += ["-a", json.dumps(args), *flags]
-        done = subprocess.run(
-            command, env=dict(self.env, **(env or {})), capture_output=True, text=True, timeout=300, check=False
-        )
-        output = json.loads(done.stdout)
-        return done.returncode, output["plays"][0]["tasks"][0]["hosts"]["localhost"]
+        rc, result, _stats = run_module(dict(self.env, **(env or {})), module, args, *flags, timeout=300)
+        return rc, result
 
     def mig(self, config_name, *flags, env=None, **extra):
         return self.run(
