@@ -43,6 +43,10 @@ from conftest import PAUSE_IMAGE, Lab, run_lab, write_in_place
 from kubernetes import client
 from playbook_run import PlaybookRun, lab_inventory, run_playbook
 
+# It runs at the end of the session (after test_drift and test_lab's last test): it reboots, taints and cordons the
+# lab's nodes, and the modules before it expect a lab no playbook has touched (test_site's check-mode run first).
+pytestmark = pytest.mark.last_in_session
+
 GPU = "nvidia.com/gpu"
 TAINT = "nvidia.com/gpu-remediation"
 HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
