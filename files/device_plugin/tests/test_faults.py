@@ -135,8 +135,10 @@ def test_the_health_file_shows_each_gpus_class_and_xids(node):
         edit(node, g0={"xid": 13}, g1={"xid": 79}, g2={"xid": 48}, g3={"lost": True})
         # Each GPU's event is its own write of the file, in no promised order: wait for all four.
         assert wait_until(
-            lambda: [(r["class"], bool(r["xids"])) for r in read_health(path)["gpus"][:4]]
-            == [("none", True), ("reboot", True), ("reset", True), ("reboot", False)]
+            lambda: (
+                [(r["class"], bool(r["xids"])) for r in read_health(path)["gpus"][:4]]
+                == [("none", True), ("reboot", True), ("reset", True), ("reboot", False)]
+            )
         )
         rows = read_health(path)["gpus"]
         # XID 13 is ignored: healthy, class none, and the XID is still listed.

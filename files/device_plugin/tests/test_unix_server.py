@@ -15,11 +15,14 @@ WATCH = "/test.Ticker/Watch"
 
 
 class Ticker:
-    """A streaming servicer: one message per wake-up until told to stop (what ListAndWatch does)."""
+    """A streaming servicer: one message per wake-up until told to stop (what ListAndWatch does); `linger`
+    seconds pass between being told to stop and returning, as on a node whose event loop is busy."""
 
-    def __init__(self) -> None:
+    def __init__(self, linger: float = 0.0) -> None:
         self.stopping = False
         self.wake = asyncio.Event()
+        self.linger = linger
+        self.open_streams = 0
 
     def stop(self) -> None:
         self.stopping = True
@@ -29,10 +32,15 @@ class Ticker:
         self.stopping = False
 
     async def watch(self, request: bytes, context: object):
-        while not self.stopping:
-            self.wake.clear()  # before the message: a wake-up after the client read it is never lost
-            yield b"tick"
-            await self.wake.wait()
+        self.open_streams += 1
+        try:
+            while not self.stopping:
+                self.wake.clear()  # before the message: a wake-up after the client read it is never lost
+                yield b"tick"
+                await self.wake.wait()
+            await asyncio.sleep(self.linger)
+        finally:
+            self.open_streams -= 1
 
     def add(self, server: grpc.aio.Server) -> None:
         handler = grpc.unary_stream_rpc_method_handler(self.watch)
@@ -130,3 +138,24 @@ def test_stop_ends_the_streams_with_status_ok_and_a_restart_streams_again(tmp_pa
     assert ended == (grpc.aio.EOF, grpc.StatusCode.OK)
     assert (again, again_after_wake) == (b"tick", b"tick")
     assert (ours, gone) == (True, False)
+
+
+def test_a_stream_slow_to_return_still_ends_with_status_ok(tmp_path):
+    # The stream returns a second after it was told to stop: the server waits for it before it shuts down,
+    # instead of cancelling it at the end of a grace period.
+    path = str(tmp_path / "t.sock")
+
+    async def main():
+        ticker = Ticker(linger=1.0)
+        server = UnixServer(path, ticker.add, "Ticker", streams=[ticker])
+        try:
+            await server.start()
+            async with grpc.aio.insecure_channel("unix:" + path) as channel:
+                call = channel.unary_stream(WATCH)(b"")
+                first = await call.read()
+                await server.stop()
+                return first, await call.read(), await call.code(), ticker.open_streams
+        finally:
+            await server.stop()
+
+    assert _run(main()) == (b"tick", grpc.aio.EOF, grpc.StatusCode.OK, 0)

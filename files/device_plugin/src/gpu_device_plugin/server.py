@@ -35,6 +35,7 @@ class DevicePluginServicer:
             pre_start_required=pre_start_required, get_preferred_allocation_available=True
         )
         self._stopping = False
+        self.open_streams = 0
 
     def stop(self) -> None:
         """End every ListAndWatch stream cleanly (status OK)."""
@@ -50,6 +51,7 @@ class DevicePluginServicer:
     async def ListAndWatch(self, request: api_pb2.Empty, context: Any) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         sent: Listing | None = None
         log.info("ListAndWatch opened", extra={"resource": self.resource})
+        self.open_streams += 1
         try:
             while not self._stopping:
                 changed = self.state.changed()
@@ -61,6 +63,8 @@ class DevicePluginServicer:
         except asyncio.CancelledError:
             log.info("ListAndWatch closed by the kubelet", extra={"resource": self.resource})
             raise
+        finally:
+            self.open_streams -= 1
         log.info("ListAndWatch ended: shutting down", extra={"resource": self.resource})
 
     async def Allocate(self, request: api_pb2.AllocateRequest, context: Any) -> api_pb2.AllocateResponse:

@@ -6,12 +6,14 @@ and its plugin-watcher registration socket (`dra.plugin`). Each is a `UnixServer
 - a stale file at the socket's path is removed and a missing directory created before it binds;
 - the socket is created 0600 (the umask is narrowed while it binds, so it is never briefly wider);
 - a path it cannot serve (directory read-only, path too long) is a `ServeError` of one sentence;
-- stopping first tells the streaming servicers to end their streams, so the kubelet sees them end with
-  status OK instead of a cancel, then gives the other calls half a second; serving again lets the
+- stopping first tells the streaming servicers to end their streams and waits until those have returned,
+  so that the kubelet sees them end with status OK (the final status is sent before the server shuts
+  down, not raced by it); then it gives the other calls STOP_GRACE_SECONDS; serving again lets the
   servicers stream again."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import stat
@@ -21,7 +23,8 @@ import grpc
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_SECONDS = 0.5
+STOP_GRACE_SECONDS = 2.0
+STATUS_SEND_SECONDS = 0.05  # after the last stream returned, for its final status to go out
 
 
 class ServeError(RuntimeError):
@@ -29,7 +32,10 @@ class ServeError(RuntimeError):
 
 
 class Streaming(Protocol):
-    """A servicer with long-lived response streams (ListAndWatch, NodeWatchResources)."""
+    """A servicer with long-lived response streams (ListAndWatch, NodeWatchResources); `open_streams` counts
+    the streams that have not returned yet."""
+
+    open_streams: int
 
     def stop(self) -> None:
         """End every open stream cleanly."""
@@ -94,11 +100,23 @@ class UnixServer:
         for servicer in self.streams:
             servicer.stop()
         if self._server is not None:
+            await self._streams_returned()
             await self._server.stop(grace=STOP_GRACE_SECONDS)
             self._server = None
             log.info("stopped serving %s", self.what, extra=self._extra)
         if remove_socket and os.path.lexists(self.socket_path):
             os.unlink(self.socket_path)
+
+    async def _streams_returned(self) -> None:
+        """Wait (STOP_GRACE_SECONDS at most) until every stream told to end has returned, then a moment for
+        their final status to be sent: a server that shuts down first can close the connection before it."""
+        if not any(servicer.open_streams for servicer in self.streams):
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_GRACE_SECONDS
+        while any(servicer.open_streams for servicer in self.streams) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(STATUS_SEND_SECONDS)
 
     async def restart(self) -> None:
         await self.stop(remove_socket=False)

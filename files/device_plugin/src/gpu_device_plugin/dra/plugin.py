@@ -142,6 +142,7 @@ class HealthServicer:
         self.pb2 = pb2
         self.resend_seconds = resend_seconds
         self._stopping = False
+        self.open_streams = 0
 
     def stop(self) -> None:
         self._stopping = True
@@ -152,11 +153,15 @@ class HealthServicer:
 
     async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[Any]:
         log.info("NodeWatchResources opened", extra={"service": self.pb2.DESCRIPTOR.package})
-        while not self._stopping:
-            changed = self.hub.changed()
-            yield self._response()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(changed.wait(), self.resend_seconds)
+        self.open_streams += 1
+        try:
+            while not self._stopping:
+                changed = self.hub.changed()
+                yield self._response()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), self.resend_seconds)
+        finally:
+            self.open_streams -= 1
 
     def _response(self) -> Any:
         pb2 = self.pb2
