@@ -18,6 +18,18 @@ except ImportError:
 MERGE_PATCH = "application/merge-patch+json"
 
 
+def with_precondition(patch, node):
+    """The merge patch with the resourceVersion it was computed from: the API server refuses it (409, Conflict)
+    when the Node changed in between, so a taint, label or annotation someone wrote meanwhile is never
+    overwritten from a stale read."""
+    version = (node.get("metadata") or {}).get("resourceVersion")
+    if not version:
+        return patch
+    body = dict(patch)
+    body["metadata"] = dict(patch.get("metadata") or {}, resourceVersion=version)
+    return body
+
+
 class Conflict(Exception):
     """The API server refused a write because the Node changed since it was read (HTTP 409)."""
 

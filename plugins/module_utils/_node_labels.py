@@ -13,7 +13,7 @@ from __future__ import absolute_import, division, print_function
 import re
 
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import gpu_architecture
-from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict, with_precondition
 
 
 class LabelError(ValueError):
@@ -391,17 +391,6 @@ def node_label_patch(
     return patch
 
 
-def _with_precondition(patch, node):
-    """The patch with the resourceVersion it was computed from: the API server refuses it (409) when the Node
-    changed in between, so a taint or label someone wrote meanwhile is never overwritten by a stale list."""
-    version = (node.get("metadata") or {}).get("resourceVersion")
-    if not version:
-        return patch
-    body = dict(patch)
-    body["metadata"] = dict(patch.get("metadata") or {}, resourceVersion=version)
-    return body
-
-
 def _view(node):
     """What a diff shows of a Node: its labels, the collection's annotations and its taints."""
     metadata = node.get("metadata") or {}
@@ -501,7 +490,7 @@ def _write(api, name, node, wanted_and_kept, taint_args, check_mode, conflict_re
         if not patch or check_mode:
             return patch, node, node
         try:
-            return patch, node, api.patch_node(name, _with_precondition(patch, node))
+            return patch, node, api.patch_node(name, with_precondition(patch, node))
         except Conflict:
             result["conflicts"] += 1
             node = api.read_node(name)

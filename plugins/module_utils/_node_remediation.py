@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict, with_precondition
 
 TAINT_KEY = "nvidia.com/gpu-remediation"
 ANNOTATION = "gpuops.k8s/gpu-remediation"
@@ -116,17 +116,6 @@ def apply_patch(node, patch):
             annotations[key] = value
     after["metadata"]["annotations"] = annotations
     return after
-
-
-def with_precondition(patch, node):
-    """The patch with the resourceVersion it was computed from: the API server refuses it (409) when the Node
-    changed in between."""
-    version = (node.get("metadata") or {}).get("resourceVersion")
-    if not version:
-        return patch
-    body = dict(patch)
-    body["metadata"] = dict(patch.get("metadata") or {}, resourceVersion=version)
-    return body
 
 
 def set_remediation(api, name, state, klass=None, gpus=None, reason="", now="", check_mode=False, retries=5):

@@ -7,6 +7,7 @@ import copy
 import json
 
 import pytest
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import with_precondition
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation import (
     ANNOTATION,
     TAINT_KEY,
@@ -16,7 +17,6 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation impor
     remediation_patch,
     set_remediation,
     view,
-    with_precondition,
 )
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
