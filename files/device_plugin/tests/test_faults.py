@@ -218,7 +218,7 @@ def test_the_webhook_hears_once_per_gpu_and_class(node, webhook):
         return [x["xid"] for x in gpu_row(path, 1)["xids"]] == list(xids)
 
     try:
-        edit(node, g0={"xid": 63}, g1={"xid": 79})  # 63 is device: no alert; 79 is reboot
+        edit(node, g0={"xid": 78}, g1={"xid": 79})  # 78 is device: no alert; 79 is reboot
         assert webhook.arrived.wait(5)
         (body,) = webhook.bodies
         assert {k: body[k] for k in ("node", "gpu", "uuid", "xid", "class")} == {
@@ -231,11 +231,11 @@ def test_the_webhook_hears_once_per_gpu_and_class(node, webhook):
         assert body["time"].endswith("Z") and body["reason"].startswith("XID 79 ")
         # Another XID of the same class, then a lesser one: no news. A higher one is.
         # (Each edit is waited for: the spec's watcher would see only the last of quick edits.)
-        edit(node, g0={"xid": 63}, g1={"xid": 151})
+        edit(node, g0={"xid": 78}, g1={"xid": 151})
         assert wait_until(lambda: seen(79, 151))
-        edit(node, g0={"xid": 63}, g1={"xid": 48})
+        edit(node, g0={"xid": 78}, g1={"xid": 48})
         assert wait_until(lambda: seen(79, 151, 48))
-        edit(node, g0={"xid": 63}, g1={"xid": 54})
+        edit(node, g0={"xid": 78}, g1={"xid": 54})
         assert wait_until(lambda: seen(79, 151, 48, 54))
         assert wait_until(lambda: len(webhook.bodies) >= 2)
         assert (webhook.bodies[1]["class"], webhook.bodies[1]["xid"]) == ("replace", 54)

@@ -156,13 +156,13 @@ def test_nvml_xid_events_and_a_lost_gpu(node):
         assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
         assert [d["id"] for d in node.kubelet.devices(GPU)] == H100
         double.inject_xid(H100[1], 31)  # ignored by default
-        double.inject_xid(H100[6], 94)
+        double.inject_xid(H100[6], 78)
         assert node.kubelet.wait(lambda: health_of(node, 6) == "Unhealthy", timeout=2.0)
         assert health_of(node, 1) == "Healthy"
         double.lose(H100[0])
         assert node.kubelet.wait(lambda: health_of(node, 0) == "Unhealthy", timeout=2.0)
         text = daemon.daemon.metrics.render().decode()
-        assert f'gpu_device_plugin_xid_events_total{{critical="true",device="{H100[6]}",xid="94"}} 1.0' in text
+        assert f'gpu_device_plugin_xid_events_total{{critical="true",device="{H100[6]}",xid="78"}} 1.0' in text
         assert f'gpu_device_plugin_xid_events_total{{critical="false",device="{H100[1]}",xid="31"}} 1.0' in text
     finally:
         daemon.stop()

@@ -72,14 +72,14 @@ def test_an_xid_marks_exactly_that_gpu_unhealthy_within_a_second(node, mock_nvml
         edit(mock_nvml.spec, 1, xid=31)  # ignored by default
         time.sleep(0.3)
         started = time.monotonic()
-        edit(mock_nvml.spec, 6, xid=94)
+        edit(mock_nvml.spec, 6, xid=78)
         assert node.kubelet.wait(lambda: health(node, 6) == "Unhealthy", timeout=1.0)
         print(f"XID to Unhealthy in ListAndWatch: {time.monotonic() - started:.2f} s")
         assert [d["id"] for d in node.kubelet.devices(GPU) if d["health"] != "Healthy"] == [H100[6]]
         ok, detail = daemon.daemon.healthz()
         assert ok and detail["resources"][GPU]["unhealthy"] == 1 and detail["health_watcher_error"] is None
         text = daemon.daemon.metrics.render().decode()
-        assert f'gpu_device_plugin_xid_events_total{{critical="true",device="{H100[6]}",xid="94"}} 1.0' in text
+        assert f'gpu_device_plugin_xid_events_total{{critical="true",device="{H100[6]}",xid="78"}} 1.0' in text
         assert f'gpu_device_plugin_xid_events_total{{critical="false",device="{H100[1]}",xid="31"}} 1.0' in text
     finally:
         daemon.stop()
