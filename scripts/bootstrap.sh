@@ -17,6 +17,8 @@ apt_packages=(
   python3-tomlkit apt-cacher-ng gcc openssl time
   # ansible-rulebook's rule engine (scripts/eda-env.sh, extensions/eda) runs on a Java 17+ runtime.
   openjdk-17-jdk-headless
+  # gpu_faults' tests write real journal files (kernel messages over several boots) for journalctl to read.
+  systemd-journal-remote
 )
 
 need_apt=()

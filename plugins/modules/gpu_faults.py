@@ -15,12 +15,17 @@ description:
     log's C(NVRM Xid) lines since the last run, classifies every XID found (C(none), C(device), C(reset),
     C(reboot), C(replace), by severity; docs/xid-classes.md has the table and its sources) and returns each
     GPU's class and the node's highest.
-  - The kernel log finds the XIDs that came while the daemon was down. Where the last run kept its place
-    (O(advance_cursor)), only the kernel messages after it are read; otherwise those of the current boot.
+  - The kernel log finds the XIDs that came while the daemon was down, a reboot included. Where the last run kept its
+    place (O(advance_cursor)), every kernel message after it is read, across boots; otherwise those of the current
+    boot and the one before it.
+  - What is returned is bounded whatever the log holds; per GPU, XID and class one row with a count, the first and
+    last time and the newest lines. journalctl is read in pages, at most O(kernel_log_max_entries) entries a run.
   - A kernel line names the GPU by PCI bus; the module maps it to the GPU's UUID and index through the
     health file, else through NVML (C(pynvml)), else only the bus is known.
   - It changes nothing on the node but its own place in the kernel log, and that only with
-    O(advance_cursor=true) and never in check mode.
+    O(advance_cursor=true) and never in check mode. Moving on never forgets an XID that asks for more than
+    O(acted_class) on the GPUs of O(acted_gpus); such XIDs are kept with the place and returned by every later run
+    until a run acted on them.
 author:
   - gpuops.k8s maintainers (@gpuops)
 options:
@@ -39,9 +44,27 @@ options:
   advance_cursor:
     description:
       - Keep the place reached in the kernel log, so that the next run reads only what came after it.
-      - Leave it off to look without moving on (a plan, a check); a remediation turns it on once it has acted.
+      - Leave it off to look without moving on (a plan, a check); a remediation turns it on once it has acted,
+        and says what it did with O(acted_class) and O(acted_gpus).
+      - The kernel log's XIDs of a class above C(device) that the action did not cover are kept with the place
+        (RV(kernel_log.kept)) and count in every later run until a run acts on them.
     type: bool
     default: false
+  acted_class:
+    description:
+      - With O(advance_cursor), the action just taken (C(reset), C(reboot); C(replace) once a person has repaired the
+        node). The kernel log's XIDs of this class or below, on O(acted_gpus), count as handled.
+      - The default C(none) handles nothing above C(device): the place moves on, and the rest is kept.
+    type: str
+    choices: [none, device, reset, reboot, replace]
+    default: none
+  acted_gpus:
+    description:
+      - With O(advance_cursor), the GPUs the action covered, by UUID or PCI bus ID. Empty means every GPU of the
+        node (a reboot).
+    type: list
+    elements: str
+    default: []
   kernel_log:
     description:
       - Whether to read the kernel log at all. Off, only the health file is read.
@@ -50,13 +73,23 @@ options:
   kernel_log_command:
     description:
       - The command that prints the kernel log as journal export JSON, one entry per line (the C(MESSAGE),
-        C(__CURSOR) and C(__REALTIME_TIMESTAMP) fields are read).
-      - When its program is C(journalctl), C(--after-cursor) and the kept place are added to it. Any other
-        command (a test, a log shipped elsewhere) prints everything, and the module skips the entries up to
+        C(__CURSOR), C(__REALTIME_TIMESTAMP) and C(_BOOT_ID) fields are read).
+      - When its program is C(journalctl), the module adds where to start (C(--after-cursor), or the current and
+        previous boots' C(_BOOT_ID) matches) and reads in pages (C(-n)); C(-k) and C(--dmesg) are read as the
+        C(_TRANSPORT=kernel) match, since C(-k) limits journalctl to the current boot even after a cursor. A cursor
+        journalctl refuses is not an error; the log is read from the kept place's time instead, and RV(kernel_log.notes)
+        says so.
+      - Any other command (a test, a log shipped elsewhere) prints everything, and the module skips the entries up to
         the kept place itself.
     type: list
     elements: str
-    default: [journalctl, -k, -o, json, --no-pager]
+    default: [journalctl, _TRANSPORT=kernel, -o, json, --no-pager]
+  kernel_log_max_entries:
+    description:
+      - The most kernel log entries one run reads. A longer backlog is read on by the next runs from where this one
+        stopped (RV(kernel_log.complete) is false).
+    type: int
+    default: 1000000
   classes:
     description:
       - Classes of your own for XIDs, merged over the collection's table (the C(gpu_remediation_xid_classes)
@@ -84,10 +117,11 @@ requirements:
   - The C(pynvml) Python module (package C(nvidia-ml-py)) on the target, only to name the GPU of a kernel line
     the health file does not know.
 notes:
-  - A kernel line of an XID whose class depends on its text (XID 154, the driver's recovery action) is decoded;
-    the daemon, which gets XIDs from NVML without their text, classes XID 154 as C(device).
+  - A kernel line of an XID whose class depends on its text is decoded as NVIDIA's catalog does (XID 154's recovery
+    action, XID 74's NVLink registers, XIDs 144-150's unit and error status); the daemon, which gets XIDs from NVML
+    without their text, classes them by the table (docs/xid-classes.md).
   - The daemon's class is the highest since the GPU last became healthy; the kernel log's, the highest since the
-    kept place. A GPU's class is the higher of the two.
+    kept place and of the XIDs kept as not acted on. A GPU's class is the higher of the two.
 seealso:
   - name: NVIDIA's XID catalog
     description: The resolution buckets the classes come from (docs/xid-classes.md in the collection has the table).
@@ -104,9 +138,11 @@ EXAMPLES = r"""
     msg: "{{ faults.gpus | selectattr('class', 'in', ['reset', 'reboot', 'replace']) | map(attribute='uuid') | list }}"
   when: faults.node_class in ['reset', 'reboot', 'replace']
 
-- name: Move on in the kernel log once the faults were handled
+- name: Move on in the kernel log once GPU 1 was reset; an XID on another GPU that asks for a reset stays
   gpuops.k8s.gpu_faults:
     advance_cursor: true
+    acted_class: reset
+    acted_gpus: [GPU-6f1c0a3e-0000-4000-8000-000000000001]
     classes:
       63: reset
 """
@@ -151,28 +187,38 @@ gpus:
       choices: [daemon, kernel]
       sample: daemon
     xids:
-      description: The XIDs behind the class, oldest first (the daemon keeps the last 16 since the GPU became healthy).
+      description:
+        - The XIDs behind the class, one row per XID, class and source, oldest last time first (the daemon keeps the
+          last 16 XIDs since the GPU became healthy; the kernel log's rows count every line read).
       type: list
       elements: dict
       contains:
         xid:
           description: The XID.
           type: int
-        data:
-          description: The driver's text after the XID's number (kernel log); null from the daemon.
-          type: str
-        time:
-          description: When it came, ISO 8601 in UTC.
-          type: str
         class:
           description: The XID's class.
           type: str
         reason:
-          description: Why it has that class.
+          description: Why it has that class (of the newest line).
           type: str
         source:
           description: C(daemon) or C(kernel).
           type: str
+        count:
+          description: How many times it came.
+          type: int
+        first:
+          description: When it first came, ISO 8601 in UTC.
+          type: str
+        last:
+          description: When it last came, ISO 8601 in UTC.
+          type: str
+        samples:
+          description: The newest lines (at most 3), each C(time), C(data) (the driver's text after the XID's number;
+            null from the daemon) and, from the kernel log, C(boot) (the boot ID).
+          type: list
+          elements: dict
 node_class:
   description: The highest class of the node's GPUs (C(none) without any).
   returned: always
@@ -182,7 +228,7 @@ node_class:
 since:
   description:
     - The time of the kernel log entry at the kept place (ISO 8601, UTC), after which this run read; null when no
-      place was kept and the command's whole output (with C(journalctl -k), the current boot) was read.
+      place was kept and the current and previous boots were read.
   returned: always
   type: str
   sample: "2026-11-26T08:46:00.123456Z"
@@ -192,6 +238,25 @@ cursor:
   returned: always
   type: str
   sample: s=739ad463348b4ceca5a9e69c95a3c93f;i=4ece7;b=6c7c6013a8674f2f9f2d8e7c1a1c1e1a;m=9dc5fc5e;t=5c0f3e6a5f1f6;x=1
+kernel_log:
+  description: How the kernel log was read.
+  returned: always
+  type: dict
+  contains:
+    entries:
+      description: How many entries this run read.
+      type: int
+    complete:
+      description: False when O(kernel_log_max_entries) stopped the read before the end of the log.
+      type: bool
+    kept:
+      description: How many rows of XIDs no run has acted on are kept with the place.
+      type: int
+    notes:
+      description: What was read otherwise than asked, one sentence each (a refused cursor, a cut-short read).
+      type: list
+      elements: str
+  sample: {entries: 1824, complete: true, kept: 0, notes: []}
 health_file:
   description: What was found at O(health_file).
   returned: always
@@ -215,6 +280,7 @@ health_file:
 import datetime
 import json
 import os
+import re
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -232,6 +298,13 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
 pynvml = installed_pynvml()
 
 CURSOR_FILE = "gpu-faults.cursor"
+# journalctl is read in pages of this many entries, each one command, so no run holds more than a page of output.
+PAGE_ENTRIES = 5000
+# Kept per GPU, XID and class: the newest few lines as the driver wrote them.
+SAMPLES = 3
+# A journal match ("FIELD=value"), which journalctl --list-boots refuses.
+_MATCH = re.compile(r"^[A-Z0-9_]+=")
+_BOOT_LINE = re.compile(r"^\s*(?P<index>-?\d+)\s+(?P<boot>[0-9a-f]{32})\b")
 
 
 class FaultsError(Exception):
@@ -246,6 +319,18 @@ def iso_from_microseconds(value):
         return None
     moment = datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=micros)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def epoch_from_iso(text):
+    """ISO 8601 UTC as this module writes it -> seconds since the epoch (as journalctl's --since=@ takes them)."""
+    for layout in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            moment = datetime.datetime.strptime(text, layout)
+        except (TypeError, ValueError):
+            continue
+        delta = moment - datetime.datetime(1970, 1, 1)
+        return f"{delta.days * 86400 + delta.seconds}.{delta.microseconds:06d}"
+    return None
 
 
 def read_health_file(path):
@@ -267,15 +352,29 @@ def read_health_file(path):
 
 
 def read_cursor(state_dir):
-    """The kept place: {cursor, time}, or an empty dict; an unreadable file counts as none."""
+    """(the kept place {cursor, time, pending}, a note): an unreadable file counts as none, and the note says so."""
+    path = os.path.join(state_dir, CURSOR_FILE)
     try:
-        with open(os.path.join(state_dir, CURSOR_FILE), encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
+    except FileNotFoundError:
+        return {}, None
     except (OSError, ValueError):
-        return {}
+        return {}, f"the kept place {path} could not be read, so the kernel log was read as if none was kept"
     if not isinstance(data, dict) or not isinstance(data.get("cursor"), str):
-        return {}
-    return data
+        return {}, f"the kept place {path} holds no cursor, so the kernel log was read as if none was kept"
+    pending = data.get("pending")
+    data["pending"] = [row for row in pending if _valid_row(row)] if isinstance(pending, list) else []
+    return data, None
+
+
+def _valid_row(row):
+    return (
+        isinstance(row, dict)
+        and isinstance(row.get("xid"), int)
+        and row.get("class") in _xid_classes.CLASSES
+        and isinstance(row.get("count"), int)
+    )
 
 
 def journal_entries(lines):
@@ -300,39 +399,74 @@ def message_text(entry):
     return message if isinstance(message, str) else ""
 
 
-def kernel_xids(entries, cursor, overrides):
-    """(XID records after `cursor`, the last cursor seen, its entry's time).
+class XidSummary:
+    """The kernel log's XIDs, bounded: per GPU (PCI bus), XID and class, a count, the first and last time and the
+    newest SAMPLES lines. However many lines came, its size depends only on how many GPUs, XIDs and classes."""
 
-    When the cursor is among the entries, only what follows it counts; otherwise every entry does (journalctl
-    already started after it, or the log rotated)."""
-    entries = list(entries)
-    start = 0
-    if cursor:
-        for position, entry in enumerate(entries):
-            if entry.get("__CURSOR") == cursor:
-                start = position + 1
-                break
-    records = []
-    last, last_time = cursor or None, None
-    for entry in entries[start:]:
+    def __init__(self, overrides):
+        self.overrides = overrides
+        self.rows = {}
+        self.entries = 0
+        self.last, self.last_time = None, None
+
+    def add_entry(self, entry):
+        self.entries += 1
         if isinstance(entry.get("__CURSOR"), str):
-            last, last_time = entry["__CURSOR"], iso_from_microseconds(entry.get("__REALTIME_TIMESTAMP"))
+            self.last, self.last_time = entry["__CURSOR"], iso_from_microseconds(entry.get("__REALTIME_TIMESTAMP"))
         found = _xid_classes.parse_kernel_line(message_text(entry))
         if found is None:
-            continue
-        name, reason = _xid_classes.classify(found["xid"], found["data"], overrides)
-        records.append(
+            return
+        name, reason = _xid_classes.classify(found["xid"], found["data"], self.overrides)
+        time = iso_from_microseconds(entry.get("__REALTIME_TIMESTAMP"))
+        sample = {"time": time, "data": found["data"], "boot": entry.get("_BOOT_ID")}
+        self.add_row(
             {
                 "pci": found["pci"],
                 "xid": found["xid"],
-                "data": found["data"],
-                "time": iso_from_microseconds(entry.get("__REALTIME_TIMESTAMP")),
                 "class": name,
                 "reason": reason,
-                "source": "kernel",
+                "count": 1,
+                "first": time,
+                "last": time,
+                "samples": [sample],
             }
         )
-    return records, last, last_time
+
+    def add_row(self, row):
+        """A row of one line, or one kept from an earlier run: counted into the row of its GPU, XID and class."""
+        key = (row.get("pci"), row["xid"], row["class"])
+        held = self.rows.get(key)
+        if held is None:
+            self.rows[key] = dict(row, samples=list(row.get("samples") or [])[-SAMPLES:])
+            return
+        held["count"] += row["count"]
+        if row.get("first") and (not held.get("first") or row["first"] < held["first"]):
+            held["first"] = row["first"]
+        if row.get("last") and (not held.get("last") or row["last"] >= held["last"]):
+            held["last"], held["reason"] = row["last"], row["reason"]
+        samples = held["samples"] + list(row.get("samples") or [])
+        held["samples"] = sorted(samples, key=lambda sample: sample.get("time") or "")[-SAMPLES:]
+
+    def records(self):
+        return sorted(self.rows.values(), key=lambda row: (row.get("pci") or "", row["xid"], row["class"]))
+
+
+def kernel_xids(entries, cursor, overrides):
+    """(the XID summary after `cursor`, the last cursor seen, its entry's time), for a command that prints the
+    whole log: when the cursor is among the entries, only what follows it counts; otherwise every entry does."""
+    summary = XidSummary(overrides)
+    skipping = bool(cursor)
+    held = []
+    for entry in entries:
+        if skipping:
+            held.append(entry)
+            if entry.get("__CURSOR") == cursor:
+                skipping, held = False, []
+            continue
+        summary.add_entry(entry)
+    for entry in held:  # the cursor was not there (the log rotated, or another log): everything counts
+        summary.add_entry(entry)
+    return summary, summary.last or cursor or None, summary.last_time
 
 
 def nvml_gpus_by_bus(nvml, sysfs_root):
@@ -346,26 +480,41 @@ def nvml_gpus_by_bus(nvml, sysfs_root):
     return dict((gpu["pci_bus_id"], (gpu["uuid"], gpu["index"])) for gpu in facts["gpus"])
 
 
+def _daemon_rows(item):
+    """The daemon's XIDs of one GPU (it keeps the last 16) as rows of the same shape as the kernel log's."""
+    rows = {}
+    for x in item.get("xids") or []:
+        if not isinstance(x, dict) or not isinstance(x.get("xid"), int):
+            continue
+        name = x.get("class") if x.get("class") in _xid_classes.CLASSES else _xid_classes.DEFAULT_CLASS
+        row = rows.get((x["xid"], name))
+        sample = {"time": x.get("time"), "data": x.get("data")}
+        if row is None:
+            rows[(x["xid"], name)] = {
+                "xid": x["xid"],
+                "class": name,
+                "reason": x.get("reason", ""),
+                "source": "daemon",
+                "count": 1,
+                "first": x.get("time"),
+                "last": x.get("time"),
+                "samples": [sample],
+            }
+            continue
+        row["count"] += 1
+        row["last"], row["reason"] = x.get("time"), x.get("reason", "")
+        row["samples"] = (row["samples"] + [sample])[-SAMPLES:]
+    return list(rows.values())
+
+
 def merge(health, records, nvml_lookup):
-    """The GPUs with their classes: the health file's entries, with the kernel records joined by PCI bus."""
+    """The GPUs with their classes: the health file's entries, with the kernel rows joined by PCI bus."""
     gpus = []
     by_pci = {}
     for item in (health or {}).get("gpus", []):
         if not isinstance(item, dict):
             continue
         pci = normalize_bus_id(item["pci"]) if item.get("pci") else None
-        xids = [
-            dict(
-                xid=x.get("xid"),
-                data=x.get("data"),
-                time=x.get("time"),
-                reason=x.get("reason", ""),
-                source="daemon",
-                **{"class": x.get("class", _xid_classes.DEFAULT_CLASS)},
-            )
-            for x in item.get("xids") or []
-            if isinstance(x, dict)
-        ]
         name = item.get("class") if item.get("class") in _xid_classes.CLASSES else _xid_classes.DEFAULT_CLASS
         gpu = {
             "uuid": item.get("uuid"),
@@ -375,7 +524,7 @@ def merge(health, records, nvml_lookup):
             "class": name,
             "reason": item.get("reason") or "",
             "source": "daemon",
-            "xids": xids,
+            "xids": _daemon_rows(item),
         }
         gpus.append(gpu)
         if pci:
@@ -399,37 +548,142 @@ def merge(health, records, nvml_lookup):
             }
             gpus.append(gpu)
             by_pci[record["pci"]] = gpu
-        gpu["xids"].append(dict((k, v) for k, v in record.items() if k != "pci"))
+        record["uuid"] = gpu["uuid"]
+        gpu["xids"].append(dict(((k, v) for k, v in record.items() if k not in ("pci", "uuid")), source="kernel"))
         if _xid_classes.rank(record["class"]) > _xid_classes.rank(gpu["class"]):
             gpu.update({"class": record["class"], "reason": record["reason"], "source": "kernel"})
+    for gpu in gpus:
+        gpu["xids"].sort(key=lambda row: (row.get("last") or "", row["xid"]))
     gpus.sort(key=lambda g: (g["index"] is None, g["index"] if g["index"] is not None else 0, g["pci"] or ""))
     return gpus
 
 
-def write_cursor(module, state_dir, cursor, time):
+def not_acted_on(records, acted_class, acted_gpus):
+    """The kernel rows a run that acted with `acted_class` on `acted_gpus` (UUIDs or PCI bus IDs; empty: every GPU
+    of the node) has not handled: those whose class asks the remediation for something (above device) that is more
+    than the action, or that came on another GPU. They stay kept until a run acts on them."""
+    wanted = set(acted_gpus or [])
+    kept = []
+    for row in records:
+        if _xid_classes.rank(row["class"]) <= _xid_classes.rank("device"):
+            continue
+        if _xid_classes.rank(row["class"]) <= _xid_classes.rank(acted_class) and (
+            not wanted or row.get("uuid") in wanted or row.get("pci") in wanted
+        ):
+            continue
+        kept.append(dict(row))
+    return kept
+
+
+def write_cursor(module, state_dir, cursor, time, pending):
     """Keep the place atomically (a temporary file in the same directory, then a rename)."""
     try:
         if not os.path.isdir(state_dir):
             os.makedirs(state_dir, 0o755)
         fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=".gpu-faults-")
         with os.fdopen(fd, "w") as handle:
-            json.dump({"cursor": cursor, "time": time}, handle)
+            json.dump({"cursor": cursor, "time": time, "pending": pending}, handle, sort_keys=True)
             handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
     except OSError as exc:
         raise FaultsError(f"cannot keep the kernel log place in {state_dir}: {exc.strerror}.") from None
     module.atomic_move(tmp, os.path.join(state_dir, CURSOR_FILE))
 
 
-def read_kernel_log(module, command, kept):
-    argv = list(command)
-    if kept.get("cursor") and os.path.basename(argv[0]) == "journalctl":
-        argv.append("--after-cursor=" + kept["cursor"])
-    rc, out, err = module.run_command(argv, check_rc=False)
+def journalctl_argv(command):
+    """The command with journalctl's -k/--dmesg turned into the kernel transport match: -k implies the current
+    boot, even after --after-cursor, and would hide what came before a reboot."""
+    return [command[0]] + ["_TRANSPORT=kernel" if arg in ("-k", "--dmesg") else arg for arg in command[1:]]
+
+
+def _failure(argv, rc, out, err):
+    lines = (err or out or "").strip().splitlines()
+    detail = ": " + lines[-1].rstrip(".") if lines else ""
+    return f"the kernel log command {' '.join(argv)} failed with exit status {rc}{detail}"
+
+
+def recent_boots(module, argv):
+    """The _BOOT_ID matches of the current boot and the one before it, from journalctl --list-boots (JSON where it
+    can, else its table); None when it cannot say."""
+    listing = [arg for arg in argv if not _MATCH.match(arg)] + ["--list-boots"]
+    rc, out, _err = module.run_command(listing, check_rc=False)
     if rc != 0:
-        lines = (err or out or "").strip().splitlines()
-        detail = ": " + lines[-1].rstrip(".") if lines else ""
-        raise FaultsError(f"the kernel log command {' '.join(argv)} failed with exit status {rc}{detail}.")
-    return journal_entries(out.splitlines())
+        return None
+    boots = []
+    try:
+        parsed = json.loads(out)
+        boots = [(int(b["index"]), b["boot_id"]) for b in parsed if isinstance(b, dict) and "boot_id" in b]
+    except (ValueError, TypeError, KeyError):
+        for line in out.splitlines():
+            found = _BOOT_LINE.match(line)
+            if found:
+                boots.append((int(found.group("index")), found.group("boot")))
+    chosen = [boot for index, boot in sorted(boots) if index in (-1, 0)]
+    return ["_BOOT_ID=" + boot for boot in chosen] or None
+
+
+def read_journal(module, argv, start, summary, limit):
+    """Read the journal in pages from `start` (--after-cursor=… or --since=…) into `summary`, at most `limit`
+    entries. Returns whether all of it was read; FaultsError with journalctl's own words when a page fails."""
+    position = list(start)
+    while True:
+        page = argv + position + ["-n", str(PAGE_ENTRIES)]
+        rc, out, err = module.run_command(page, check_rc=False)
+        if rc != 0:
+            raise FaultsError(_failure(page, rc, out, err))
+        count = 0
+        for entry in journal_entries(out.splitlines()):
+            summary.add_entry(entry)
+            count += 1
+        if count < PAGE_ENTRIES:
+            return True
+        if summary.entries >= limit:
+            return False
+        position = ["--after-cursor=" + summary.last]
+
+
+def read_kernel_log(module, command, kept, overrides, limit):
+    """(summary, the last cursor, its time, whether all was read, a note or None)."""
+    if os.path.basename(command[0]) != "journalctl":
+        rc, out, err = module.run_command(list(command), check_rc=False)
+        if rc != 0:
+            raise FaultsError(_failure(command, rc, out, err) + ".")
+        summary, last, last_time = kernel_xids(journal_entries(out.splitlines()), kept.get("cursor"), overrides)
+        return summary, last, last_time, True, None
+    argv = journalctl_argv(command)
+    note = None
+    if kept.get("cursor"):
+        summary = XidSummary(overrides)
+        try:
+            complete = read_journal(module, argv, ["--after-cursor=" + kept["cursor"]], summary, limit)
+            return summary, summary.last or kept["cursor"], summary.last_time, complete, None
+        except FaultsError as exc:
+            if summary.entries:
+                raise FaultsError(f"{exc}.") from None
+            refused = str(exc)
+        since = epoch_from_iso(kept.get("time"))
+        note = f"journalctl refused the kept place ({refused}), so the kernel log was read "
+        if since is not None:
+            note += f"from the kept place's time, {kept['time']}"
+            summary = XidSummary(overrides)
+            try:
+                complete = read_journal(module, argv, ["--since=@" + since], summary, limit)
+            except FaultsError as exc:
+                raise FaultsError(f"{exc}.") from None
+            return summary, summary.last, summary.last_time, complete, note
+        note += "as if none was kept"
+    boots = recent_boots(module, argv)
+    window = boots or ["--boot"]
+    summary = XidSummary(overrides)
+    try:
+        complete = read_journal(module, argv + window, ["--since=@0"], summary, limit)
+    except FaultsError as exc:
+        raise FaultsError(f"{exc}.") from None
+    if boots is None:
+        extra = "journalctl could not list the boots, so only the current boot was read"
+        note = f"{note}; {extra}" if note else extra
+    return summary, summary.last, summary.last_time, complete, note
 
 
 def run_module(module):
@@ -440,25 +694,51 @@ def run_module(module):
         module.fail_json(msg=str(exc))
     try:
         health = read_health_file(params["health_file"])
-        kept = read_cursor(params["state_dir"])
-        records, last, last_time = [], kept.get("cursor"), None
+        kept, note = read_cursor(params["state_dir"])
+        notes = [note] if note else []
+        summary, last, last_time, complete = XidSummary(overrides), kept.get("cursor"), kept.get("time"), True
         if params["kernel_log"]:
             if not params["kernel_log_command"]:
                 raise FaultsError("kernel_log_command must name a command.")
-            entries = read_kernel_log(module, params["kernel_log_command"], kept)
-            records, last, last_time = kernel_xids(entries, kept.get("cursor"), overrides)
+            summary, read_last, read_time, complete, note = read_kernel_log(
+                module, params["kernel_log_command"], kept, overrides, params["kernel_log_max_entries"]
+            )
+            if note:
+                notes.append(note)
+            if read_last and read_last != last:
+                last, last_time = read_last, read_time
+            if not complete:
+                notes.append(
+                    f"the kernel log had more than {params['kernel_log_max_entries']} entries after the kept place: "
+                    f"this run read up to {last_time}, the next one goes on from there"
+                )
+        for row in kept.get("pending") or []:
+            summary.add_row(row)
+        records = summary.records()
         gpus = merge(health, records, lambda: nvml_gpus_by_bus(pynvml, params["sysfs_root"]))
-        changed = bool(params["advance_cursor"] and last and last != kept.get("cursor"))
-        if changed and not module.check_mode:
-            write_cursor(module, params["state_dir"], last, last_time)
+        pending = kept.get("pending") or []
+        changed = False
+        if params["advance_cursor"]:
+            pending = not_acted_on(records, params["acted_class"], params["acted_gpus"])
+            changed = bool(last) and (last != kept.get("cursor") or pending != (kept.get("pending") or []))
+            if changed and not module.check_mode:
+                write_cursor(module, params["state_dir"], last, last_time, pending)
     except FaultsError as exc:
         module.fail_json(msg=str(exc))
+    for note in notes:
+        module.warn(note[0].upper() + note[1:] + ".")
     module.exit_json(
         changed=changed,
         gpus=gpus,
         node_class=_xid_classes.highest(g["class"] for g in gpus),
         since=kept.get("time") if kept.get("cursor") else None,
         cursor=last,
+        kernel_log={
+            "entries": summary.entries,
+            "complete": complete,
+            "kept": len(pending),
+            "notes": notes,
+        },
         health_file={
             "path": params["health_file"],
             "present": health is not None,
@@ -474,15 +754,20 @@ def main():
             health_file=dict(type="path", default="/var/lib/gpuops/gpu-health.json"),
             state_dir=dict(type="path", default="/var/lib/gpuops"),
             advance_cursor=dict(type="bool", default=False),
+            acted_class=dict(type="str", default="none", choices=list(_xid_classes.CLASSES)),
+            acted_gpus=dict(type="list", elements="str", default=[]),
             kernel_log=dict(type="bool", default=True),
             kernel_log_command=dict(
-                type="list", elements="str", default=["journalctl", "-k", "-o", "json", "--no-pager"]
+                type="list", elements="str", default=["journalctl", "_TRANSPORT=kernel", "-o", "json", "--no-pager"]
             ),
+            kernel_log_max_entries=dict(type="int", default=1000000),
             classes=dict(type="dict", default={}),
             sysfs_root=dict(type="path", default="/sys"),
         ),
         supports_check_mode=True,
     )
+    if module.params["kernel_log_max_entries"] < 1:
+        module.fail_json(msg="kernel_log_max_entries must be 1 or more.")
     run_or_fail(module, "gpu_faults", run_module)
 
 

@@ -1,16 +1,18 @@
 """Unit tests of gpuops.k8s.gpu_faults.
 
 The module runs through its real entry point with real module arguments. The daemon's health file is a real
-file; the kernel log is a real file of journal export JSON printed by the real `cat`, or by `journalctl`, a
-test double (a shell script of that name in tmp_path) that records its arguments. NVML is played by
-NvmlTestDouble, as in the nvidia_gpu_info tests.
+file; the kernel log is a real file of journal export JSON printed by the real `cat`, or a real journal read by the
+real `journalctl -D DIR`: the journal files are written by systemd-journal-remote from export format (entries of
+the kernel transport across several boots, as journald keeps them), so cursors, boots and matches are journald's
+own. NVML is played by NvmlTestDouble, as in the nvidia_gpu_info tests.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import stat
+import subprocess
+import uuid
 
 import pytest
 from ansible_collections.gpuops.k8s.plugins.modules import gpu_faults
@@ -92,7 +94,18 @@ def test_the_daemons_view_alone(args, tmp_path):
         (UUID0, "none", True, "daemon"),
         (UUID1, "reset", False, "daemon"),
     ]
-    assert result["gpus"][1]["xids"] == [dict(xid, source="daemon")]
+    assert result["gpus"][1]["xids"] == [
+        {
+            "xid": 48,
+            "class": "reset",
+            "reason": "XID 48",
+            "source": "daemon",
+            "count": 1,
+            "first": xid["time"],
+            "last": xid["time"],
+            "samples": [{"time": xid["time"], "data": None}],
+        }
+    ]
     assert result["node_class"] == "reset"
     assert result["health_file"]["present"] is True and result["health_file"]["node"] == "gpu-1"
 
@@ -107,10 +120,10 @@ def test_kernel_xids_join_the_daemons_gpus_by_bus_and_the_higher_class_wins(args
     # XID 13 is none: the GPU keeps the daemon's class, and the XID is listed.
     assert (first["uuid"], first["class"], first["source"]) == (UUID0, "none", "daemon")
     assert [(x["xid"], x["class"], x["source"]) for x in first["xids"]] == [(13, "none", "kernel")]
-    assert first["xids"][0]["data"] == "Graphics SM Warp Exception"
+    assert first["xids"][0]["samples"][0]["data"] == "Graphics SM Warp Exception"
     assert (second["uuid"], second["class"], second["source"]) == (UUID1, "reboot", "kernel")
     assert second["reason"] == "XID 79 (GPU has fallen off the bus): catalog RESTART_BM"
-    assert second["xids"][0]["time"] == "2025-11-26T08:00:00.000003Z"
+    assert second["xids"][0]["last"] == "2025-11-26T08:00:00.000003Z" and second["xids"][0]["count"] == 1
     assert result["node_class"] == "reboot"
 
 
@@ -148,11 +161,16 @@ def test_the_place_is_kept_only_when_asked_and_never_in_check_mode(args, tmp_pat
     assert looked["changed"] is False and not cursor_file.exists()
     checked = run_module(gpu_faults.main, dict(args, advance_cursor=True, _ansible_check_mode=True))
     assert checked["changed"] is True and not cursor_file.exists()
-    moved = run_module(gpu_faults.main, dict(args, advance_cursor=True))
+    # The XIDs were acted on by a reboot of the node: none is kept.
+    moved = run_module(gpu_faults.main, dict(args, advance_cursor=True, acted_class="reboot"))
     assert moved["changed"] is True
-    assert json.loads(cursor_file.read_text()) == {"cursor": "s=test;i=4", "time": "2025-11-26T08:00:00.000004Z"}
+    assert json.loads(cursor_file.read_text()) == {
+        "cursor": "s=test;i=4",
+        "time": "2025-11-26T08:00:00.000004Z",
+        "pending": [],
+    }
     # Nothing new: the kernel's XIDs are behind the place, and the place stays.
-    again = run_module(gpu_faults.main, dict(args, advance_cursor=True))
+    again = run_module(gpu_faults.main, dict(args, advance_cursor=True, acted_class="reboot"))
     assert again["changed"] is False
     assert again["gpus"] == [] and again["since"] == "2025-11-26T08:00:00.000004Z"
     # A new XID after the place is found, alone.
@@ -171,25 +189,6 @@ def test_a_kept_place_the_log_no_longer_holds_reads_everything(args, tmp_path):
     result = run_module(gpu_faults.main, args)
     assert [g["class"] for g in result["gpus"]] == ["none", "reboot"]
     assert result["since"] == "2025-01-01T00:00:00Z"
-
-
-def test_journalctl_is_asked_for_what_follows_the_place(args, tmp_path):
-    # A journalctl test double: records its arguments, prints one entry.
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    record = tmp_path / "argv.json"
-    out = journal(tmp_path / "after.json", [entry(9, "NVRM: Xid (PCI:0000:2a:00): 95, pid=1, name=x, Uncontained")])
-    script = bindir / "journalctl"
-    script.write_text(
-        f'#!/bin/sh\npython3 -c \'import json, sys; json.dump(sys.argv[1:], open("{record}", "w"))\' "$@"\ncat {out}\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    command = [str(script), "-k", "-o", "json", "--no-pager"]
-    first = run_module(gpu_faults.main, dict(args, kernel_log_command=command, advance_cursor=True))
-    assert json.loads(record.read_text()) == ["-k", "-o", "json", "--no-pager"]
-    assert first["gpus"][0]["class"] == "reset"
-    run_module(gpu_faults.main, dict(args, kernel_log_command=command))
-    assert json.loads(record.read_text()) == ["-k", "-o", "json", "--no-pager", "--after-cursor=s=test;i=9"]
 
 
 def test_a_message_journald_kept_as_bytes(args, tmp_path):
@@ -231,3 +230,193 @@ def test_an_unreadable_state_dir_is_one_sentence(args, tmp_path):
         (tmp_path / "state").mkdir(mode=0o500)
     result = fail_module(gpu_faults.main, dict(args, advance_cursor=True))
     assert result["msg"].startswith(f"cannot keep the kernel log place in {args['state_dir']}: ")
+
+
+# A real journal, written by systemd-journal-remote (Debian's systemd-journal-remote package, which
+# scripts/bootstrap.sh installs) from export format into a directory that journalctl -D reads.
+JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
+MACHINE = "5f0c6e1a2b3c4d5e8f90a1b2c3d4e5f6"
+
+
+class Journal:
+    """A journal directory with entries of the kernel transport, boot after boot, appended as a node logs them."""
+
+    def __init__(self, directory):
+        assert os.access(JOURNAL_REMOTE, os.X_OK), f"{JOURNAL_REMOTE} is missing: run make setup"
+        self.directory = directory
+        directory.mkdir()
+        self.boot = None
+        self.realtime = 1764144000000000
+        self.monotonic = 0
+        self.reboot()
+
+    def reboot(self):
+        self.boot = uuid.uuid4().hex
+        self.monotonic = 1000000
+
+    def log(self, *messages, transport="kernel"):
+        text = ""
+        for message in messages:
+            self.realtime += 1000000
+            self.monotonic += 1000000
+            text += (
+                f"__REALTIME_TIMESTAMP={self.realtime}\n__MONOTONIC_TIMESTAMP={self.monotonic}\n_BOOT_ID={self.boot}\n"
+                f"_MACHINE_ID={MACHINE}\n_TRANSPORT={transport}\nSYSLOG_IDENTIFIER=kernel\nMESSAGE={message}\n\n"
+            )
+        subprocess.run(
+            [JOURNAL_REMOTE, "-o", str(self.directory / "remote.journal"), "-"],
+            input=text.encode(),
+            check=True,
+            capture_output=True,
+        )
+
+    def command(self, *extra):
+        """The module's default command, reading this directory instead of the host's journal."""
+        return ["journalctl", "-D", str(self.directory), *extra, "-o", "json", "--no-pager"]
+
+
+XID79 = "NVRM: Xid (PCI:0000:2a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID48 = "NVRM: Xid (PCI:0000:18:00): 48, pid=<unknown>, name=<unknown>, An uncorrectable double bit error"
+XID119 = "NVRM: Xid (PCI:0000:18:00): 119, pid=1, name=x, Timeout after 6s of waiting for RPC response"
+
+
+@pytest.fixture
+def node_journal(tmp_path):
+    return Journal(tmp_path / "journal")
+
+
+def test_the_default_command_reads_the_kernel_transport_not_the_current_boot():
+    # No -k, which implies --boot=0 even after --after-cursor.
+    assert "default: [journalctl, _TRANSPORT=kernel, -o, json, --no-pager]" in gpu_faults.DOCUMENTATION
+
+
+@pytest.mark.parametrize("form", ["-k", "--dmesg", "_TRANSPORT=kernel"])
+def test_an_xid_before_a_reboot_is_found_after_the_kept_place(args, node_journal, form):
+    node_journal.log("Linux version 6.1.0", "eth0: link up")
+    command = node_journal.command(form)
+    kept = run_module(gpu_faults.main, dict(args, kernel_log_command=command, advance_cursor=True))
+    assert kept["changed"] is True and kept["gpus"] == []
+    # After the kept place: an XID 79, then the node reboots before any remediation ran.
+    node_journal.log(XID79)
+    node_journal.reboot()
+    node_journal.log("Linux version 6.1.0", "NVRM: loading NVIDIA UNIX x86_64 Kernel Module")
+    found = run_module(gpu_faults.main, dict(args, kernel_log_command=command))
+    assert [(g["pci"], g["class"]) for g in found["gpus"]] == [("0000:2a:00.0", "reboot")]
+    assert found["kernel_log"] == {"entries": 3, "complete": True, "kept": 0, "notes": []}
+
+
+def test_without_a_kept_place_the_previous_boot_is_read_too(args, node_journal):
+    node_journal.log("Linux version 6.1.0", XID48)
+    node_journal.reboot()
+    node_journal.log("Linux version 6.1.0", XID119)
+    node_journal.log("a user's line", transport="stdout")
+    result = run_module(gpu_faults.main, dict(args, kernel_log_command=node_journal.command("-k")))
+    assert [(g["pci"], [x["xid"] for x in g["xids"]]) for g in result["gpus"]] == [("0000:18:00.0", [48, 119])]
+    assert result["since"] is None and result["kernel_log"]["entries"] == 4
+    # Boots before the previous one are not read: a fault that old was followed by a reboot after it.
+    node_journal.reboot()
+    node_journal.log("Linux version 6.1.0")
+    result = run_module(gpu_faults.main, dict(args, kernel_log_command=node_journal.command()))
+    assert [x["xid"] for x in result["gpus"][0]["xids"]] == [119]
+
+
+def test_a_cursor_journalctl_refuses_is_read_from_its_time_and_replaced(args, node_journal, tmp_path):
+    node_journal.log("Linux version 6.1.0", XID48)
+    state = tmp_path / "state"
+    state.mkdir()
+    # A place in the middle of the log: entry 2's time. Its cursor is one journalctl refuses.
+    kept_time = gpu_faults.iso_from_microseconds(1764144000000000 + 2000000 - 1)
+    (state / "gpu-faults.cursor").write_text(json.dumps({"cursor": "garbage", "time": kept_time}))
+    result = run_module(gpu_faults.main, dict(args, kernel_log_command=node_journal.command()))
+    assert [(g["pci"], g["class"]) for g in result["gpus"]] == [("0000:18:00.0", "reset")]
+    (note,) = result["kernel_log"]["notes"]
+    assert note.startswith("journalctl refused the kept place (the kernel log command journalctl -D ")
+    assert note.endswith(f"so the kernel log was read from the kept place's time, {kept_time}")
+    # Moving on (once the reset was done) writes a place journalctl takes; the next run reads after it, no note.
+    run_module(
+        gpu_faults.main,
+        dict(args, kernel_log_command=node_journal.command(), advance_cursor=True, acted_class="reset"),
+    )
+    assert json.loads((state / "gpu-faults.cursor").read_text())["cursor"].startswith("s=")
+    again = run_module(gpu_faults.main, dict(args, kernel_log_command=node_journal.command()))
+    assert again["kernel_log"]["notes"] == [] and again["gpus"] == []
+
+
+def test_moving_on_keeps_the_xids_the_action_did_not_cover(args, node_journal, tmp_path):
+    # The plan: GPU 0000:18:00 asks for a reset.
+    node_journal.log("Linux version 6.1.0", XID48)
+    command = node_journal.command()
+    plan = run_module(gpu_faults.main, dict(args, kernel_log_command=command))
+    assert plan["node_class"] == "reset"
+    # While it is reset: the same GPU's XID again, and an XID 79 on another GPU (0000:2a:00).
+    node_journal.log(XID48, XID79)
+    moved = run_module(
+        gpu_faults.main,
+        dict(args, kernel_log_command=command, advance_cursor=True, acted_class="reset", acted_gpus=["0000:18:00.0"]),
+    )
+    assert moved["changed"] is True and moved["kernel_log"]["kept"] == 1
+    # Every later run still sees the XID 79, until a run acts on it; the reset GPU's XIDs are handled.
+    later = run_module(gpu_faults.main, dict(args, kernel_log_command=command))
+    assert [(g["pci"], g["class"], [(x["xid"], x["count"]) for x in g["xids"]]) for g in later["gpus"]] == [
+        ("0000:2a:00.0", "reboot", [(79, 1)])
+    ]
+    assert later["kernel_log"]["entries"] == 0 and later["node_class"] == "reboot"
+    # Moving on again without acting on it keeps it; nothing changes on a second run.
+    again = run_module(gpu_faults.main, dict(args, kernel_log_command=command, advance_cursor=True))
+    assert again["changed"] is False and again["node_class"] == "reboot"
+    # The reboot acts on every GPU: nothing is kept.
+    rebooted = run_module(
+        gpu_faults.main, dict(args, kernel_log_command=command, advance_cursor=True, acted_class="reboot")
+    )
+    assert rebooted["changed"] is True and rebooted["kernel_log"]["kept"] == 0
+    assert run_module(gpu_faults.main, dict(args, kernel_log_command=command))["gpus"] == []
+
+
+def test_a_reset_does_not_cover_a_worse_class_on_its_own_gpu(args, tmp_path):
+    args["kernel_log_command"] = ["cat", journal(tmp_path / "k.json", [entry(1, XID48), entry(2, XID48 + "x")])]
+    worse = "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."
+    journal(tmp_path / "k.json", [entry(1, XID48), entry(2, worse)])
+    moved = run_module(
+        gpu_faults.main, dict(args, advance_cursor=True, acted_class="reset", acted_gpus=["0000:18:00.0"])
+    )
+    assert moved["kernel_log"]["kept"] == 1
+    assert [(g["class"]) for g in run_module(gpu_faults.main, args)["gpus"]] == ["reboot"]
+
+
+def test_a_storm_of_xid_lines_gives_a_bounded_result_and_keeps_the_worst(args, tmp_path):
+    lines = []
+    for n in range(1, 100001):
+        bus = 0x10 + n % 8
+        lines.append(
+            entry(n, f"NVRM: Xid (PCI:0000:{bus:02x}:00): 13, pid={n}, name=python3, Graphics SM Warp Exception")
+        )
+    lines[50000] = entry(50001, "NVRM: Xid (PCI:0000:13:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off")
+    args["kernel_log_command"] = ["cat", journal(tmp_path / "storm.json", lines)]
+    result = run_module(gpu_faults.main, args)
+    assert len(json.dumps(result)) < 20000
+    assert len(result["gpus"]) == 8 and result["node_class"] == "reboot"
+    counts = dict(((g["pci"], x["xid"]), x["count"]) for g in result["gpus"] for x in g["xids"])
+    assert sum(counts.values()) == 100000 and counts[("0000:13:00.0", 79)] == 1
+    worst = next(g for g in result["gpus"] if g["pci"] == "0000:13:00.0")
+    assert worst["class"] == "reboot" and worst["reason"].startswith("XID 79 ")
+    row = next(x for x in worst["xids"] if x["xid"] == 13)
+    assert row["count"] == 12500 and len(row["samples"]) == 3
+    assert row["first"] < row["last"] and row["samples"][-1]["time"] == row["last"]
+
+
+def test_journalctl_is_read_in_pages_and_a_long_backlog_over_runs(args, node_journal, monkeypatch):
+    monkeypatch.setattr(gpu_faults, "PAGE_ENTRIES", 2)
+    node_journal.log("Linux version 6.1.0", XID48, "eth0: link up", XID79, "usb 1-1: new device")
+    command = node_journal.command()
+    everything = run_module(gpu_faults.main, dict(args, kernel_log_command=command))
+    assert everything["kernel_log"]["entries"] == 5 and everything["node_class"] == "reboot"
+    # At most three entries a run, in pages of two: the first run stops after the page of the XID 79, says so ...
+    first = run_module(
+        gpu_faults.main, dict(args, kernel_log_command=command, kernel_log_max_entries=3, advance_cursor=True)
+    )
+    assert first["kernel_log"]["complete"] is False and first["kernel_log"]["entries"] == 4
+    assert "the next one goes on from there" in first["kernel_log"]["notes"][0]
+    # ... and keeps its XIDs 48 and 79, which no run acted on; the next run reads the rest.
+    second = run_module(gpu_faults.main, dict(args, kernel_log_command=command, kernel_log_max_entries=3))
+    assert second["kernel_log"] == {"entries": 1, "complete": True, "kept": 2, "notes": []}
+    assert [g["class"] for g in second["gpus"]] == ["reset", "reboot"]
