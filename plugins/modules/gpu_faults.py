@@ -54,7 +54,7 @@ options:
     description:
       - With O(advance_cursor), the action just taken (C(reset), C(reboot); C(replace) once a person has repaired the
         node). The kernel log's XIDs of this class or below, on O(acted_gpus), count as handled.
-      - The default C(none) handles nothing above C(device): the place moves on, and the rest is kept.
+      - The default C(none) handles nothing above C(device); the place moves on, and the rest is kept.
     type: str
     choices: [none, device, reset, reboot, replace]
     default: none
