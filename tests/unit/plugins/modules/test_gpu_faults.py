@@ -373,14 +373,15 @@ def test_moving_on_keeps_the_xids_the_action_did_not_cover(args, node_journal, t
 
 
 def test_a_reset_does_not_cover_a_worse_class_on_its_own_gpu(args, tmp_path):
-    args["kernel_log_command"] = ["cat", journal(tmp_path / "k.json", [entry(1, XID48), entry(2, XID48 + "x")])]
     worse = "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."
-    journal(tmp_path / "k.json", [entry(1, XID48), entry(2, worse)])
+    args["kernel_log_command"] = ["cat", journal(tmp_path / "k.json", [entry(1, XID48), entry(2, worse)])]
     moved = run_module(
         gpu_faults.main, dict(args, advance_cursor=True, acted_class="reset", acted_gpus=["0000:18:00.0"])
     )
     assert moved["kernel_log"]["kept"] == 1
-    assert [(g["class"]) for g in run_module(gpu_faults.main, args)["gpus"]] == ["reboot"]
+    # The XID 48 was handled by the reset; the XID 79 on the same GPU asks for more, and stays.
+    (gpu,) = run_module(gpu_faults.main, args)["gpus"]
+    assert gpu["class"] == "reboot" and [x["xid"] for x in gpu["xids"]] == [79]
 
 
 def test_a_storm_of_xid_lines_gives_a_bounded_result_and_keeps_the_worst(args, tmp_path):
