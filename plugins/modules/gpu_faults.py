@@ -407,13 +407,21 @@ class XidSummary:
         self.overrides = overrides
         self.rows = {}
         self.entries = 0
-        self.last, self.last_time = None, None
+        self.last, self._last_stamp = None, None
+
+    @property
+    def last_time(self):
+        """The time of the last entry read (converted once, not for every entry)."""
+        return iso_from_microseconds(self._last_stamp) if self.last else None
 
     def add_entry(self, entry):
         self.entries += 1
         if isinstance(entry.get("__CURSOR"), str):
-            self.last, self.last_time = entry["__CURSOR"], iso_from_microseconds(entry.get("__REALTIME_TIMESTAMP"))
-        found = _xid_classes.parse_kernel_line(message_text(entry))
+            self.last, self._last_stamp = entry["__CURSOR"], entry.get("__REALTIME_TIMESTAMP")
+        message = message_text(entry)
+        if "Xid" not in message:
+            return
+        found = _xid_classes.parse_kernel_line(message)
         if found is None:
             return
         name, reason = _xid_classes.classify(found["xid"], found["data"], self.overrides)

@@ -421,3 +421,15 @@ def test_journalctl_is_read_in_pages_and_a_long_backlog_over_runs(args, node_jou
     second = run_module(gpu_faults.main, dict(args, kernel_log_command=command, kernel_log_max_entries=3))
     assert second["kernel_log"] == {"entries": 1, "complete": True, "kept": 2, "notes": []}
     assert [g["class"] for g in second["gpus"]] == ["reset", "reboot"]
+
+
+def test_a_damaged_place_is_read_as_none_and_said(args, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "gpu-faults.cursor").write_text("{not json")
+    result = run_module(gpu_faults.main, args)
+    assert [g["class"] for g in result["gpus"]] == ["none", "reboot"]
+    place = state / "gpu-faults.cursor"
+    assert result["kernel_log"]["notes"] == [
+        f"the kept place {place} could not be read, so the kernel log was read as if none was kept"
+    ]
