@@ -615,6 +615,44 @@ def test_the_node_sets_its_own_gpu_condition_and_leaves_the_kubelets(cluster):
         api.close()
 
 
+def test_two_writers_never_append_the_condition_twice(cluster):
+    # A Node of its own, with the kubelet's condition and no GPUHealthy yet.
+    name = "dra-api-node-c"
+    cluster["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+        "lastHeartbeatTime": "2026-11-26T08:00:00Z",
+        "lastTransitionTime": "2026-11-26T08:00:00Z",
+    }
+    cluster["core"].patch_node_status(name, [{"op": "add", "path": "/status/conditions", "value": [ready]}])
+    first, second = KubeApi(cluster["admin_kubeconfig"]), KubeApi(cluster["admin_kubeconfig"])
+    try:
+        # The second writer reads the Node, then the first writes the condition, then the second writes
+        # from what it read (a daemon restarted while the old one's write was in flight).
+        stale = [second.get_node(name)]
+        fresh = second.get_node
+        second.get_node = lambda node_name: stale.pop() if stale else fresh(node_name)  # type: ignore[method-assign]
+        healthy = {
+            "type": "GPUHealthy",
+            "status": "True",
+            "reason": "GPUsHealthy",
+            "message": "All 8 GPUs are healthy.",
+        }
+        sick = {"type": "GPUHealthy", "status": "False", "reason": "XID79", "message": "GPU 1: class reboot, XID 79"}
+        assert first.set_node_condition(name, healthy) is True
+        assert second.set_node_condition(name, sick) is True
+        assert stale == [], "the second writer acted on the Node it read before the first wrote"
+    finally:
+        first.close()
+        second.close()
+    statuses = cluster["core"].read_node_status(name).status.conditions
+    assert [c.type for c in statuses] == ["Ready", "GPUHealthy"]
+    assert (statuses[1].status, statuses[1].reason) == ("False", "XID79")
+
+
 def test_a_node_may_not_set_another_nodes_condition(cluster):
     api = KubeApi(cluster["node_kubeconfig"])
     try:

@@ -2,20 +2,25 @@
 condition GPUHealthy, driven through the simulated spec and the pynvml double.
 
 The health file is a real file in tmp_path. The webhook's peer is real: an HTTP server on 127.0.0.1 (the
-standard library's) that records each POST and can be made to hold its answer. The Node condition goes to
+standard library's) that records each POST and can be made to hold its answer, answer a status of its choice
+or trickle its answer. Settings the tests give as environment variables are read the same way as from the
+config file. The Node condition goes to
 a test double of the API server client that records each condition (dra.kubeapi.KubeApi.set_node_condition
 itself is tested against a real kube-apiserver in tests/integration/test_dra_api.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 
 import pytest
-from gpu_device_plugin import config
+from gpu_device_plugin import config, faults
 from gpu_device_plugin.faults import CONDITION_TYPE
 from harness import H100, DaemonThread, fixture, make_config, wait_until, write_spec
 from pynvml_double import PynvmlDouble
@@ -30,12 +35,25 @@ class WebhookPeer:
     def __init__(self, status: int = 200) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.authorizations: list[Optional[str]] = []
+        self.requests: list[str] = []  # "METHOD path" of every request, whatever its method
         self.hold: Optional[threading.Event] = None
         self.arrived = threading.Event()
+        self.statuses: list[int] = []  # answered first, one per request, then `status`
+        self.headers: dict[str, str] = {}  # sent with each answer
+        self.trickle: Optional[bytes] = None  # an answer's body sent a byte at a time, 0.1 s apart
+        self.trickle_cut = threading.Event()  # the client went away before the trickle ended
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                peer.requests.append(f"GET {self.path}")
+                peer.authorizations.append(self.headers.get("Authorization"))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_POST(self) -> None:
+                peer.requests.append(f"POST {self.path}")
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
                 assert self.headers.get("Content-Type") == "application/json"
@@ -44,9 +62,22 @@ class WebhookPeer:
                 peer.arrived.set()
                 if peer.hold is not None:
                     peer.hold.wait(10)
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
+                self.send_response(peer.statuses.pop(0) if peer.statuses else status)
+                for key, value in peer.headers.items():
+                    self.send_header(key, value)
+                if peer.trickle is None:
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_header("Content-Length", str(len(peer.trickle)))
                 self.end_headers()
+                try:
+                    for byte in peer.trickle:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                except OSError:
+                    peer.trickle_cut.set()
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -70,6 +101,7 @@ class ConditionsDouble:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.fail = 0
+        self.unreadable = 0  # this many calls get an answer that is not JSON, as a proxy's error page is
         self._lock = threading.Lock()
 
     def set_node_condition(self, node_name: str, condition: dict[str, Any]) -> bool:
@@ -77,6 +109,9 @@ class ConditionsDouble:
             if self.fail:
                 self.fail -= 1
                 raise ConnectionRefusedError(111, "connection refused (API server double)")
+            if self.unreadable:
+                self.unreadable -= 1
+                json.loads("<html>bad gateway</html>")
             self.calls.append((node_name, dict(condition)))
         return True
 
@@ -90,6 +125,16 @@ def webhook():
     peer = WebhookPeer()
     yield peer
     peer.close()
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    """A failed POST is tried again after 0.01 s, then 0.02 s (1 s, then 2 s in the product)."""
+    monkeypatch.setattr(faults, "WEBHOOK_RETRY_SECONDS", 0.01, raising=False)
+
+
+# The token may go over plain http to the peers on 127.0.0.1.
+TOKEN_OVER_HTTP = {"GPU_DEVICE_PLUGIN_ALERT_WEBHOOK_TOKEN_OVER_HTTP": "true"}
 
 
 def edit(node, **per_gpu: dict[str, Any]) -> None:
@@ -114,8 +159,8 @@ def gpu_row(path: str, index: int) -> dict[str, Any]:
     return read_health(path)["gpus"][index]
 
 
-def start(node, conditions: Any = None, **values: Any) -> DaemonThread:
-    settings = make_config(node.kubelet_socket, node.spec, **values)
+def start(node, conditions: Any = None, env: Optional[dict[str, str]] = None, **values: Any) -> DaemonThread:
+    settings = make_config(node.kubelet_socket, node.spec, env, **values)
     daemon = DaemonThread(settings, conditions_side=(lambda _config: conditions) if conditions else None).start()
     assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
     return daemon
@@ -249,7 +294,7 @@ def test_the_webhook_hears_once_per_gpu_and_class(node, webhook):
 def test_the_webhook_carries_the_token_of_its_token_file_read_at_each_post(node, webhook, tmp_path):
     token = tmp_path / "alert-token"
     token.write_text("first-token\n")
-    daemon = start(node, alert_webhook=webhook.url, alert_webhook_token_file=str(token))
+    daemon = start(node, env=TOKEN_OVER_HTTP, alert_webhook=webhook.url, alert_webhook_token_file=str(token))
     try:
         edit(node, g1={"xid": 79})
         assert wait_until(lambda: len(webhook.bodies) == 1)
@@ -444,3 +489,256 @@ def test_xid_154_through_the_library_that_reports_no_recovery_action(node, mock_
         assert xid["reason"] == "XID 154 without its recovery action: device"
     finally:
         daemon.stop()
+
+
+# -- the webhook's bounds: redirects, plain http, one deadline, retries, sending again ---------------------------
+def _posts(daemon: DaemonThread, count: int) -> list[bool]:
+    """The results of the daemon's first `count` POSTs, once they have all been made."""
+    assert wait_until(lambda: len(daemon.daemon.faults.webhook_posts) >= count)
+    return [future.result(10) for future in daemon.daemon.faults.webhook_posts[:count]]
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_is_a_failure_and_the_token_stays_here(node, webhook, tmp_path, caplog, status):
+    token = tmp_path / "alert-token"
+    token.write_text("secret-token")
+    elsewhere = WebhookPeer()
+    webhook.statuses = [status]
+    webhook.headers = {"Location": elsewhere.url}
+    try:
+        daemon = start(node, env=TOKEN_OVER_HTTP, alert_webhook=webhook.url, alert_webhook_token_file=str(token))
+        try:
+            edit(node, g1={"xid": 79})
+            assert _posts(daemon, 1) == [False]
+            text = daemon.daemon.metrics.render().decode()
+        finally:
+            daemon.stop()
+        assert 'gpu_device_plugin_errors_total{kind="alert_webhook"} 1.0' in text
+        assert webhook.requests == ["POST /alert"], "a redirect is never tried again"
+    finally:
+        elsewhere.close()
+    assert elsewhere.requests == [] and elsewhere.authorizations == [], "the redirect's target heard nothing"
+    messages = [r.getMessage() for r in caplog.records if r.name == "gpu_device_plugin.faults"]
+    assert "alert sent" not in messages and "the alert webhook failed" in messages
+    (failed,) = [r for r in caplog.records if r.getMessage() == "the alert webhook failed"]
+    assert failed.reason == (
+        f"the receiver answered {status}, a redirect, which is not followed (the token stays here)"
+    )
+
+
+def test_a_token_is_never_sent_over_plain_http_unless_a_setting_allows_it(node, webhook, tmp_path, caplog):
+    token = tmp_path / "alert-token"
+    token.write_text("secret-token")
+    daemon = start(node, alert_webhook=webhook.url, alert_webhook_token_file=str(token))
+    try:
+        edit(node, g1={"xid": 79})
+        assert _posts(daemon, 1) == [False]
+    finally:
+        daemon.stop()
+    assert webhook.requests == [] and webhook.authorizations == []
+    (failed,) = [r for r in caplog.records if r.getMessage() == "the alert webhook failed"]
+    assert failed.reason == (
+        "the alert webhook is a plain http URL and the token is sent over https only"
+        " (alertWebhookTokenOverHttp allows http): the alert is not sent"
+    )
+
+
+def test_one_deadline_covers_the_whole_post_and_a_trickling_receiver_is_cut(node, webhook):
+    # The answer comes a byte every 0.1 s: each read waits far less than the deadline, all of them far more.
+    webhook.trickle = b"x" * 40
+    env = {"GPU_DEVICE_PLUGIN_ALERT_WEBHOOK_TIMEOUT_SECONDS": "0.3"}
+    daemon = start(node, env=env, alert_webhook=webhook.url)
+    try:
+        edit(node, g1={"xid": 79})
+        assert _posts(daemon, 1) == [False]
+    finally:
+        daemon.stop()
+    # A timeout is worth trying again: three POSTs in all, each cut at its deadline.
+    assert webhook.requests == ["POST /alert"] * 3
+    assert webhook.trickle_cut.wait(5)
+
+
+def test_a_failed_post_is_tried_again_and_a_refused_one_is_not(node, webhook):
+    webhook.statuses = [503, 502]
+    daemon = start(node, alert_webhook=webhook.url)
+    try:
+        edit(node, g1={"xid": 79})
+        assert _posts(daemon, 1) == [True]
+        assert 'kind="alert_webhook"' not in daemon.daemon.metrics.render().decode()
+        webhook.statuses = [403]  # the receiver refuses: asking again would not change its answer
+        edit(node, g1={"xid": 79}, g2={"xid": 48})
+        assert _posts(daemon, 2) == [True, False]
+    finally:
+        daemon.stop()
+    assert [b["uuid"] for b in webhook.bodies] == [H100[1]] * 3 + [H100[2]]
+
+
+def test_the_alert_is_sent_again_while_the_gpu_stays_faulty_and_stops_when_it_is_healthy(node, webhook):
+    path = str(node.tmp / "gpu-health.json")
+    env = {"GPU_DEVICE_PLUGIN_ALERT_RESEND_SECONDS": "0.05", "GPU_DEVICE_PLUGIN_ALERT_RESEND_MAX_SECONDS": "0.2"}
+    daemon = start(node, env=env, alert_webhook=webhook.url, health_file=path, health_recovery_seconds=0.5)
+    try:
+        edit(node, g1={"xid": 79}, g2={"xid": 63})  # 63 is device: never announced, never again
+        assert wait_until(lambda: len(webhook.bodies) >= 4)
+        assert all(body == webhook.bodies[0] for body in webhook.bodies)
+        assert (webhook.bodies[0]["uuid"], webhook.bodies[0]["class"]) == (H100[1], "reboot")
+        edit(node)  # the GPU is quiet: healthy again after the recovery period, and the alerts stop
+        assert wait_until(lambda: gpu_row(path, 1)["healthy"], timeout=5)
+        sent = len(webhook.bodies)
+        # Longer than the longest pause (0.2 s) twice over: nothing more comes.
+        assert not wait_until(lambda: len(webhook.bodies) > sent, timeout=0.5)
+    finally:
+        daemon.stop()
+
+
+# -- the health file across restarts, durably ------------------------------------------------------------------
+def test_a_restart_keeps_the_faults_of_the_gpus_that_still_exist_until_they_recover(node):
+    path = str(node.tmp / "gpu-health.json")
+    daemon = start(node, health_file=path)
+    try:
+        edit(node, g1={"xid": 79}, g3={"lost": True}, g5={"xid": 13})
+        assert wait_until(
+            lambda: [gpu_row(path, i)["class"] for i in (1, 3)] == ["reboot", "reboot"] and gpu_row(path, 5)["xids"]
+        )
+        before = read_health(path)["gpus"]
+    finally:
+        daemon.stop()
+    # A GPU the file names that the node no longer has, and the faults gone from the spec (GPU 3 back on the bus).
+    document = read_health(path)
+    document["gpus"].append(dict(before[1], uuid="GPU-00000000-0000-4000-8000-00000000dead", index=8))
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle)
+    edit(node)
+
+    daemon = start(node, health_file=path)
+    try:
+        rows = read_health(path)["gpus"]
+        assert [r["uuid"] for r in rows] == H100
+        for index in (1, 3):
+            assert {k: rows[index][k] for k in ("healthy", "class", "reason", "xids")} == {
+                k: before[index][k] for k in ("healthy", "class", "reason", "xids")
+            }
+        assert (rows[5]["healthy"], rows[5]["class"]) == (True, "none"), "class none is not carried over"
+        assert node.kubelet.wait(
+            lambda: [node.kubelet.health(GPU).get(H100[i]) for i in (1, 3, 5)] == ["Unhealthy", "Unhealthy", "Healthy"]
+        )
+    finally:
+        daemon.stop()
+    # With a recovery period, the carried faults recover as the policy says.
+    daemon = start(node, health_file=path, health_recovery_seconds=0.2)
+    try:
+        assert wait_until(lambda: gpu_row(path, 1)["class"] == "reboot")
+        assert wait_until(lambda: all(r["healthy"] and r["class"] == "none" for r in read_health(path)["gpus"]))
+    finally:
+        daemon.stop()
+
+
+def test_the_health_file_is_flushed_to_disk_and_a_killed_writers_leftover_is_removed(node, monkeypatch):
+    directory = node.tmp / "state"
+    directory.mkdir()
+    path = directory / "gpu-health.json"
+    leftover = directory / ".gpu-health.json.tmp-k1ll3d"  # what a daemon killed mid-write leaves
+    leftover.write_text("{")
+    flushed: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    daemon = start(node, health_file=str(path))
+    try:
+        edit(node, g1={"xid": 79})
+        assert wait_until(lambda: gpu_row(str(path), 1)["class"] == "reboot")
+    finally:
+        daemon.stop()
+    assert os.listdir(directory) == ["gpu-health.json"]
+    assert any(os.path.basename(f).startswith(".gpu-health.json.tmp-") for f in flushed), "the file is flushed"
+    assert str(directory) in flushed, "the directory is flushed"
+
+
+# -- the Node condition's loop ---------------------------------------------------------------------------------
+def test_the_condition_loop_goes_on_after_an_answer_it_cannot_read(node, caplog):
+    conditions = ConditionsDouble()
+    conditions.unreadable = 1  # the first answer is a 200 that is not JSON
+    daemon = start(node, conditions=conditions, node_name="gpu-node-1")
+    try:
+        assert wait_until(lambda: conditions.last() is not None, timeout=5)
+    finally:
+        daemon.stop()
+    assert conditions.last() == {
+        "type": CONDITION_TYPE,
+        "status": "True",
+        "reason": "GPUsHealthy",
+        "message": "All 8 GPUs are healthy.",
+    }
+    (retry,) = [r for r in caplog.records if r.getMessage().startswith("cannot set the Node condition")]
+    assert retry.reason == "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"
+
+
+# -- the node's name -------------------------------------------------------------------------------------------
+def test_the_host_name_is_lowered_into_a_node_name(node, webhook, monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "GPU-Node-7.Example.Com")
+    daemon = start(node, alert_webhook=webhook.url)
+    try:
+        edit(node, g1={"xid": 79})
+        assert wait_until(lambda: len(webhook.bodies) == 1)
+    finally:
+        daemon.stop()
+    assert webhook.bodies[0]["node"] == "gpu-node-7.example.com"
+
+
+def test_a_host_name_that_cannot_be_a_node_name_stops_the_start_with_one_sentence(node, webhook, monkeypatch):
+    from gpu_device_plugin.daemon import Daemon
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu_node_7")
+    settings = make_config(node.kubelet_socket, node.spec, alert_webhook=webhook.url)
+
+    async def main() -> int:
+        return await asyncio.wait_for(Daemon(settings, install_signal_handlers=False).run(), 5)
+
+    with pytest.raises(config.ConfigError) as refused:
+        asyncio.run(main())
+    assert str(refused.value) == (
+        "the host name 'gpu_node_7' is not a Kubernetes node name (a lower-case DNS subdomain), which the alert"
+        " webhook needs: set nodeName (--node-name or the NODE_NAME variable)."
+    )
+    assert node.kubelet.devices(GPU) is None, "nothing was served"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"node_name": "GPU_node"}, "the node name must be a Kubernetes node name (a lower-case DNS subdomain)"),
+        ({"alert_webhook_timeout_seconds": 0.0}, "alertWebhookTimeoutSeconds must be a number of seconds above 0."),
+        ({"alert_resend_seconds": 0.0}, "alertResendSeconds must be a number of seconds above 0, or off."),
+    ],
+)
+def test_bad_alert_and_node_settings_are_one_sentence(values, message):
+    with pytest.raises(config.ConfigError) as error:
+        config.resolve(dict({"backend": "simulated", "simulated_spec": "x"}, **values), {})
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_alert_settings_from_the_file(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "version: v1\ngpuops:\n  alertWebhookTokenOverHttp: true\n  alertWebhookTimeoutSeconds: 2\n"
+        "  alertResendSeconds: 60\n  alertResendMaxSeconds: 900\n"
+    )
+    settings = config.resolve({}, {}, config.load_file(str(path)))
+    assert (
+        settings.alert_webhook_token_over_http,
+        settings.alert_webhook_timeout_seconds,
+        settings.alert_resend_seconds,
+        settings.alert_resend_max_seconds,
+    ) == (True, 2.0, 60.0, 900.0)
+    assert config.resolve({}, {"GPU_DEVICE_PLUGIN_ALERT_RESEND_SECONDS": "off"}).alert_resend_seconds is None
+    default = config.resolve({}, {})
+    assert (
+        default.alert_webhook_token_over_http,
+        default.alert_webhook_timeout_seconds,
+        default.alert_resend_seconds,
+        default.alert_resend_max_seconds,
+    ) == (False, 5.0, 300.0, 3600.0)

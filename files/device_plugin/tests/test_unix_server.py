@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 
 import grpc
@@ -159,3 +160,57 @@ def test_a_stream_slow_to_return_still_ends_with_status_ok(tmp_path):
             await server.stop()
 
     assert _run(main()) == (b"tick", grpc.aio.EOF, grpc.StatusCode.OK, 0)
+
+
+def test_a_live_socket_of_another_instance_is_left_alone_and_refused_in_one_sentence(tmp_path):
+    path = str(tmp_path / "t.sock")
+
+    async def main():
+        ticker = Ticker()
+        first = UnixServer(path, ticker.add, "Ticker", streams=[ticker])
+        second = UnixServer(path, Ticker().add, "Ticker")
+        await first.start()
+        inode = os.stat(path).st_ino
+        try:
+            with pytest.raises(ServeError) as refused:
+                await second.start()
+            await second.stop()  # the second never created the socket: it removes nothing
+            still = os.stat(path).st_ino == inode and first.socket_is_ours()
+            await first.restart()  # its own socket is no other instance's: a restart serves again
+            async with grpc.aio.insecure_channel("unix:" + path) as channel:
+                stream = channel.unary_stream(WATCH)(b"")
+                answered = await stream.read()
+            return str(refused.value), still, answered
+        finally:
+            await first.stop()
+
+    message, still, answered = _run(main())
+    assert message == (
+        f"cannot serve Ticker on {path}: another running process serves that socket; stop it first, this one leaves it"
+    )
+    assert still and answered == b"tick", "the first instance's socket is there and it still answers"
+    assert not os.path.exists(path)
+
+
+def test_stop_removes_only_the_socket_this_server_created(tmp_path):
+    path = str(tmp_path / "t.sock")
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    async def main():
+        ticker = Ticker()
+        server = UnixServer(path, ticker.add, "Ticker", streams=[ticker])
+        await server.start()
+        # Another instance took the path over: it removed this server's socket and bound its own there.
+        os.unlink(path)
+        other.bind(path)
+        other.listen(1)
+        await server.stop()
+
+    try:
+        _run(main())
+        assert stat.S_ISSOCK(os.lstat(path).st_mode), "the other instance's socket stays"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(path)  # and it still answers
+        probe.close()
+    finally:
+        other.close()

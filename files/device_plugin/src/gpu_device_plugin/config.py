@@ -23,6 +23,14 @@ DEFAULT_RESOURCE = "nvidia.com/gpu"
 ALLOCATION_MODES = ("device-plugin", "dra")
 DEFAULT_HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DEFAULT_ALERT_TIMEOUT_SECONDS = 5.0
+DEFAULT_ALERT_RESEND_SECONDS = 300.0
+DEFAULT_ALERT_RESEND_MAX_SECONDS = 3600.0
+
+
+def is_node_name(text: str) -> bool:
+    """A Kubernetes Node's name: a lower-case DNS subdomain (RFC 1123) of at most 253 characters."""
+    return 0 < len(text) <= 253 and all(_DNS_LABEL.match(label) for label in text.split("."))
 
 
 class ConfigError(ValueError):
@@ -116,6 +124,14 @@ class Config:
     # A file holding the token sent as "Authorization: Bearer <token>" with each alert ("": none), read at each POST
     # so a rotated token needs no restart; a file, not the token, so the daemon's config stays free of secrets.
     alert_webhook_token_file: str = ""
+    # The token goes over plain http only where this allows it (a receiver on the node itself, a lab).
+    alert_webhook_token_over_http: bool = False
+    # One deadline for all of a POST (connect, send, the answer).
+    alert_webhook_timeout_seconds: float = DEFAULT_ALERT_TIMEOUT_SECONDS
+    # While a GPU stays in a class above device its alert is sent again after this (None: never), the pause
+    # doubling up to alert_resend_max_seconds.
+    alert_resend_seconds: Optional[float] = DEFAULT_ALERT_RESEND_SECONDS
+    alert_resend_max_seconds: float = DEFAULT_ALERT_RESEND_MAX_SECONDS
 
     @property
     def xid_overrides(self) -> dict[int, str]:
@@ -169,6 +185,10 @@ _ENV = (
     ("node_condition", "GPU_DEVICE_PLUGIN_NODE_CONDITION", "bool"),
     ("alert_webhook", "GPU_DEVICE_PLUGIN_ALERT_WEBHOOK", "str"),
     ("alert_webhook_token_file", "GPU_DEVICE_PLUGIN_ALERT_WEBHOOK_TOKEN_FILE", "str"),
+    ("alert_webhook_token_over_http", "GPU_DEVICE_PLUGIN_ALERT_WEBHOOK_TOKEN_OVER_HTTP", "bool"),
+    ("alert_webhook_timeout_seconds", "GPU_DEVICE_PLUGIN_ALERT_WEBHOOK_TIMEOUT_SECONDS", "float"),
+    ("alert_resend_seconds", "GPU_DEVICE_PLUGIN_ALERT_RESEND_SECONDS", "float"),
+    ("alert_resend_max_seconds", "GPU_DEVICE_PLUGIN_ALERT_RESEND_MAX_SECONDS", "float"),
 )
 
 
@@ -342,6 +362,10 @@ class _FileReader:
             "nodeCondition": ("node_condition", "bool"),
             "alertWebhook": ("alert_webhook", "str"),
             "alertWebhookTokenFile": ("alert_webhook_token_file", "str"),
+            "alertWebhookTokenOverHttp": ("alert_webhook_token_over_http", "bool"),
+            "alertWebhookTimeoutSeconds": ("alert_webhook_timeout_seconds", "float"),
+            "alertResendSeconds": ("alert_resend_seconds", "float"),
+            "alertResendMaxSeconds": ("alert_resend_max_seconds", "float"),
         }
         section = self.mapping(data, "gpuops", set(keys) | {"mounts", "xidClasses"})
         out: dict[str, Any] = {}
@@ -421,5 +445,15 @@ def _validate(config: Config) -> None:
         raise ConfigError(f"alertWebhook must be an http:// or https:// URL, not {config.alert_webhook!r}.")
     if config.alert_webhook_token_file and not os.path.isabs(config.alert_webhook_token_file):
         raise ConfigError(f"alertWebhookTokenFile must be an absolute path, not {config.alert_webhook_token_file!r}.")
+    if config.alert_webhook_timeout_seconds is None or not config.alert_webhook_timeout_seconds > 0:
+        raise ConfigError("alertWebhookTimeoutSeconds must be a number of seconds above 0.")
+    if config.alert_resend_seconds is not None and not config.alert_resend_seconds > 0:
+        raise ConfigError("alertResendSeconds must be a number of seconds above 0, or off.")
+    if config.alert_resend_max_seconds is None or not config.alert_resend_max_seconds > 0:
+        raise ConfigError("alertResendMaxSeconds must be a number of seconds above 0.")
+    if config.node_name and not is_node_name(config.node_name):
+        raise ConfigError(
+            f"the node name must be a Kubernetes node name (a lower-case DNS subdomain), not {config.node_name!r}."
+        )
     if config.allocation_mode == "dra" and not config.node_name:
         raise ConfigError("dra allocation mode needs the node's name (--node-name or the NODE_NAME variable).")

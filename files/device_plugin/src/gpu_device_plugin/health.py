@@ -179,6 +179,44 @@ class HealthTracker:
         log.warning("GPU marked Unhealthy", extra={"device": uuid, "reason": fault})
         return True
 
+    def restore(
+        self,
+        uuid: str,
+        fault_class: str,
+        reason: str,
+        xid: Optional[int],
+        xids: list[dict[str, Any]],
+        changed_at: Optional[float] = None,
+    ) -> bool:
+        """A fault from before the daemon started (the health file it wrote): the GPU is Unhealthy in that
+        class until it recovers as the policy says, the quiet period counted from now. Nothing for a GPU
+        already known here, or with health checks off; True when it was taken."""
+        if not self.policy.enabled or fault_class not in xid_classes.CLASSES or fault_class == "none":
+            return False
+        with self._lock:
+            if uuid in self._gpus:
+                return False
+            self._gpus[uuid] = _GpuHealth(
+                unhealthy=True,
+                reason=LOST
+                if reason.startswith(LOST)
+                else f"XID {xid}"
+                if xid is not None
+                else "faulty before a restart",
+                last_critical_at=self._clock(),
+                fault_class=fault_class,
+                fault_reason=reason,
+                fault_xid=xid,
+                xids=[dict(x) for x in xids[-KEPT_XIDS:]],
+                changed_at=changed_at if changed_at is not None else self._wall_clock(),
+            )
+        log.warning("GPU marked Unhealthy", extra={"device": uuid, "reason": reason, "class": fault_class})
+        return True
+
+    def knows(self, uuid: str) -> bool:
+        with self._lock:
+            return uuid in self._gpus
+
     def forget_others(self, uuids: set[str]) -> None:
         with self._lock:
             for gone in set(self._gpus) - uuids:

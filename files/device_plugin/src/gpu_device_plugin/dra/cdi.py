@@ -196,11 +196,16 @@ def _device_variables(spec: Any) -> dict[str, str]:
     return found
 
 
-def write_atomically(path: str, text: str, mode: int = 0o600) -> None:
+def write_atomically(path: str, text: str, mode: int = 0o600, prefix: str = "") -> None:
     """Write a new file beside `path`, flush it to disk and rename it over `path`: readers see the old
-    content or the new, never a part. The directory is flushed too, so the rename survives a power cut."""
+    content or the new, never a part. The directory is flushed too, so the rename survives a power cut.
+    `prefix`: what the temporary file's path starts with (in the same directory; default .tmp-), so that a
+    writer can find what a killed predecessor left."""
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    if prefix:
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(prefix), dir=os.path.dirname(prefix) or ".")
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

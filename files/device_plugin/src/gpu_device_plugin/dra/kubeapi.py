@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")  # in order of preference
+CONFLICT_ATTEMPTS = 5  # a condition write refused because the Node changed under it is tried this often
 # The fields of a v1beta1 DeviceRequest that v1beta2 and v1 moved under `exactly`.
 _EXACT_REQUEST_FIELDS = (
     "deviceClassName",
@@ -160,10 +161,25 @@ class KubeApi:
         the Node already has it with the same status, reason and message.
 
         A JSON patch of the status subresource: it replaces the condition at the index it was read at,
-        after a `test` that the index still holds that type, or appends it. (A strategic merge patch would
+        after a `test` that the index still holds that type, or appends it after a `test` that the
+        conditions are still those it read, so that two writers never append it twice: the one that comes
+        second is refused (422 or 409) and reads again, CONFLICT_ATTEMPTS times in all. (A strategic merge patch would
         merge by type too, but the client releases the daemon supports disagree on the content type they
         send for a dict.) The timestamps follow the kubelet's use: lastHeartbeatTime is the write,
         lastTransitionTime the last change of status."""
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                return self._set_node_condition(node_name, condition)
+            except KubeApiError as exc:
+                if exc.status not in (409, 422) or attempt == CONFLICT_ATTEMPTS:
+                    raise
+                log.info(
+                    "the Node changed while its condition was written; reading it again",
+                    extra={"node": node_name, "condition": condition["type"], "status": exc.status},
+                )
+        return False  # not reached: the last attempt returns or raises
+
+    def _set_node_condition(self, node_name: str, condition: Mapping[str, Any]) -> bool:
         node = self.get_node(node_name)
         if node is None:
             raise KubeApiError(f"cannot set the condition {condition['type']} of Node {node_name}: it does not exist.")
@@ -177,11 +193,19 @@ class KubeApi:
         same_status = current.get("status") == condition.get("status") and current.get("lastTransitionTime")
         written["lastTransitionTime"] = current["lastTransitionTime"] if same_status else now
         if position is None:
-            patch: list[dict[str, Any]] = [
-                {"op": "add", "path": "/status/conditions" + ("/-" if conditions else ""), "value": written}
-            ]
-            if not conditions:
-                patch[0]["value"] = [written]
+            if conditions:
+                patch: list[dict[str, Any]] = [
+                    {"op": "test", "path": "/status/conditions", "value": conditions},
+                    {"op": "add", "path": "/status/conditions/-", "value": written},
+                ]
+            else:
+                # No list yet (a Node no kubelet has written): JSON patch cannot test that a path is absent,
+                # so the whole Node is tested unchanged, by its resourceVersion.
+                version = (node.get("metadata") or {}).get("resourceVersion")
+                patch = [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+                    {"op": "add", "path": "/status/conditions", "value": [written]},
+                ]
         else:
             path = f"/status/conditions/{position}"
             patch = [
