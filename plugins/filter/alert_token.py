@@ -10,8 +10,8 @@ short_description: A node's own GPU alert token, derived from the alert secret
 version_added: 0.1.0
 description:
   - Takes a Kubernetes node name and returns the bearer token that node's device plugin daemon sends with its GPU
-    alerts to the C(gpuops.k8s.gpu_alerts) event source: HMAC-SHA256 of the node name under the alert secret, in
-    lower-case hex.
+    alerts to the C(gpuops.k8s.gpu_alerts) event source, which is HMAC-SHA256 of the node name under the alert
+    secret, in lower-case hex.
   - The source, given the same secret as its O(node_secret) option, accepts an alert with this token only when the
     alert names this node, so a node's token cannot send alerts for another node. Only the derived token goes to
     the node; the secret stays on the controller and the Event-Driven Ansible side.

@@ -390,6 +390,21 @@ def test_a_bad_body_gets_400_with_one_sentence_and_runs_nothing(rulebook):
             json.dumps({"node": "all", "class": "reboot"}).encode(),
             "The alert's node 'all' is not a Kubernetes node name.",
         ),
+        # Deep nesting (a RecursionError in the parser), integers of thousands of digits (int()'s limit) and a
+        # uuid that is not one: 400 with a sentence, never 500.
+        (b"[" * 100000 + b"]" * 100000, "The request body nests deeper than 100 levels."),
+        (
+            b'{"node": "eda-node-d", "class": "reset", "xid": ' + b"7" * 5000 + b"}",
+            "The request body holds an integer of more than 18 digits.",
+        ),
+        (
+            json.dumps({"node": "eda-node-d", "class": "reset", "xid": "7" * 5000}).encode(),
+            "The alert's xid must be a non-negative integer of at most 10 digits, not a string of 5000 characters.",
+        ),
+        (
+            json.dumps({"node": "eda-node-d", "class": "reset", "uuid": "GPU-0\nforged"}).encode(),
+            "The alert's uuid 'GPU-0\\nforged' is not a GPU or MIG device UUID.",
+        ),
     ]
     for body, sentence in bad:
         assert rulebook.post(body) == (400, f"{sentence}\n")
@@ -470,7 +485,7 @@ def test_a_reboot_after_a_reset_within_the_window_starts_its_own_run(rulebook):
 
 def test_a_flooding_node_gets_429_and_other_nodes_get_through(rulebook):
     token = rulebook.node_token("eda-node-m")
-    answers = [rulebook.post(alert_of("eda-node-m", "device"), token=token) for _ in range(BURST + 3)]
+    answers = [rulebook.post(alert_of("eda-node-m", "device"), token=token) for _try in range(BURST + 3)]
     assert answers[:BURST] == [(200, '{"events": 1}')] * BURST
     assert (
         answers[BURST:]

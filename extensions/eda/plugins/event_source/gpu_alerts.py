@@ -62,13 +62,13 @@ options:
     default: 5000
   token:
     description:
-      - The sender token: a request whose C(Authorization) header is C(Bearer) and this token may carry alerts for
+      - The sender token. A request whose C(Authorization) header is C(Bearer) and this token may carry alerts for
         any node. Give it to one central sender, Alertmanager (its webhook receiver's
         C(http_config.authorization.credentials)), not to the nodes.
     type: str
   node_secret:
     description:
-      - The secret each node's own alert token is derived from (HMAC-SHA256 of the node name, in hex: the
+      - The secret each node's own alert token is derived from (HMAC-SHA256 of the node name, in hex, by the
         C(gpuops.k8s.alert_token) filter, which the C(device_plugin) role's O(device_plugin_alert_secret) uses). A
         request carrying a node's token may carry alerts for that node only.
     type: str
@@ -331,7 +331,8 @@ def _is_sender(given: str | None, token: str | None) -> bool:
 
 class NodeRates:
     """A token bucket per node: ``burst`` alerts at once, ``rate`` more a minute. Idle nodes' buckets (full again)
-    are forgotten when more than ``max_nodes`` are kept, so the table stays bounded."""
+    are forgotten when ``max_nodes`` are kept, and while that many nodes are busy a new node waits, so the table
+    stays bounded."""
 
     def __init__(self, rate: int, burst: int, clock: Callable[[], float] = time.monotonic, max_nodes: int = 10000):
         self.rate, self.burst, self.clock, self.max_nodes = rate, burst, clock, max_nodes
@@ -344,14 +345,16 @@ class NodeRates:
     def take(self, node: str) -> bool:
         """Whether ``node`` may send one more alert now (and, if so, counts it)."""
         now = self.clock()
+        if node not in self._buckets and len(self._buckets) >= self.max_nodes:
+            for name in [name for name in self._buckets if self._level(name, now) >= self.burst]:
+                del self._buckets[name]
+            if len(self._buckets) >= self.max_nodes:
+                return False
         level = self._level(node, now)
         if level < 1.0:
             self._buckets[node] = (level, now)
             return False
         self._buckets[node] = (level - 1.0, now)
-        if len(self._buckets) > self.max_nodes:
-            for name in [name for name in self._buckets if self._level(name, now) >= self.burst]:
-                del self._buckets[name]
         return True
 
     def retry_after(self) -> int:
@@ -436,11 +439,11 @@ class Receiver:
 
 async def main(queue: asyncio.Queue[Any], args: dict[str, Any]) -> None:
     """Serve POST requests on host:port until cancelled, putting one event per accepted alert on ``queue``."""
+    settings = _settings(args)
     # aiohttp is a dependency of ansible-rulebook itself; imported here so that the parsing above needs only
     # the standard library.
     from aiohttp import web
 
-    settings = _settings(args)
     receiver = Receiver(settings, queue)
 
     async def receive(request: web.Request) -> web.Response:

@@ -1,12 +1,9 @@
-"""The gpu_alerts event source's reading of request bodies, settings, tokens and limits, and its answers over real
-HTTP (its main() served by aiohttp on 127.0.0.1 with an asyncio queue; tests/integration/test_eda_rulebook.py runs
-the source inside ansible-rulebook)."""
+"""The gpu_alerts event source's reading of request bodies, settings, tokens and limits, and the answer each request
+gets (Receiver.handle, the whole of a request but the HTTP; tests/integration/test_eda_rulebook.py runs the source
+inside ansible-rulebook over real HTTP)."""
 
 import asyncio
 import json
-import socket
-import urllib.error
-import urllib.request
 
 import pytest
 from ansible_collections.gpuops.k8s.extensions.eda.plugins.event_source.gpu_alerts import (
@@ -16,7 +13,6 @@ from ansible_collections.gpuops.k8s.extensions.eda.plugins.event_source.gpu_aler
     Receiver,
     _settings,
     event,
-    main,
     parse_alerts,
 )
 from ansible_collections.gpuops.k8s.plugins.module_utils._alert_tokens import node_token
@@ -315,7 +311,7 @@ class Clock:
 def test_a_node_gets_its_burst_then_its_rate():
     clock = Clock()
     rates = NodeRates(rate=6, burst=3, clock=clock)
-    assert [rates.take("n1") for _ in range(4)] == [True, True, True, False]
+    assert [rates.take("n1") for _try in range(4)] == [True, True, True, False]
     # Other nodes keep their own buckets.
     assert rates.take("n2") is True
     clock.now += 9.9
@@ -329,10 +325,11 @@ def test_a_node_gets_its_burst_then_its_rate():
 def test_idle_nodes_are_forgotten_so_the_table_stays_bounded():
     clock = Clock()
     rates = NodeRates(rate=60, burst=2, clock=clock, max_nodes=3)
-    for node in ("a", "b", "c"):
-        rates.take(node)
+    assert [rates.take(node) for node in ("a", "b", "c")] == [True, True, True]
+    # Three busy nodes: a fourth waits, the three go on.
+    assert (rates.take("d"), rates.take("a")) == (False, True)
     clock.now += 60
-    rates.take("d")
+    assert rates.take("d") is True
     assert set(rates._buckets) == {"d"}
 
 
@@ -371,7 +368,7 @@ def test_a_nodes_token_sends_alerts_for_that_node_only():
     assert answer(recv, daemon_alert("gpu-2"), token=SENDER) == (200, {"events": 1}, {})
     assert answer(recv, daemon_alert("gpu-1"), token=node_token("other", "gpu-1"))[0] == 401
     assert answer(recv, daemon_alert("gpu-1"))[:2] == (401, "The request lacks the expected bearer token.\n")
-    assert [recv.queue.get_nowait()["gpu_alert"]["node"] for _ in range(recv.queue.qsize())] == ["gpu-1", "gpu-2"]
+    assert [recv.queue.get_nowait()["gpu_alert"]["node"] for _try in range(recv.queue.qsize())] == ["gpu-1", "gpu-2"]
 
 
 def test_a_nodes_token_in_a_notification_keeps_the_alerts_of_its_own_node():
@@ -401,7 +398,7 @@ def test_with_only_a_sender_token_other_tokens_are_refused_before_the_body_is_re
 
 def test_a_flooding_node_gets_429_and_other_nodes_get_through():
     recv = receiver(node_secret=SECRET, node_rate=6, node_burst=3)
-    flood = [answer(recv, daemon_alert("gpu-1"), token=node_token(SECRET, "gpu-1")) for _ in range(5)]
+    flood = [answer(recv, daemon_alert("gpu-1"), token=node_token(SECRET, "gpu-1")) for _try in range(5)]
     assert [status for status, _data, _headers in flood] == [200, 200, 200, 429, 429]
     assert flood[3] == (
         429,
@@ -455,78 +452,3 @@ def test_a_notification_with_one_invalid_alert_makes_events_of_the_others_with_2
         },
     )
     assert recv.queue.get_nowait() == event({"node": "n1", "gpu": None, "uuid": None, "xid": None, "class": "reboot"})
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_over_http_bad_bodies_are_400_never_500_and_the_server_keeps_serving():
-    """main() served by aiohttp on 127.0.0.1: every body below is answered, with the status and sentence given."""
-    port = free_port()
-    N1 = node_token(SECRET, "n1")
-    cases = [
-        (b"[" * 100000 + b"]" * 100000, N1, 400, "The request body nests deeper than 100 levels.\n"),
-        (
-            b'{"node": "n1", "class": "reset", "xid": ' + b"7" * 5000 + b"}",
-            N1,
-            400,
-            "The request body holds an integer of more than 18 digits.\n",
-        ),
-        (
-            body({"node": "n1", "class": "reset", "xid": "7" * 5000}),
-            N1,
-            400,
-            "The alert's xid must be a non-negative integer of at most 10 digits, not a string of 5000 characters.\n",
-        ),
-        (
-            body({"node": "all\n", "class": "reboot"}),
-            N1,
-            400,
-            "The alert's node 'all\\n' is not a Kubernetes node name.\n",
-        ),
-        (
-            daemon_alert("gpu-1"),
-            node_token(SECRET, "gpu-2"),
-            401,
-            "The request's bearer token is not the token of node 'gpu-1'.\n",
-        ),
-        (daemon_alert("gpu-1"), node_token(SECRET, "gpu-1"), 200, '{"events": 1}'),
-    ]
-
-    def post(raw, token):
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/alerts", data=raw, method="POST")
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode()
-
-    async def scenario():
-        queue = asyncio.Queue()
-        server = asyncio.create_task(main(queue, {"port": port, "node_secret": SECRET}))
-        loop = asyncio.get_running_loop()
-        try:
-            for _ in range(200):
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1):
-                        break
-                except OSError:
-                    await asyncio.sleep(0.05)
-            results = [await loop.run_in_executor(None, post, raw, token) for raw, token, _s, _t in cases]
-        finally:
-            server.cancel()
-        return results, queue.qsize()
-
-    results, queued = asyncio.run(scenario())
-    assert results == [(status, text) for _raw, _token, status, text in cases]
-    assert queued == 1
-
-
-def test_main_refuses_to_start_off_loopback_without_a_token():
-    with pytest.raises(ValueError, match="needs a node_secret or a token"):
-        asyncio.run(main(asyncio.Queue(), {"host": "0.0.0.0", "port": free_port()}))
