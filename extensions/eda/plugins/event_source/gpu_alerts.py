@@ -329,6 +329,14 @@ def _is_sender(given: str | None, token: str | None) -> bool:
     return token is not None and given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
+def _waiting(queue: Any) -> int:
+    """The events waiting on the rulebook's queue. ansible-rulebook (1.3.2) hands a source a FilteredQueue, which
+    runs the event filters and puts onto the asyncio.Queue it holds as ``queue``; a plain asyncio.Queue is its own."""
+    inner = getattr(queue, "queue", queue)
+    qsize = getattr(inner, "qsize", None)
+    return qsize() if callable(qsize) else 0
+
+
 class NodeRates:
     """A token bucket per node: ``burst`` alerts at once, ``rate`` more a minute. Idle nodes' buckets (full again)
     are forgotten when ``max_nodes`` are kept, and while that many nodes are busy a new node waits, so the table
@@ -388,7 +396,7 @@ class Receiver:
             open_source or _is_sender(given, self.token) or _alert_tokens.is_node_token(given, self.node_secret, node)
         ):
             return 401, f"The request's bearer token is not the token of node {node!r}."
-        if self.queue.qsize() >= self.max_queue:
+        if _waiting(self.queue) >= self.max_queue:
             return 503, f"The event queue holds {self.max_queue} events already; send the alert again later."
         if not self.rates.take(node):
             return 429, (

@@ -420,6 +420,23 @@ def test_the_queue_is_bounded():
     assert answer(recv, daemon_alert("gpu-9"))[0] == 200
 
 
+class FilteredQueueShape:
+    """The shape of the queue ansible-rulebook 1.3.2 hands a source (engine.FilteredQueue): put() onto the
+    asyncio.Queue it holds as ``queue``, and no qsize() of its own."""
+
+    def __init__(self):
+        self.queue = asyncio.Queue()
+
+    async def put(self, data):
+        await self.queue.put(data)
+
+
+def test_the_queue_bound_reads_the_queue_inside_ansible_rulebooks_filtered_queue():
+    recv = receiver(max_queue=1)
+    recv.queue = FilteredQueueShape()
+    assert [answer(recv, daemon_alert(f"gpu-{n}"))[0] for n in range(2)] == [200, 503]
+
+
 def test_a_notification_with_only_invalid_alerts_is_400_with_a_sentence_a_line():
     recv = receiver()
     status, text, _headers = answer(
