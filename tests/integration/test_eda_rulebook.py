@@ -3,17 +3,24 @@
 The peers are real: ansible-rulebook 1.3.2 with its Drools rule engine (requirements/eda.txt, built and cached by
 scripts/eda-env.sh) on Debian's OpenJDK 17 (scripts/bootstrap.sh), loading the rulebook and the gpuops.k8s.gpu_alerts
 event source from the collection as ``ansible-galaxy collection build`` would ship it (scripts/collection-tree.sh on
-ANSIBLE_COLLECTIONS_PATH). Alerts are POSTed to the source over HTTP on 127.0.0.1 with its bearer token.
+ANSIBLE_COLLECTIONS_PATH). Alerts are POSTed to the source over HTTP on 127.0.0.1 with the sender token, or with a
+node's own token derived from the node secret by the collection's gpuops.k8s.alert_token filter (run by a real
+``ansible``, as the device_plugin role runs it).
 The playbook the rulebook starts is a TEST DOUBLE standing in for gpuops.k8s.remediate: the collection
-``gpuops_test.doubles`` written below, whose ``remediate_recorder`` playbook records each run's limit, hosts and
+``gpuops_test.doubles`` written below, whose ``remediate_recorder`` playbook first imports the shipped
+playbooks/tasks/alert_hosts.yml, the check remediate.yml begins with, and then records each run's limit, hosts and
 ``ansible_eda`` extra variables in a file and changes nothing; the rulebook is pointed at it through its
 ``gpu_remediation_playbook`` variable. One rulebook process serves the module; each test uses nodes of its own.
+The last tests run the real playbooks/remediate.yml with ansible-playbook (no rulebook) to show that it begins with
+that check.
 Nothing sleeps and then asserts: a test that needs every earlier alert handled posts a class ``none`` alert and
 waits for the rulebook to print it (the rulebook's actions run one at a time, in the order the alerts came).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.client
 import itertools
 import json
@@ -21,6 +28,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -32,15 +40,28 @@ from local_api import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "gpuops-eda-test-token"
-NODES = [f"eda-node-{letter}" for letter in "abcdefgh"]
+NODE_SECRET = "gpuops-eda-test-node-secret"
+NODES = [f"eda-node-{letter}" for letter in "abcdefghijklmn"]
+# An inventory group of GPU nodes that is not the GPU group the playbook targets (gpu_nodes).
+WORKERS = ["eda-node-a", "eda-node-b", "eda-node-i"]
+BURST = 20
+
+
+def uuid(n: int) -> str:
+    return f"GPU-5e1f0000-0000-4000-8000-{n:012x}"
+
+
 REMEDIATE_RULE = "Remediate a node with a GPU to reset, a reboot to make or a GPU to replace"
 
 RECORDER_PLAYBOOK = """\
 ---
-# TEST DOUBLE for gpuops.k8s.remediate: records the run and changes nothing.
+# TEST DOUBLE for gpuops.k8s.remediate: the same hosts and first check, then records the run and changes nothing.
 - name: Record a remediation run
-  hosts: all
+  hosts: "{{{{ gpuops_hosts | default('gpu_nodes') }}}}"
   gather_facts: false
+  pre_tasks:
+    - name: Check that a run for an alert acts on the alert's node alone
+      ansible.builtin.import_tasks: {alert_hosts}
   tasks:
     - name: Record the run
       ansible.builtin.import_tasks: tasks/record.yml
@@ -75,8 +96,9 @@ def free_port() -> int:
 class Rulebook:
     """ansible-rulebook running gpuops.k8s.gpu_remediation, its output in ``log``, its recorded runs in ``runs``."""
 
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path, runs: Path):
+    def __init__(self, proc: subprocess.Popen, port: int, log: Path, runs: Path, **context):
         self.proc, self.port, self.log, self.runs = proc, port, log, runs
+        self.work, self.venv, self.env = context["work"], context["venv"], context["env"]
         self.sentinels = itertools.count()
 
     def output(self) -> str:
@@ -97,6 +119,7 @@ class Rulebook:
             raise AssertionError(f"{err}\nansible-rulebook's output:\n{self.output()[-4000:]}") from None
 
     def post(self, data, token: str | None = TOKEN) -> tuple[int, str]:
+        """(status, text) of a POST of DATA (bytes, or what becomes JSON) with TOKEN as the bearer token."""
         raw = data if isinstance(data, bytes) else json.dumps(data).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}/alerts", data=raw, method="POST")
         request.add_header("Content-Type", "application/json")
@@ -121,17 +144,43 @@ class Rulebook:
 
     def settle(self) -> None:
         """Returns once every alert posted before it has been handled and its action has finished."""
-        uuid = f"GPU-sentinel-{next(self.sentinels)}"
-        status, text = self.post({"node": "eda-sentinel", "gpu": 0, "uuid": uuid, "xid": 13, "class": "none"})
+        gpu = uuid(0xF00000 + next(self.sentinels))
+        status, text = self.post({"node": "eda-sentinel", "gpu": 0, "uuid": gpu, "xid": 13, "class": "none"})
         assert (status, json.loads(text)) == (200, {"events": 1}), text
-        line = f"gpu_alerts: node eda-sentinel GPU 0 ({uuid}) XID 13 is of class none; no node action is taken."
-        self.wait(f"the rulebook to print the alert of {uuid}", lambda: line in self.output())
+        line = f"gpu_alerts: node eda-sentinel GPU 0 ({gpu}) XID 13 is of class none; no node action is taken."
+        self.wait(f"the rulebook to print the alert of {gpu}", lambda: line in self.output())
 
     def recorded(self) -> list[dict]:
         return [json.loads(path.read_text()) for path in sorted(self.runs.glob("*.json"))]
 
     def recorded_for(self, node: str) -> list[dict]:
         return [run for run in self.recorded() if run["ansible_eda"]["event"]["gpu_alert"]["node"] == node]
+
+    def node_token(self, node: str) -> str:
+        """NODE's own alert token, as the device_plugin role writes it: the gpuops.k8s.alert_token filter run by a
+        real ``ansible`` with this module's collection."""
+        out = self.work / f"token-{node}"
+        proc = subprocess.run(
+            [
+                str(self.venv / "bin/ansible"),
+                "localhost",
+                "-c",
+                "local",
+                "-e",
+                json.dumps({"ansible_python_interpreter": str(self.venv / "bin/python"), "secret": NODE_SECRET}),
+                "-m",
+                "ansible.builtin.copy",
+                "-a",
+                json.dumps({"dest": str(out), "content": f"{{{{ '{node}' | gpuops.k8s.alert_token(secret) }}}}"}),
+            ],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return out.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +209,8 @@ def rulebook(eda_venv, tmp_path_factory):
     (collection / "galaxy.yml").write_text(
         "namespace: gpuops_test\nname: doubles\nversion: 1.0.0\nreadme: README.md\nauthors: [tests]\n"
     )
-    (collection / "playbooks/remediate_recorder.yml").write_text(RECORDER_PLAYBOOK)
+    alert_hosts = shipped / "ansible_collections/gpuops/k8s/playbooks/tasks/alert_hosts.yml"
+    (collection / "playbooks/remediate_recorder.yml").write_text(RECORDER_PLAYBOOK.format(alert_hosts=alert_hosts))
     (collection / "playbooks/tasks/record.yml").write_text(RECORD_TASKS)
 
     inventory = work / "inventory.yml"
@@ -169,7 +219,10 @@ def rulebook(eda_venv, tmp_path_factory):
         yaml.safe_dump(
             {
                 "all": {
-                    "hosts": {node: None for node in NODES},
+                    "children": {
+                        "gpu_nodes": {"hosts": {node: None for node in NODES}},
+                        "eda-workers": {"hosts": {node: None for node in WORKERS}},
+                    },
                     "vars": {"ansible_connection": "local", "ansible_python_interpreter": python},
                 }
             }
@@ -182,6 +235,10 @@ def rulebook(eda_venv, tmp_path_factory):
             {
                 "gpu_alerts_port": port,
                 "gpu_alerts_token": TOKEN,
+                "gpu_alerts_node_secret": NODE_SECRET,
+                # A burst of BURST alerts per node, and so few more a minute that none comes during a test.
+                "gpu_alerts_node_burst": BURST,
+                "gpu_alerts_node_rate": 1,
                 "gpu_remediation_playbook": "gpuops_test.doubles.remediate_recorder",
             }
         )
@@ -211,7 +268,7 @@ def rulebook(eda_venv, tmp_path_factory):
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
-    book = Rulebook(proc, port, log, runs)
+    book = Rulebook(proc, port, log, runs, work=work, venv=eda_venv, env=env)
     try:
         book.wait(f"the gpu_alerts source to answer on 127.0.0.1:{port}", book.answers, timeout=300)
         yield book
@@ -224,25 +281,25 @@ def rulebook(eda_venv, tmp_path_factory):
             proc.wait(timeout=30)
 
 
-def test_a_burst_of_alerts_on_a_node_is_one_playbook_run_for_that_node(rulebook):
+def test_a_burst_of_alerts_on_a_node_is_one_playbook_run_per_class_for_that_node(rulebook):
     burst = [
         {
             "node": "eda-node-a",
             "gpu": i % 8,
-            "uuid": f"GPU-0000000{i % 8}",
+            "uuid": uuid(i % 8),
             "xid": (79, 48, 74, 95)[i % 4],
             "class": ("reboot", "reset", "reboot", "replace")[i % 4],
             "time": f"2026-11-26T08:00:{i:02d}Z",
         }
-        for i in range(20)
+        for i in range(BURST)
     ]
     with ThreadPoolExecutor(max_workers=len(burst)) as pool:
         answers = list(pool.map(rulebook.post, burst))
-    assert answers == [(200, '{"events": 1}')] * 20
+    assert answers == [(200, '{"events": 1}')] * BURST
     other = {
         "node": "eda-node-b",
         "gpu": 2,
-        "uuid": "GPU-b2",
+        "uuid": uuid(0xB2),
         "xid": 48,
         "class": "reset",
         "time": "2026-11-26T08:01:00Z",
@@ -250,17 +307,19 @@ def test_a_burst_of_alerts_on_a_node_is_one_playbook_run_for_that_node(rulebook)
     assert rulebook.post(other) == (200, '{"events": 1}')
     rulebook.settle()
 
-    (run_a,) = rulebook.recorded_for("eda-node-a")
+    # One run per class the burst holds (the throttle groups by node and class), each limited to the node.
+    runs_a = rulebook.recorded_for("eda-node-a")
     (run_b,) = rulebook.recorded_for("eda-node-b")
-    assert len(rulebook.recorded()) == 2
-    assert (run_a["limit"], run_a["hosts"]) == ("eda-node-a", ["eda-node-a"])
+    assert len(rulebook.recorded()) == 4
+    assert sorted(run["ansible_eda"]["event"]["gpu_alert"]["class"] for run in runs_a) == ["reboot", "replace", "reset"]
+    for run_a in runs_a:
+        assert (run_a["limit"], run_a["hosts"]) == ("eda-node-a", ["eda-node-a"])
+        assert run_a["ansible_eda"]["rule"] == REMEDIATE_RULE
     assert (run_b["limit"], run_b["hosts"]) == ("eda-node-b", ["eda-node-b"])
-    assert run_a["ansible_eda"]["rule"] == REMEDIATE_RULE
-    assert run_a["ansible_eda"]["event"]["gpu_alert"]["class"] in {"reset", "reboot", "replace"}
     assert run_b["ansible_eda"]["event"]["gpu_alert"] == {
         "node": "eda-node-b",
         "gpu": 2,
-        "uuid": "GPU-b2",
+        "uuid": uuid(0xB2),
         "xid": 48,
         "class": "reset",
     }
@@ -268,12 +327,12 @@ def test_a_burst_of_alerts_on_a_node_is_one_playbook_run_for_that_node(rulebook)
 
 def test_classes_none_and_device_run_nothing(rulebook):
     for klass, xid in (("none", 13), ("device", 31)):
-        alert = {"node": "eda-node-c", "gpu": 1, "uuid": f"GPU-c-{klass}", "xid": xid, "class": klass}
+        alert = {"node": "eda-node-c", "gpu": 1, "uuid": uuid(xid), "xid": xid, "class": klass}
         assert rulebook.post(alert) == (200, '{"events": 1}')
     rulebook.settle()
     output = rulebook.output()
-    assert "gpu_alerts: node eda-node-c GPU 1 (GPU-c-none) XID 13 is of class none; no node action" in output
-    assert "gpu_alerts: node eda-node-c GPU 1 (GPU-c-device) XID 31 is of class device; no node action" in output
+    assert f"gpu_alerts: node eda-node-c GPU 1 ({uuid(13)}) XID 13 is of class none; no node action" in output
+    assert f"gpu_alerts: node eda-node-c GPU 1 ({uuid(31)}) XID 31 is of class device; no node action" in output
     assert rulebook.recorded_for("eda-node-c") == []
 
 
@@ -300,8 +359,8 @@ def test_an_alertmanager_notification_runs_the_playbook_for_its_firing_alert(rul
         "commonAnnotations": {},
         "externalURL": "http://alertmanager.invalid",
         "alerts": [
-            alert("firing", {"node": "eda-node-e", "gpu": "GPU-e0", "class": "reset", "xid": "48"}),
-            alert("resolved", {"node": "eda-node-f", "gpu": "GPU-f0", "class": "reboot"}),
+            alert("firing", {"node": "eda-node-e", "gpu": uuid(0xE0), "class": "reset", "xid": "48"}),
+            alert("resolved", {"node": "eda-node-f", "gpu": uuid(0xF0), "class": "reboot"}),
         ],
     }
     assert rulebook.post(notification) == (200, '{"events": 1}')
@@ -311,7 +370,7 @@ def test_an_alertmanager_notification_runs_the_playbook_for_its_firing_alert(rul
     assert run["ansible_eda"]["event"]["gpu_alert"] == {
         "node": "eda-node-e",
         "gpu": None,
-        "uuid": "GPU-e0",
+        "uuid": uuid(0xE0),
         "xid": 48,
         "class": "reset",
     }
@@ -327,11 +386,26 @@ def test_a_bad_body_gets_400_with_one_sentence_and_runs_nothing(rulebook):
         ),
         (
             json.dumps({"node": "eda-node-d", "xid": "seventy-nine", "class": "reboot"}).encode(),
-            "The alert's xid must be a non-negative integer, not 'seventy-nine'.",
+            "The alert's xid must be a non-negative integer of at most 10 digits, not 'seventy-nine'.",
         ),
         (
             json.dumps({"node": "all", "class": "reboot"}).encode(),
             "The alert's node 'all' is not a Kubernetes node name.",
+        ),
+        # Deep nesting (a RecursionError in the parser), integers of thousands of digits (int()'s limit) and a
+        # uuid that is not one: 400 with a sentence, never 500.
+        (b"[" * 100000 + b"]" * 100000, "The request body nests deeper than 100 levels."),
+        (
+            b'{"node": "eda-node-d", "class": "reset", "xid": ' + b"7" * 5000 + b"}",
+            "The request body holds an integer of more than 18 digits.",
+        ),
+        (
+            json.dumps({"node": "eda-node-d", "class": "reset", "xid": "7" * 5000}).encode(),
+            "The alert's xid must be a non-negative integer of at most 10 digits, not a string of 5000 characters.",
+        ),
+        (
+            json.dumps({"node": "eda-node-d", "class": "reset", "uuid": "GPU-0\nforged"}).encode(),
+            "The alert's uuid 'GPU-0\\nforged' is not a GPU or MIG device UUID.",
         ),
     ]
     for body, sentence in bad:
@@ -343,9 +417,274 @@ def test_a_bad_body_gets_400_with_one_sentence_and_runs_nothing(rulebook):
 
 
 def test_a_request_without_the_token_gets_401_and_runs_nothing(rulebook):
-    alert = {"node": "eda-node-g", "gpu": 0, "uuid": "GPU-g0", "xid": 79, "class": "reboot"}
+    alert = {"node": "eda-node-g", "gpu": 0, "uuid": uuid(0x60), "xid": 79, "class": "reboot"}
     assert rulebook.post(alert, token=None) == (401, "The request lacks the expected bearer token.\n")
-    assert rulebook.post(alert, token="not-the-token") == (401, "The request lacks the expected bearer token.\n")
+    # With a node secret any bearer token may be a node's: it is checked against the node the alert names.
+    assert rulebook.post(alert, token="not-the-token") == (
+        401,
+        "The request's bearer token is not the token of node 'eda-node-g'.\n",
+    )
     rulebook.settle()
     assert rulebook.recorded_for("eda-node-g") == []
-    assert "eda-node-g" not in rulebook.output()
+    # No event: the node is named only in the source's log line that refused it.
+    assert [line for line in rulebook.output().splitlines() if "eda-node-g" in line and "refused" not in line] == []
+
+
+def alert_of(node: str, klass: str = "reboot", gpu: int = 0) -> dict:
+    return {
+        "node": node,
+        "gpu": gpu,
+        "uuid": uuid(gpu),
+        "xid": {"reset": 48, "reboot": 79}.get(klass, 31),
+        "class": klass,
+    }
+
+
+def test_all_newline_and_a_group_name_change_nothing_outside_the_alerts_node(rulebook):
+    # A name with a newline is refused by the source: Ansible would split the limit on it.
+    for name in ("all\n", "eda-node-h\n"):
+        assert rulebook.post(alert_of(name)) == (400, f"The alert's node {name!r} is not a Kubernetes node name.\n")
+    # A group's name is a DNS name the source cannot tell from a node's: the run starts, limited to the group, and
+    # remediate.yml's first check stops it on every host of the group before anything is recorded (or done).
+    assert rulebook.post(alert_of("eda-workers")) == (200, '{"events": 1}')
+    rulebook.settle()
+    assert rulebook.recorded_for("eda-workers") == []
+    assert rulebook.recorded_for("all\n") == [] and rulebook.recorded_for("eda-node-h\n") == []
+    assert not any(
+        set(run["hosts"]) - {run["ansible_eda"]["event"]["gpu_alert"]["node"]} for run in rulebook.recorded()
+    )
+    for node in WORKERS:
+        assert (
+            f'{node}: a run for the alert of node "eda-workers" acts on that one host of "gpu_nodes" alone, not on'
+            ' 3 host(s) with the limit "eda-workers"; nothing was done.'
+        ) in rulebook.output()
+    # The node's own alert runs the playbook on that node alone.
+    assert rulebook.post(alert_of("eda-node-h")) == (200, '{"events": 1}')
+    rulebook.settle()
+    (run,) = rulebook.recorded_for("eda-node-h")
+    assert (run["limit"], run["hosts"]) == ("eda-node-h", ["eda-node-h"])
+
+
+def test_a_nodes_token_sends_alerts_for_that_node_alone(rulebook):
+    token = rulebook.node_token("eda-node-j")
+    assert len(token) == 64
+    assert rulebook.post(alert_of("eda-node-k"), token=token) == (
+        401,
+        "The request's bearer token is not the token of node 'eda-node-k'.\n",
+    )
+    assert rulebook.post(alert_of("eda-node-j"), token=token) == (200, '{"events": 1}')
+    rulebook.settle()
+    assert rulebook.recorded_for("eda-node-k") == []
+    (run,) = rulebook.recorded_for("eda-node-j")
+    assert run["hosts"] == ["eda-node-j"]
+
+
+def test_a_reboot_after_a_reset_within_the_window_starts_its_own_run(rulebook):
+    assert rulebook.post(alert_of("eda-node-l", "reset", gpu=1)) == (200, '{"events": 1}')
+    rulebook.settle()
+    assert rulebook.post(alert_of("eda-node-l", "reboot", gpu=2)) == (200, '{"events": 1}')
+    # The same class again within the window: one run is enough (the playbook reads every GPU of the node).
+    assert rulebook.post(alert_of("eda-node-l", "reboot", gpu=3)) == (200, '{"events": 1}')
+    rulebook.settle()
+    runs = rulebook.recorded_for("eda-node-l")
+    assert sorted(run["ansible_eda"]["event"]["gpu_alert"]["class"] for run in runs) == ["reboot", "reset"]
+
+
+def test_a_flooding_node_gets_429_and_other_nodes_get_through(rulebook):
+    token = rulebook.node_token("eda-node-m")
+    answers = [rulebook.post(alert_of("eda-node-m", "device"), token=token) for _try in range(BURST + 3)]
+    assert answers[:BURST] == [(200, '{"events": 1}')] * BURST
+    assert (
+        answers[BURST:]
+        == [
+            (
+                429,
+                f"Node 'eda-node-m' sent more than {BURST} alerts at once or 1 a minute; send the alert again later.\n",
+            )
+        ]
+        * 3
+    )
+    assert rulebook.post(alert_of("eda-node-n", "device")) == (200, '{"events": 1}')
+
+
+def test_one_invalid_alert_of_an_alertmanager_group_does_not_hold_back_the_others(rulebook):
+    notification = {
+        "version": "4",
+        "status": "firing",
+        "receiver": "gpuops-eda",
+        "alerts": [
+            {"status": "firing", "labels": {"alertname": "GPUFault", "node": "eda-node-i", "class": "melt"}},
+            {"status": "firing", "labels": {"alertname": "GPUFault", "node": "eda-node-i", "class": "reset"}},
+        ],
+    }
+    status, text = rulebook.post(notification)
+    assert (status, json.loads(text)) == (
+        207,
+        {
+            "events": 1,
+            "refused": [
+                {
+                    "alert": 1,
+                    "status": 400,
+                    "reason": "Alert 1's label class 'melt' is not one of none, device, reset, reboot, replace.",
+                }
+            ],
+        },
+    )
+    rulebook.settle()
+    (run,) = rulebook.recorded_for("eda-node-i")
+    assert run["hosts"] == ["eda-node-i"]
+
+
+REMEDIATE_CHECK = "Check that a run for an alert acts on the alert's node alone"
+
+
+def remediate_check(tmp_path: Path, limit: str, extra: dict) -> dict[str, dict]:
+    """The real playbooks/remediate.yml run by ansible-playbook with LIMIT and EXTRA as extra variables, only as far
+    as the tasks tagged always (the check, and need_root): its check's result for each host it ran on."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "gpu_nodes": {"hosts": {"gpu-1": None, "gpu-2": None}},
+                        "workers": {"hosts": {"gpu-1": None, "gpu-2": None}},
+                        "solo": {"hosts": {"gpu-2": None}},
+                    },
+                    "vars": {"ansible_connection": "local", "ansible_become": False},
+                }
+            }
+        )
+    )
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            str(REPO / "playbooks/remediate.yml"),
+            "--limit",
+            limit,
+            "--tags",
+            "no-such-tag",
+            "-e",
+            json.dumps({"ansible_python_interpreter": sys.executable, **extra}),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    output = json.loads(proc.stdout)
+    (check,) = [task for task in output["plays"][0]["tasks"] if task["task"]["name"] == REMEDIATE_CHECK]
+    return check["hosts"]
+
+
+# Each case is one ansible-playbook run (seconds): a few that cover the check's parts.
+@pytest.mark.parametrize(
+    "limit, extra",
+    [
+        # The limit is not the node's name (Ansible splits "all\n" into every host).
+        ("all\n", {"gpuops_alert_node": "gpu-1"}),
+        # The node is a group's name: the hosts are that group's, not one host named so.
+        ("solo", {"ansible_eda": {"event": {"gpu_alert": {"node": "solo"}}}}),
+        # The variable and the event disagree.
+        ("gpu-1", {"gpuops_alert_node": "gpu-1", "ansible_eda": {"event": {"gpu_alert": {"node": "gpu-2"}}}}),
+    ],
+)
+def test_remediate_yml_refuses_a_run_for_an_alert_on_more_or_other_than_its_node(tmp_path, limit, extra):
+    results = remediate_check(tmp_path, limit, extra)
+    assert results and all(result.get("failed") for result in results.values()), results
+    for host, result in results.items():
+        assert result["msg"].startswith(f"{host}: a run for the alert of node ")
+        assert result["msg"].endswith("; nothing was done.")
+
+
+def test_remediate_yml_runs_for_an_alert_on_its_node(tmp_path):
+    results = remediate_check(tmp_path, "gpu-2", {"ansible_eda": {"event": {"gpu_alert": {"node": "gpu-2"}}}})
+    assert list(results) == ["gpu-2"] and not results["gpu-2"].get("failed"), results
+
+
+def test_remediate_yml_runs_over_the_gpu_group_when_no_alert_asks(tmp_path):
+    results = remediate_check(tmp_path, "workers", {})
+    assert sorted(results) == ["gpu-1", "gpu-2"]
+    assert all(result.get("skipped") for result in results.values()), results
+
+
+def test_the_device_plugin_role_puts_only_the_nodes_derived_token_on_the_node(tmp_path):
+    """The role's token tasks (roles/device_plugin/tasks/alert_token.yml, which its main.yml imports first) run by a
+    real ansible-playbook on localhost: check mode writes nothing, the file holds the node's token and not the
+    secret, 0600, a second run changes nothing, and state absent removes it. Then the daemonset-mode path check."""
+    token_file = tmp_path / "etc/alert-token"
+    token_file.parent.mkdir()
+    playbook = tmp_path / "token.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {
+                            "ansible.builtin.include_role": {
+                                "name": "gpuops.k8s.device_plugin",
+                                "tasks_from": "alert_token.yml",
+                            }
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    subprocess.run([str(REPO / "scripts/collection-tree.sh")], check=True, stdout=subprocess.DEVNULL, timeout=300)
+    env = dict(
+        os.environ,
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / ".build"),
+        ANSIBLE_STDOUT_CALLBACK="json",
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_NOCOLOR="1",
+    )
+
+    def run(*extra, **variables):
+        values = {
+            "ansible_python_interpreter": sys.executable,
+            "device_plugin_node_name": "gpu-node-7",
+            "device_plugin_alert_secret": NODE_SECRET,
+            "device_plugin_alert_webhook_token_file": str(token_file),
+            **variables,
+        }
+        proc = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible-playbook"),
+                *("-i", "localhost,", "-c", "local", str(playbook)),
+                *("-e", json.dumps(values), *extra),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        output = json.loads(proc.stdout)
+        return proc.returncode, output["stats"]["localhost"], output
+
+    rc, stats, _output = run("--check")
+    assert (rc, stats["changed"], token_file.exists()) == (0, 1, False)
+    rc, stats, output = run()
+    assert (rc, stats["changed"]) == (0, 1)
+    expected = hmac.new(NODE_SECRET.encode(), b"gpu-node-7", hashlib.sha256).hexdigest()
+    assert token_file.read_text() == expected
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert NODE_SECRET not in json.dumps(output)
+    assert run()[:2][1]["changed"] == 0
+    rc, stats, _output = run(device_plugin_state="absent")
+    assert (rc, stats["changed"], token_file.exists()) == (0, 1, False)
+    rc, _stats, output = run(
+        device_plugin_mode="daemonset", device_plugin_alert_webhook_token_file="/etc/gpuops/device-plugin/token"
+    )
+    assert rc != 0
+    assert "lies under /etc/gpuops/device-plugin, where the DaemonSet's pods mount their ConfigMap" in json.dumps(
+        output
+    )

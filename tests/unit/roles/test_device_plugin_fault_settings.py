@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
@@ -62,3 +63,36 @@ def test_the_inventorys_xid_classes_webhook_and_health_file_reach_the_daemon():
 def test_the_role_variable_wins_over_the_inventory_variable():
     config = config_of(gpu_remediation_xid_classes={63: "reset"}, device_plugin_xid_classes={13: "device"})
     assert config["gpuops"] == {"xidClasses": {13: "device"}}
+
+
+def daemonset_pod(template: str, **inventory):
+    """The pod spec of one of the role's DaemonSet templates, rendered with the role's defaults, INVENTORY and vars."""
+    variables = RoleVars(device_plugin_image="gpu-device-plugin:test", **inventory)
+    text = variables._templar.template(trust_as_template((ROLE / "templates" / template).read_text()))
+    (daemonset,) = [o for o in yaml.safe_load_all(text) if o and o["kind"] == "DaemonSet"]
+    return daemonset["spec"]["template"]["spec"]
+
+
+def test_with_the_alert_secret_the_token_file_defaults_and_reaches_the_config():
+    config = config_of(device_plugin_alert_webhook="https://eda.example:5000/", device_plugin_alert_secret="k")
+    assert config["gpuops"] == {
+        "alertWebhook": "https://eda.example:5000/",
+        "alertWebhookTokenFile": "/etc/gpuops/alert-token",
+    }
+    config = config_of(device_plugin_alert_secret="k", device_plugin_alert_webhook_token_file="/srv/token")
+    assert config["gpuops"] == {"alertWebhookTokenFile": "/srv/token"}
+    # The secret itself is nowhere in what the node or the API server gets.
+    assert "k" not in RoleVars(device_plugin_alert_secret="k").get("__device_plugin_fault_settings").values()
+
+
+@pytest.mark.parametrize("template", ["daemonset.yml.j2", "dra-daemonset.yml.j2"])
+def test_in_daemonset_mode_the_pod_mounts_the_nodes_token_file_alone_at_the_path_the_config_names(template):
+    pod = daemonset_pod(template, device_plugin_alert_secret="k", device_plugin_alert_webhook="https://eda.example/")
+    (container,) = pod["containers"]
+    assert {"name": "alert-token", "mountPath": "/etc/gpuops/alert-token", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert {"name": "alert-token", "hostPath": {"path": "/etc/gpuops/alert-token", "type": "File"}} in pod["volumes"]
+    # Without a token file there is nothing to mount.
+    pod = daemonset_pod(template)
+    assert not any(volume["name"] == "alert-token" for volume in pod["volumes"])
