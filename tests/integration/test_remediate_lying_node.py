@@ -159,7 +159,6 @@ def _remediate(cluster, trap, honest, crafted, cache):
         ANSIBLE_LOCALHOST_WARNING="false",
         ANSIBLE_CACHE_PLUGIN="ansible.builtin.jsonfile",
         ANSIBLE_CACHE_PLUGIN_CONNECTION=str(cache),
-        ANSIBLE_FACT_CACHING_TIMEOUT="0",
     )
     run = subprocess.run(
         [
@@ -178,7 +177,10 @@ def _remediate(cluster, trap, honest, crafted, cache):
         output = json.loads(run.stdout)
     except ValueError:
         raise AssertionError(run.stdout[-3000:] + run.stderr[-3000:]) from None
-    results = {task["task"]["name"]: task["hosts"].get("liar", {}) for task in output["plays"][0]["tasks"]}
+    # A role's tasks are named "gpuops.k8s.gpu_remediation : NAME".
+    results = {
+        task["task"]["name"].split(" : ")[-1]: task["hosts"].get("liar", {}) for task in output["plays"][0]["tasks"]
+    }
     return run, results
 
 
