@@ -28,7 +28,7 @@ options:
       - One entry per node of the play, each with C(host) (the inventory name), C(node) (the Kubernetes Node name),
         C(faults) (the M(gpuops.k8s.gpu_faults) result), C(record) (the text of the node-local record, or null),
         C(boot_id) (the node's boot ID now), and optionally C(can_reset) (false where the node cannot reset a GPU)
-        with C(reset_note), the reason. Two entries naming one Node are refused: each host acts on its own Node.
+        with C(reset_note), the reason. Two entries naming one Node are refused, as each host acts on its own Node only.
     type: list
     elements: dict
     required: true
@@ -103,8 +103,8 @@ _value:
           C(wait) or C(hold)), C(class) (C(reset), C(reboot) or C(replace); C(none) where nothing is done),
           C(continuing), C(gpus) (the GPUs acted on, each with C(uuid), C(index), C(class) and C(reason)),
           C(reboot_done) (a reboot this remediation asked for has happened already), C(since), C(reasons),
-          C(refused) (where the node's report has a class outside C(none), C(device), C(reset), C(reboot),
-          C(replace) or a GPU UUID not of NVML's shape: why it is left untouched),
+          C(refused) (why the node is left untouched, where its report has a class outside C(none), C(device),
+          C(reset), C(reboot), C(replace) or a GPU UUID not of NVML's shape),
           C(record) (the node-local record, parsed; C({}) where there is none or it is unreadable) and C(message),
           one paragraph for the play's output.
       type: list
