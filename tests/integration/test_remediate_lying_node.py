@@ -102,7 +102,7 @@ def cluster(control_plane):
             "spec": {"unschedulable": True, "taints": [{"key": TAINT_KEY, "value": "reboot", "effect": "NoSchedule"}]},
         }
     )
-    return {"kubeconfig": str(kubeconfig), "core": core, "work": control_plane.work}
+    return {"server": control_plane.server, "core": core, "work": control_plane.work}
 
 
 def _node(core, name):
@@ -148,7 +148,10 @@ def _remediate(cluster, trap, honest, crafted, cache):
         "ansible_become": False,
         "gpu_remediation_node_name": LIAR,
         "gpu_remediation_max_nodes": 1,
-        "gpu_remediation_kubeconfig": cluster["kubeconfig"],
+        # The controller's token, as an AWX credential or a vault gives it.
+        "gpu_remediation_api_host": cluster["server"],
+        "gpu_remediation_api_key": TOKEN,
+        "gpu_remediation_validate_certs": False,
         "gpu_remediation_health_file": str(health),
         "gpu_remediation_state_dir": str(state),
         "gpu_remediation_kernel_log": False,
