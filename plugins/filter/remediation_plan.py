@@ -28,7 +28,7 @@ options:
       - One entry per node of the play, each with C(host) (the inventory name), C(node) (the Kubernetes Node name),
         C(faults) (the M(gpuops.k8s.gpu_faults) result), C(record) (the text of the node-local record, or null),
         C(boot_id) (the node's boot ID now), and optionally C(can_reset) (false where the node cannot reset a GPU)
-        with C(reset_note), the reason.
+        with C(reset_note), the reason. Two entries naming one Node are refused, as each host acts on its own Node only.
     type: list
     elements: dict
     required: true
@@ -103,6 +103,8 @@ _value:
           C(wait) or C(hold)), C(class) (C(reset), C(reboot) or C(replace); C(none) where nothing is done),
           C(continuing), C(gpus) (the GPUs acted on, each with C(uuid), C(index), C(class) and C(reason)),
           C(reboot_done) (a reboot this remediation asked for has happened already), C(since), C(reasons),
+          C(refused) (why the node is left untouched, where its report has a class outside C(none), C(device),
+          C(reset), C(reboot), C(replace) or a GPU UUID not of NVML's shape),
           C(record) (the node-local record, parsed; C({}) where there is none or it is unreadable) and C(message),
           one paragraph for the play's output.
       type: list
@@ -126,6 +128,8 @@ ANNOTATION = "gpuops.k8s/gpu-remediation"
 _RANK = {name: rank for rank, name in enumerate(CLASSES)}
 _DURATION = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _UNIT_SECONDS = (7 * 86400, 86400, 3600, 60, 1)
+# A GPU's UUID as NVML gives it: GPU-<uuid>, MIG-<uuid> or MIG-GPU-<uuid>/<GPU instance>/<compute instance>.
+_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z-]{0,70}(?:/\d{1,4}/\d{1,4})?")
 
 
 def _rank(name):
@@ -285,13 +289,44 @@ def _check_input(nodes, cluster):
                 f"remediation_plan: the entry of {entry.get('host') or entry.get('node') or 'a node'} lacks "
                 f"{', '.join(missing)}."
             )
+    named = {}
+    for entry in nodes:
+        if not isinstance(entry["node"], str) or not entry["node"]:
+            raise AnsibleFilterError(f"remediation_plan: {entry['host']} names no Node (gpu_remediation_node_name).")
+        named.setdefault(entry["node"], []).append(str(entry["host"]))
+    for node, hosts in named.items():
+        if len(hosts) > 1:
+            raise AnsibleFilterError(
+                f"remediation_plan: {', '.join(hosts)} name the same Node {node}; each host names its own Node "
+                "(gpu_remediation_node_name), and none acts on another's."
+            )
     if not isinstance(cluster, list) or not all(isinstance(n, dict) for n in cluster):
         raise AnsibleFilterError("remediation_plan: cluster must be the list of Nodes k8s_info returns.")
 
 
+def _untrusted(entry):
+    """Why what a node reported cannot be acted on (a GPU class outside the known set, a UUID not of NVML's
+    shape), or None."""
+    faults = entry.get("faults")
+    if not isinstance(faults, dict) or not isinstance(faults.get("gpus") or [], list):
+        return "its fault report is not the gpu_faults result"
+    if faults.get("node_class", "none") not in CLASSES:
+        return f"its fault report has the class {faults.get('node_class')!r}, not one of {', '.join(CLASSES)}"
+    for gpu in faults.get("gpus") or []:
+        if not isinstance(gpu, dict):
+            return "its fault report lists a GPU that is not a mapping"
+        if gpu.get("class", "none") not in CLASSES:
+            return f"its fault report has the GPU class {gpu.get('class')!r}, not one of {', '.join(CLASSES)}"
+        uuid = gpu.get("uuid")
+        if uuid not in (None, "") and not (isinstance(uuid, str) and _UUID.fullmatch(uuid)):
+            return f"its fault report has the GPU UUID {str(uuid)[:80]!r}, not of the shape GPU-... or MIG-..."
+    return None
+
+
 def _candidate(entry, cluster_node, now, window, window_text, taint_key):
     """What one node would do, before the breaker: its action class, GPUs, whether it continues, and why."""
-    faults = entry.get("faults") or {}
+    refused = _untrusted(entry)
+    faults = {} if refused else entry.get("faults") or {}
     gpus = [_gpu_entry(g) for g in faults.get("gpus") or [] if isinstance(g, dict)]
     record, note = parse_record(entry.get("record"))
     history = record.get("history") if isinstance(record.get("history"), list) else []
@@ -314,6 +349,9 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key):
         "faults": _faults_text(gpus),
         "record": record,
     }
+    if refused:
+        plan.update(gpus=[], refused=refused)
+        return plan
     if taint is not None:
         annotation = _annotation(cluster_node)
         plan["since"] = annotation.get("since") or current.get("started")
@@ -368,6 +406,8 @@ def _message(plan, limit_text, limit, taken, taint_key):
     gpus = ", ".join(_gpu_name(g) for g in plan["gpus"]) or "its GPUs"
     faulty = "; ".join(f"{_gpu_name(g)}: {g['reason']}" if g.get("reason") else _gpu_name(g) for g in plan["gpus"])
     why = "".join(f"; {reason}" for reason in plan["reasons"])
+    if plan.get("refused"):
+        return f"{node}: left untouched, {plan['refused']}."
     if plan["action"] == "none":
         return f"{node}: nothing to do, no GPU needs more than leaving scheduling ({plan['faults']})."
     if plan["action"] == "hold":

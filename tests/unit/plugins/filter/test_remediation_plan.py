@@ -335,6 +335,58 @@ def test_bad_input_is_one_sentence():
         remediation_plan([node("gpu-a")], [], now="yesterday")
 
 
+def test_two_hosts_naming_one_node_are_refused():
+    liar = dict(node("gpu-b", ["reboot"]), host="gpu-a")
+    with pytest.raises(
+        AnsibleFilterError,
+        match=r"^remediation_plan: gpu-a, gpu-b name the same Node gpu-b; each host names its own Node "
+        r"\(gpu_remediation_node_name\), and none acts on another's\.$",
+    ):
+        plan_of([liar, node("gpu-b")])
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"class": "drain-everything"}, "the GPU class 'drain-everything', not one of none, device, reset, reboot"),
+        ({"uuid": "GPU-1 --all"}, "the GPU UUID 'GPU-1 --all', not of the shape GPU-... or MIG-..."),
+        ({"uuid": "0"}, "the GPU UUID '0', not of the shape"),
+        ({"uuid": ["GPU-1"]}, "the GPU UUID \"['GPU-1']\", not of the shape"),
+    ],
+)
+def test_a_node_reporting_outside_the_known_classes_and_uuid_shapes_is_left_untouched(change, why):
+    liar = node("gpu-a", ["reboot"])
+    liar["faults"]["gpus"][0].update(change)
+    plan = plan_of([liar, node("gpu-b", ["reset"])], max_nodes=2)
+    mine = by_node(plan)["gpu-a"]
+    assert (mine["action"], mine["class"], mine["gpus"]) == ("none", "none", [])
+    assert mine["message"].startswith(f"gpu-a: left untouched, its fault report has {why}")
+    assert plan["started"] == ["gpu-b"]
+
+
+def test_a_node_class_outside_the_known_set_is_left_untouched():
+    liar = node("gpu-a", ["reboot"])
+    liar["faults"]["node_class"] = "everything"
+    assert by_node(plan_of([liar]))["gpu-a"]["refused"] == (
+        "its fault report has the class 'everything', not one of none, device, reset, reboot, replace"
+    )
+
+
+@pytest.mark.parametrize(
+    "uuid_text",
+    [
+        "GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3b",
+        "MIG-GPU-5c89852c-d268-c3f3-1b07-005d5ae1dc3b/7/0",
+        "MIG-a1b2c3d4-0000-5000-8000-000000000001",
+    ],
+)
+def test_nvml_uuid_shapes_are_acted_on(uuid_text):
+    entry = node("gpu-a", ["reset"])
+    entry["faults"]["gpus"][0]["uuid"] = uuid_text
+    mine = by_node(plan_of([entry]))["gpu-a"]
+    assert (mine["action"], mine["class"], [g["uuid"] for g in mine["gpus"]]) == ("remediate", "reset", [uuid_text])
+
+
 def test_parse_max_nodes_rounds_down():
     assert parse_max_nodes("33%", 10) == (3, "33% of 10 nodes = 3")
     assert parse_max_nodes("1%", 1) == (1, "1% of 1 node = 1")
