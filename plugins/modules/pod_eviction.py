@@ -18,7 +18,7 @@ description:
   - A pod that does not exist, or exists under another UID than the one given, is already gone, which is no
     change. A pod already being deleted is waited for but not evicted again.
   - DaemonSet pods and static pods (the API server's mirror pods) are left where they are and listed in RV(kept),
-    as C(kubectl drain) leaves them: their DaemonSet or their kubelet would put them straight back.
+    as C(kubectl drain) leaves them, since their DaemonSet or their kubelet would put them straight back.
   - An eviction answered with HTTP 409 (a conflict) counts as gone only where the pod, read again, is gone or has
     another UID; otherwise it is asked again until O(timeout).
   - The role M(gpuops.k8s.nvidia_mig) runs it for the pods that C(gpu-device-plugin gpu-pods) finds on the GPUs
