@@ -4,12 +4,15 @@
 
 """What the module gpuops.k8s.pod_eviction decides, apart from the API calls (private).
 
-``evict_pods`` reads each pod, evicts those that exist (retrying those a PodDisruptionBudget refuses), then
-waits until each evicted pod is gone or replaced by a pod of the same name with another UID. The API is any
-object with ``read_pod(namespace, name)`` -> ``(uid, being_deleted)`` or None, and
-``evict(namespace, name, uid, grace_period)`` -> ``(outcome, reason, retry_after)``, outcome one of
-'evicted', 'gone' and 'refused'; the clock and the sleep are given too, so that the decisions can be tested
-without an API server or real time. Errors are EvictionError with one sentence."""
+``evict_pods`` reads each pod, leaves DaemonSet and static (mirror) pods where they are, as ``kubectl drain``
+does (their controller or kubelet puts them straight back, so an eviction frees nothing), evicts the others that
+exist (retrying those a PodDisruptionBudget refuses or a conflict stops), then waits until each evicted pod is
+gone or replaced by a pod of the same name with another UID. The API is any object with
+``read_pod(namespace, name)`` -> ``(uid, being_deleted, kept)`` or None, kept being None, 'DaemonSet' or
+'mirror', and ``evict(namespace, name, uid, grace_period)`` -> ``(outcome, reason, retry_after)``, outcome one
+of 'evicted', 'gone', 'refused' and 'conflict' (HTTP 409: the UID precondition failed, or the API server gave up
+on a conflicting write; the pod is read again to tell which); the clock and the sleep are given too, so that the
+decisions can be tested without an API server or real time. Errors are EvictionError with one sentence."""
 
 from __future__ import annotations
 
@@ -43,7 +46,10 @@ def _find(api, pods, result):
         if found is None or (pod.get("uid") and found[0] != pod["uid"]):
             result["already_gone"].append(ref)
             continue
-        uid, being_deleted = found
+        uid, being_deleted, kept = found
+        if kept is not None:
+            result["kept"].append(dict(ref, uid=uid, reason=kept))
+            continue
         (result["terminating"] if being_deleted else to_evict).append(dict(ref, uid=uid))
     return to_evict
 
@@ -58,6 +64,11 @@ def _evict(api, pending, result, timeout, grace_period, clock, sleep, deadline):
                 result["refused"][_ref(pod)] = result["refused"].get(_ref(pod), 0) + 1
                 reasons[_ref(pod)] = reason
                 waits.append(RETRY_SECONDS if retry_after is None else retry_after)
+                continue
+            if outcome == "conflict" and _still_there(api, pod):
+                # Not a UID mismatch: the very pod is still there, so it is asked again.
+                reasons[_ref(pod)] = reason
+                waits.append(RETRY_MIN_SECONDS)
                 continue
             pending.remove(pod)
             if outcome == "evicted":
@@ -95,7 +106,7 @@ def _wait_gone(api, waiting, timeout, clock, sleep, deadline):
 
 
 def evict_pods(api, pods, result, timeout, grace_period, check_mode, clock, sleep):
-    """Fill ``result`` (lists evicted, already_gone, terminating and dict refused) as the pods go; in check
+    """Fill ``result`` (lists evicted, already_gone, terminating, kept and dict refused) as the pods go; in check
     mode, ``evicted`` lists the pods that would be evicted and nothing is written or waited for."""
     deadline = clock() + timeout
     to_evict = _find(api, pods, result)

@@ -17,6 +17,10 @@ description:
     StatefulSet does). The eviction only asks for the deletion; the pod is gone once its kubelet has stopped it.
   - A pod that does not exist, or exists under another UID than the one given, is already gone, which is no
     change. A pod already being deleted is waited for but not evicted again.
+  - DaemonSet pods and static pods (the API server's mirror pods) are left where they are and listed in RV(kept),
+    as C(kubectl drain) leaves them, since their DaemonSet or their kubelet would put them straight back.
+  - An eviction answered with HTTP 409 (a conflict) counts as gone only where the pod, read again, is gone or has
+    another UID; otherwise it is asked again until O(timeout).
   - The role M(gpuops.k8s.nvidia_mig) runs it for the pods that C(gpu-device-plugin gpu-pods) finds on the GPUs
     whose MIG layout changes.
   - Credentials as M(kubernetes.core.k8s) takes them, including its C(K8S_AUTH_*) environment variables.
@@ -122,6 +126,14 @@ terminating:
   returned: always
   type: list
   elements: dict
+kept:
+  description:
+    - The requested pods left where they are, each with its C(reason), C(DaemonSet) (a DaemonSet's pod) or
+      C(mirror) (a static pod of the node's kubelet).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{namespace: kube-system, name: gpu-exporter-x7k2p, reason: DaemonSet}]
 refused:
   description:
     - How many times the API server refused to evict a pod (HTTP 429, a PodDisruptionBudget), per C(namespace/name).
@@ -150,6 +162,10 @@ except ImportError:
     KUBERNETES_IMPORT_ERROR = traceback.format_exc()
 
 
+# The annotation the kubelet gives the API server's copy of a static pod.
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
 class PodApi:
     """The two calls evict_pods makes, on the kubernetes client's CoreV1Api: each answers in plain data."""
 
@@ -157,17 +173,24 @@ class PodApi:
         self._core = k8s_client.CoreV1Api(client)
 
     def read_pod(self, namespace, name):
-        """(uid, being deleted) of the pod, or None when there is none."""
+        """(uid, being deleted, why it is kept: None, 'DaemonSet' or 'mirror') of the pod, or None when there is
+        none."""
         try:
             pod = self._core.read_namespaced_pod(name, namespace)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise EvictionError(f"cannot read the pod {namespace}/{name}: {_status_text(error)}") from None
-        return pod.metadata.uid, pod.metadata.deletion_timestamp is not None
+        kept = None
+        if any(owner.kind == "DaemonSet" for owner in pod.metadata.owner_references or []):
+            kept = "DaemonSet"
+        elif MIRROR_ANNOTATION in (pod.metadata.annotations or {}):
+            kept = "mirror"
+        return pod.metadata.uid, pod.metadata.deletion_timestamp is not None, kept
 
     def evict(self, namespace, name, uid, grace_period):
-        """('evicted' | 'gone' | 'refused', the API server's reason, seconds it asks to wait before asking again)."""
+        """('evicted' | 'gone' | 'refused' | 'conflict', the API server's reason, seconds it asks to wait before
+        asking again)."""
         options = {"preconditions": {"uid": uid}}
         if grace_period is not None:
             options["gracePeriodSeconds"] = grace_period
@@ -183,8 +206,10 @@ class PodApi:
         except ApiException as error:
             if error.status == 429:
                 return "refused", _status_text(error), _retry_after(error)
-            if error.status in (404, 409):  # gone, or the UID precondition failed: another pod has the name now
+            if error.status == 404:
                 return "gone", _status_text(error), None
+            if error.status == 409:  # the UID precondition failed, or a conflict: evict_pods reads the pod again
+                return "conflict", _status_text(error), None
             raise EvictionError(f"the API server refused to evict {namespace}/{name}: {_status_text(error)}") from None
         return "evicted", "", None
 
@@ -243,7 +268,7 @@ def run_module(module):
         module.fail_json(msg=f"pod_eviction: timeout must be 0 or more seconds, got {params['timeout']}.")
     if params["grace_period"] is not None and params["grace_period"] < 0:
         module.fail_json(msg=f"pod_eviction: grace_period must be 0 or more seconds, got {params['grace_period']}.")
-    result = {"evicted": [], "already_gone": [], "terminating": [], "refused": {}}
+    result = {"evicted": [], "already_gone": [], "terminating": [], "kept": [], "refused": {}}
     try:
         evict_pods(
             PodApi(api_client(params)),

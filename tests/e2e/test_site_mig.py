@@ -59,6 +59,10 @@ LAB_MIXED = {
 FAULT = {"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:999@10"}
 # The node label with which the nvidia_mig role keeps the plugin's DaemonSet pod off the node while a MIG mode changes.
 PAUSE_LABEL = "gpuops.k8s/device-plugin.paused"
+# The taint that keeps new pods off the node from before the eviction until the daemon serves the new devices, and the
+# node's record of what a run fenced, stopped and paused (removed once the run undid it).
+FENCE_TAINT = "gpuops.k8s/mig-reconfiguring"
+RUN_RECORD = "/var/lib/gpuops/nvidia-mig-run.json"
 # An NVML client the collection does not own (a monitoring agent), as a transient unit in the node.
 HOLDER = "gpuops-test-nvml-holder"
 HOLD = "import time, pynvml; pynvml.nvmlInit(); time.sleep(3600)"
@@ -387,6 +391,22 @@ def evicted_before_the_write(step: Step) -> None:
     assert evicted is not None and written is not None and evicted < written, step.first.summary()
 
 
+def fenced_around_the_write(run: PlaybookRun) -> None:
+    """The node was tainted before the pods were found and evicted, and the taint went after the write."""
+    fenced = task_position(run, "Taint the node so that no new pod lands on the GPUs that change")
+    found = task_position(run, "Find the pods that hold devices of the GPUs that change", "ok") or task_position(
+        run, "Find the pods that hold devices of the GPUs that change, from the daemon's pod", "ok"
+    )
+    written = task_position(run, "Write the MIG layout")
+    unfenced = task_position(run, "Remove the fence taint")
+    assert None not in (fenced, found, written, unfenced), run.summary()
+    assert fenced < found < written < unfenced, run.summary()
+
+
+def fence_taints(lab: Lab, node: str) -> list[str]:
+    return [t.key for t in lab.node(node).spec.taints or [] if t.key == FENCE_TAINT]
+
+
 # --- the setup, and a failure half-way ------------------------------------------------------------------
 def test_the_node_starts_with_mig_off(flow: Flow) -> None:
     assert flow.setup is not None and flow.setup.returncode == 0, flow.setup and flow.setup.summary()
@@ -457,6 +477,12 @@ def test_all_1g_10gb_evicts_the_pod_on_the_gpus_first(all_1g: Step) -> None:
     evicted_before_the_write(all_1g)
 
 
+def test_all_1g_10gb_fences_the_node_from_the_eviction_until_after_the_write(flow: Flow, all_1g: Step) -> None:
+    fenced_around_the_write(all_1g.first)
+    assert fence_taints(flow.lab, flow.node) == []
+    assert flow.lab.node_exec(flow.node, "test", "-e", RUN_RECORD, check=False).returncode == 1
+
+
 # --- all-1g.10gb -> lab-mixed: GPUs 4-7 change, 0-3 keep their MIG devices -----------------------------------
 def test_each_mig_pod_has_an_island(mixed: tuple[Step, dict[str, set[int]]]) -> None:
     _step, where = mixed
@@ -501,6 +527,34 @@ def test_none_again_keeps_the_pod_on_4_to_7_and_evicts_the_one_on_0_to_3(
     evicted = [name for name in where if name != "whole-b"]
     assert evicted and all(step.pods_after[name] is None for name in evicted), step.pods_after
     evicted_before_the_write(step)
+
+
+# --- a run cut short (an unreachable node, a killed controller) after the write ---------------------------------
+@pytest.fixture(scope="module")
+def cut_short(flow: Flow, none_again: tuple[Step, dict[str, set[int]]]) -> Step:
+    """What a run to all-disabled leaves when the node drops out of it after the write: the layout is all-disabled
+    already, the plugin stopped, the fence taint on the Node and the run's record on the node. The next run to the
+    same config (the read finds nothing to change) must undo them before it labels the node success."""
+    lab, node = flow.lab, flow.node
+    record = {"fence_taint": FENCE_TAINT, "stopped_unit": f"{SERVICE}.service", "paused": False}
+    lab.node_exec(node, "sh", "-c", f"cat > {RUN_RECORD}", input_text=json.dumps(record) + "\n")
+    lab.node_exec(node, "systemctl", "stop", SERVICE)
+    taints = [t.to_dict() for t in lab.node(node).spec.taints or []]
+    taints.append({"key": FENCE_TAINT, "effect": "NoSchedule"})
+    lab.core.patch_node(node, {"spec": {"taints": [{k: v for k, v in t.items() if v is not None} for t in taints]}})
+    return Runner(flow).step("all-disabled", {}, {GPU: 8, MIG_1G: 0})
+
+
+def test_a_run_cut_short_is_undone_by_the_next_before_it_labels_success(flow: Flow, cut_short: Step) -> None:
+    succeeded_twice(cut_short)
+    assert cut_short.plugin_active == "active"
+    assert fence_taints(flow.lab, flow.node) == []
+    assert flow.lab.node_exec(flow.node, "test", "-e", RUN_RECORD, check=False).returncode == 1
+    assert cut_short.labels == {"nvidia.com/mig.config": "all-disabled", "nvidia.com/mig.config.state": "success"}
+    # Before the read, and so before any label: the record is read first thing in the role.
+    started = task_position(cut_short.first, "Start the daemon the run left stopped")
+    read = task_position(cut_short.first, "Read the node's MIG layout against the config", "ok")
+    assert None not in (started, read) and started < read, cut_short.first.summary()
 
 
 # --- DRA: all-disabled -> all-1g.10gb --------------------------------------------------------------------
@@ -636,7 +690,7 @@ def test_daemonset_deployment_a_failure_half_way_is_rolled_back_and_the_plugin_p
 
 
 def test_daemonset_deployment_all_1g_10gb_pauses_the_plugin_pod_and_a_new_one_serves_56_mig_devices(
-    ds_all_1g: DaemonsetStep,
+    ds_flow: Flow, ds_all_1g: DaemonsetStep
 ) -> None:
     step = ds_all_1g
     assert step.first.returncode == 0, step.first.summary()
@@ -648,6 +702,8 @@ def test_daemonset_deployment_all_1g_10gb_pauses_the_plugin_pod_and_a_new_one_se
     assert step.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
     assert PAUSE_LABEL not in step.node_labels, step.node_labels
     assert step.pod_after.metadata.uid != step.pod_before.metadata.uid
+    fenced_around_the_write(step.first)
+    assert fence_taints(ds_flow.lab, ds_flow.node) == []
 
 
 def test_daemonset_deployment_finds_the_pod_on_the_gpus_from_the_plugin_pod_and_evicts_it_first(

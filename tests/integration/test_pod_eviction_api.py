@@ -83,12 +83,12 @@ def evict(cluster, collection_root, tmp_path):
     return Eviction(cluster, collection_root, tmp_path)
 
 
-def make_pod(cluster, name, labels=None, running=False):
+def make_pod(cluster, name, labels=None, running=False, **metadata):
     """A pod bound to a node whose kubelet never comes; its uid."""
     pod = cluster["core"].create_namespaced_pod(
         NAMESPACE,
         {
-            "metadata": {"name": name, "labels": labels or {}},
+            "metadata": {"name": name, "labels": labels or {}, **metadata},
             "spec": {"nodeName": NODE, "containers": [{"name": "cuda", "image": "cuda-app:1"}]},
         },
     )
@@ -161,6 +161,40 @@ def test_a_pod_already_gone_and_a_pod_replaced_under_its_name_are_no_change(clus
     assert result["already_gone"] == [ref("worker-0"), ref("never-was")]
     assert read_pod(cluster, "worker-0").metadata.uid == new
     finish_deletion(cluster, "worker-0")
+
+
+def test_daemonset_and_mirror_pods_are_kept_where_they_are_as_kubectl_drain_keeps_them(cluster, evict):
+    # What the DaemonSet controller and a kubelet would make: a pod the DaemonSet owns, and the mirror of a static pod.
+    daemonset = client.AppsV1Api(cluster["api"]).create_namespaced_daemon_set(
+        NAMESPACE,
+        {
+            "metadata": {"name": "gpu-exporter"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "gpu-exporter"}},
+                "template": {
+                    "metadata": {"labels": {"app": "gpu-exporter"}},
+                    "spec": {"containers": [{"name": "exporter", "image": "exporter:1"}]},
+                },
+            },
+        },
+    )
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-exporter", "uid": daemonset.metadata.uid}
+    owned = make_pod(cluster, "gpu-exporter-x7k2p", labels={"app": "gpu-exporter"}, ownerReferences=[owner])
+    mirror = make_pod(cluster, f"cuda-static-{NODE}", annotations={"kubernetes.io/config.mirror": "5b1c"})
+    job = make_pod(cluster, "job-c")
+    pods = [ref("gpu-exporter-x7k2p"), ref(f"cuda-static-{NODE}"), ref("job-c")]
+
+    result = evict(pods=pods, grace_period=0)
+    assert result["changed"] is True and result["evicted"] == [ref("job-c", job)]
+    assert result["kept"] == [
+        dict(ref("gpu-exporter-x7k2p", owned), reason="DaemonSet"),
+        dict(ref(f"cuda-static-{NODE}", mirror), reason="mirror"),
+    ]
+    assert read_pod(cluster, "gpu-exporter-x7k2p").metadata.deletion_timestamp is None
+    assert read_pod(cluster, f"cuda-static-{NODE}").metadata.deletion_timestamp is None
+    assert read_pod(cluster, "job-c") is None
+    finish_deletion(cluster, "gpu-exporter-x7k2p")
+    finish_deletion(cluster, f"cuda-static-{NODE}")
 
 
 def eviction_refusals(cluster):

@@ -95,6 +95,37 @@ def node(config_file: dict[str, Any], active: str = "active") -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize(
+    ("before", "active", "daemonset", "stopped", "paused"),
+    [
+        (SEVEN, "active", False, "", False),
+        (OFF, "active", False, "gpuops-device-plugin.service", False),
+        (OFF, "inactive", False, "", False),
+        (OFF, "inactive", True, "", True),
+        (SEVEN, "inactive", True, "", False),
+    ],
+    ids=[
+        "profiles-only",
+        "mode-change",
+        "mode-change-unit-stopped-before",
+        "daemonset-mode-change",
+        "daemonset-profiles",
+    ],
+)
+def test_the_run_record_names_the_fence_and_what_the_run_stops_or_pauses(before, active, daemonset, stopped, paused):
+    found = node(FILE, active=active)
+    if daemonset:
+        found["paths"]["/var/lib/gpuops/device-plugin-daemonset.json"] = FILE
+    get = role_vars(__nvidia_mig_read=read(gpu(0, before, BALANCED)), __nvidia_mig_node=found)
+    assert get("__nvidia_mig_run_record") == "/var/lib/gpuops/nvidia-mig-run.json"
+    assert get("__nvidia_mig_run_record_wanted") == {
+        "fence_taint": "gpuops.k8s/mig-reconfiguring",
+        "stopped_unit": stopped,
+        "paused": paused,
+    }
+    assert get("__nvidia_mig_fence_taint") == {"key": "gpuops.k8s/mig-reconfiguring", "effect": "NoSchedule"}
+
+
 def test_gpu_pods_asks_about_the_gpus_that_change_as_the_daemon_names_devices():
     get = role_vars(
         __nvidia_mig_read=read(gpu(0, SEVEN, SEVEN), gpu(1, OFF, SEVEN), gpu(2, OFF, SEVEN)),

@@ -1,9 +1,11 @@
 """Unit tests of the eviction decisions in module_utils/_pod_eviction.py.
 
-PodStoreDouble is a test double of the API server's pods and their eviction subresource: it answers reads,
-refuses evictions a budget holds (HTTP 429, with a Retry-After when told), deletes or starts deleting an
-evicted pod, and lets a test play the kubelet between two reads. The clock is a counter the sleeps advance,
-so no test waits. The real API server is exercised in tests/integration/test_pod_eviction_api.py.
+PodStoreDouble is a test double of the API server's pods and their eviction subresource: it answers reads
+(with the owner kind that keeps a DaemonSet or mirror pod in place), refuses evictions a budget holds (HTTP 429,
+with a Retry-After when told), answers 409 where the UID precondition fails or where told to (a conflict the API
+server gave up on), deletes or starts deleting an evicted pod, and lets a test play the kubelet between two reads.
+The clock is a counter the sleeps advance, so no test waits. The real API server is exercised in
+tests/integration/test_pod_eviction_api.py.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._pod_eviction import (
 )
 
 BUDGET = "Cannot evict pod as it would violate the pod's disruption budget."
+CONFLICT = "Operation cannot be fulfilled on pods: the object has been modified."
 
 
 class PodStoreDouble:
     def __init__(self):
         self.pods = {}  # "ns/name" -> {"uid", "deleting"}
         self.refusals = {}  # "ns/name" -> how many more evictions to refuse
+        self.conflicts = {}  # "ns/name" -> how many more evictions to answer with a conflict (HTTP 409)
         self.retry_after = None
         self.graceful = False  # an evicted pod stays, being deleted, until finish() (a kubelet's part)
         self.on_read = None
@@ -31,8 +35,8 @@ class PodStoreDouble:
         self.sleeps = []
         self.evictions = []
 
-    def add(self, name, uid, deleting=False):
-        self.pods[f"ml/{name}"] = {"uid": uid, "deleting": deleting}
+    def add(self, name, uid, deleting=False, kept=None):
+        self.pods[f"ml/{name}"] = {"uid": uid, "deleting": deleting, "kept": kept}
 
     def clock(self):
         return self.now
@@ -45,14 +49,19 @@ class PodStoreDouble:
         if self.on_read is not None:
             self.on_read(f"{namespace}/{name}")
         pod = self.pods.get(f"{namespace}/{name}")
-        return None if pod is None else (pod["uid"], pod["deleting"])
+        return None if pod is None else (pod["uid"], pod["deleting"], pod.get("kept"))
 
     def evict(self, namespace, name, uid, grace_period):
         key = f"{namespace}/{name}"
         self.evictions.append((key, uid, grace_period))
         pod = self.pods.get(key)
-        if pod is None or pod["uid"] != uid:
+        if pod is None:
             return "gone", "not found", None
+        if pod["uid"] != uid:
+            return "conflict", "Precondition failed: UID in precondition differs.", None
+        if self.conflicts.get(key, 0) > 0:
+            self.conflicts[key] -= 1
+            return "conflict", CONFLICT, None
         if self.refusals.get(key, 0) > 0:
             self.refusals[key] -= 1
             return "refused", BUDGET, self.retry_after
@@ -64,7 +73,7 @@ class PodStoreDouble:
 
 
 def run(store, pods, timeout=300, grace_period=None, check_mode=False):
-    result = {"evicted": [], "already_gone": [], "terminating": [], "refused": {}}
+    result = {"evicted": [], "already_gone": [], "terminating": [], "kept": [], "refused": {}}
     evict_pods(store, pods, result, timeout, grace_period, check_mode, store.clock, store.sleep)
     return result
 
@@ -82,6 +91,7 @@ def test_check_mode_reads_and_evicts_nothing():
         "evicted": [ref("a", "u-a")],
         "already_gone": [ref("c")],
         "terminating": [ref("b", "u-b")],
+        "kept": [],
         "refused": {},
     }
     assert store.evictions == [] and store.sleeps == [] and "ml/a" in store.pods
@@ -200,5 +210,49 @@ def test_a_pod_that_vanishes_before_its_eviction_is_already_gone():
         return original(namespace, name, uid, grace_period)
 
     store.evict = vanish_first
+    result = run(store, [ref("a")])
+    assert (result["evicted"], result["already_gone"]) == ([], [ref("a")])
+
+
+@pytest.mark.parametrize("kind", ["DaemonSet", "mirror"])
+def test_daemonset_and_mirror_pods_are_kept_and_listed_not_evicted(kind):
+    store = PodStoreDouble()
+    store.add("held", "u-h", kept=kind)
+    store.add("a", "u-a")
+    result = run(store, [ref("held"), ref("a")])
+    assert result["kept"] == [dict(ref("held", "u-h"), reason=kind)]
+    assert (result["evicted"], result["already_gone"]) == ([ref("a", "u-a")], [])
+    assert [key for key, _uid, _grace in store.evictions] == ["ml/a"] and "ml/held" in store.pods
+
+
+def test_a_conflict_on_the_very_pod_is_asked_again_not_taken_as_gone():
+    store = PodStoreDouble()
+    store.add("a", "u-a")
+    store.conflicts["ml/a"] = 2
+    result = run(store, [ref("a")])
+    assert (result["evicted"], result["already_gone"]) == ([ref("a", "u-a")], [])
+    assert len(store.evictions) == 3 and store.pods == {}
+
+
+def test_a_conflict_that_lasts_fails_at_the_timeout_naming_the_pod():
+    store = PodStoreDouble()
+    store.add("a", "u-a")
+    store.conflicts["ml/a"] = 1000
+    with pytest.raises(EvictionError) as caught:
+        run(store, [ref("a")], timeout=5)
+    assert str(caught.value) == f"within 5 s the API server still refused to evict ml/a ({CONFLICT.rstrip('.')})."
+    assert "ml/a" in store.pods
+
+
+def test_a_conflict_because_another_pod_has_the_name_now_is_already_gone():
+    store = PodStoreDouble()
+    store.add("a", "u-a")
+    original = store.evict
+
+    def replaced_first(namespace, name, uid, grace_period):
+        store.pods[f"{namespace}/{name}"] = {"uid": "u-a2", "deleting": False}
+        return original(namespace, name, uid, grace_period)
+
+    store.evict = replaced_first
     result = run(store, [ref("a")])
     assert (result["evicted"], result["already_gone"]) == ([], [ref("a")])
