@@ -33,13 +33,16 @@ STATE_TARGET = "../../../etc/gpuops-lab/simulated/mock-nvml.state"
 # How long an edit of the spec on this machine may take to show in the node's NVML.
 PROPAGATION_SECONDS = 2.0
 
-# Run in the node: the node's / mounted at DIR in a mount namespace of its own, as a DaemonSet pod mounts it at
-# /driver-root; where the library found there takes its state from, and the GPU count NVML answers when
-# loaded from there.
+# Run in the node: of the node's /, the library's directory and the state's (the role's
+# device_plugin_driver_extra_dirs in the lab) mounted at their paths under DIR in a mount namespace of its own, as a
+# DaemonSet pod sees them under /driver-root; where the library found there takes its state from, and the GPU count
+# NVML answers when loaded from there.
 FROM_DRIVER_ROOT = f"""set -eu
 root=$(mktemp -d)
+mkdir -p "$root{LIB}" "$root/etc/gpuops-lab/simulated"
 unshare -m sh -euc '
-mount --rbind / "$1"
+mount --rbind {LIB} "$1{LIB}"
+mount --rbind /etc/gpuops-lab/simulated "$1/etc/gpuops-lab/simulated"
 readlink -f "$1{STATE_LINK}"
 python3 -c "
 import ctypes, sys
@@ -49,7 +52,7 @@ assert nvml.nvmlInit_v2() == 0 and nvml.nvmlDeviceGetCount_v2(ctypes.byref(count
 print(count.value)
 " "$1{LIB}/libnvidia-ml.so.1"
 ' sh "$root"
-rmdir "$root"
+find "$root" -depth -type d -exec rmdir {{}} +
 """
 
 # Run in the node: NVML's name of GPU 0 (old bindings return bytes).

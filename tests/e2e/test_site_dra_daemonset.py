@@ -74,8 +74,14 @@ def test_the_node_runs_the_dra_driver_from_its_daemonset(lab: Lab, dra_ds: tuple
     assert container.args[-4:-2] == ["--container-driver-root", "/driver-root"]
     assert container.args[-2:] == ["--kubeconfig", "/etc/gpuops-lab/kubelet.kubeconfig"]
     assert pod.spec.host_network is True and pod.spec.automount_service_account_token is False
-    mount = next(m for m in container.volume_mounts if m.name == "driver-root")
-    assert (mount.mount_path, mount.read_only) == ("/driver-root", True)
+    # Of the node's /, the library's directory, the mock's state directory and /dev, read-only with their submounts.
+    mounts = {m.name: (m.mount_path, m.read_only, m.recursive_read_only) for m in container.volume_mounts}
+    assert {name: mounts.get(name) for name in ("driver-lib", "driver-extra-0", "driver-dev")} == {
+        "driver-lib": ("/driver-root/usr/lib/x86_64-linux-gnu", True, "IfPossible"),
+        "driver-extra-0": ("/driver-root/etc/gpuops-lab/simulated", True, "IfPossible"),
+        "driver-dev": ("/driver-root/dev", True, "IfPossible"),
+    }
+    assert not [m for m in container.volume_mounts if m.mount_path == "/driver-root"]
     # The plugin's own pod asks the nvidia runtime for no GPU.
     assert not [e for e in container.env or [] if e.name == "NVIDIA_VISIBLE_DEVICES"]
     devices = lab.wait_until(
@@ -186,11 +192,12 @@ def test_validate_is_green_on_the_dra_node_and_red_while_its_pod_is_not_ready(
 
 
 def _slice(name: str, node: str, driver: str = DRIVER) -> dict:
+    """A slice of ``node`` in the pool named after it, as the driver names its pool (the policy requires it)."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
-        "spec": {"driver": driver, "nodeName": node, "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}},
+        "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
     }
 
 

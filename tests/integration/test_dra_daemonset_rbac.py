@@ -39,7 +39,8 @@ from local_api import ApiServerSettings, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "files/device_plugin/src"))
 
-from gpu_device_plugin import simspec  # noqa: E402
+from gpu_device_plugin import hostdriver, simspec  # noqa: E402
+from gpu_device_plugin.config import MountsSettings  # noqa: E402
 from gpu_device_plugin.dra.devices import dra_devices  # noqa: E402
 from gpu_device_plugin.dra.kubeapi import KubeApi  # noqa: E402
 from gpu_device_plugin.dra.slices import ResourceSlices  # noqa: E402
@@ -58,6 +59,10 @@ ROLE = ROOT / "roles/device_plugin"
 SPEC_DIR = "/etc/gpuops/simulated"
 FIXTURES = ROOT / "tests/fixtures/simulated"
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+# The policy on pods that run as the account, and its binding: in `rendered` under these keys.
+POD_POLICY_KINDS = ("ValidatingAdmissionPolicy/pods", "ValidatingAdmissionPolicyBinding/pods")
+# Who creates a DaemonSet's pods: kube-controller-manager with --use-service-account-credentials.
+DAEMONSET_CONTROLLER = "system:serviceaccount:kube-system:daemon-set-controller"
 OTHER_NODE = DP_NODE  # a second Node, whose slices the DRA node's pod must not write
 
 
@@ -151,30 +156,82 @@ def rendered(tmp_path_factory):
     }
     objects = _render(tmp_path_factory.mktemp("render"), "dra-daemonset.yml.j2", values)
     # In the template's order (a dict keeps it): the order in which the role applies them.
-    return {o["kind"]: o for o in objects}
+    return {o["kind"] + ("/pods" if o["metadata"]["name"].endswith("-pods") else ""): o for o in objects}
+
+
+DRIVER_LIB = "usr/lib/x86_64-linux-gnu"
+
+
+def _driver_mounts(container, pod):
+    """The pod's view of the host's driver: {path in the pod: (host path, read-only, recursively)}."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {
+        m["mountPath"]: (volumes[m["name"]]["hostPath"]["path"], m.get("readOnly"), m.get("recursiveReadOnly"))
+        for m in container["volumeMounts"]
+        if m["mountPath"] == "/driver-root" or m["mountPath"].startswith("/driver-root/")
+    }
 
 
 @pytest.mark.parametrize(("template", "mode"), [("dra-daemonset.yml.j2", "dra"), ("daemonset.yml.j2", "device-plugin")])
 @pytest.mark.parametrize("visible", ["all", ""])
-def test_with_the_nvml_backend_the_pod_sees_the_driver_root_and_asks_for_the_devices(
-    tmp_path_factory, template, mode, visible
+def test_with_the_nvml_backend_the_pod_sees_the_drivers_library_and_device_nodes_and_no_more(
+    tmp_path_factory, tmp_path, template, mode, visible
 ):
     values = {
         "device_plugin_allocation_mode": mode,
         "device_plugin_backend": "nvml",
         "device_plugin_daemonset_visible_devices": visible,
+        "device_plugin_driver_library_dir": DRIVER_LIB,
+        "device_plugin_driver_extra_dirs": ["/etc/gpuops-lab/simulated/"],
     }
     objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-nvml"), template, values)}
     pod = objects["DaemonSet"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["args"][-2:] == ["--container-driver-root", "/driver-root"]
-    # No mount propagation: a node whose / is a private mount (a container's, the lab's nodes) would refuse
-    # the pod, and the device nodes appear in the mounted /dev without it.
-    assert {"name": "driver-root", "mountPath": "/driver-root", "readOnly": True} in container["volumeMounts"]
-    assert {"name": "driver-root", "hostPath": {"path": "/", "type": "Directory"}} in pod["volumes"]
+    # Not the host's / (its submounts, the container runtime's socket, the kubelet's keys, other pods' tokens):
+    # the library's directory, a further one, and the device nodes, each read-only with its submounts.
+    # No mount propagation: a node whose / is a private mount (a container's, the lab's nodes) would refuse the
+    # pod, and the device nodes appear in the mounted /dev without it.
+    assert _driver_mounts(container, pod) == {
+        f"/driver-root/{DRIVER_LIB}": (f"/{DRIVER_LIB}", True, "IfPossible"),
+        "/driver-root/etc/gpuops-lab/simulated": ("/etc/gpuops-lab/simulated", True, "IfPossible"),
+        "/driver-root/dev": ("/dev", True, "IfPossible"),
+    }
+    assert all(v["hostPath"]["type"] == "Directory" for v in pod["volumes"] if v["name"].startswith("driver-"))
     asked = [e for e in container.get("env", []) if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
     assert asked == ([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}] if visible else [])
     assert not any(m["name"] == "simulated-spec" for m in container["volumeMounts"])
+
+    # The daemon's own lookup (hostdriver), in a tree laid out as the pod sees it, finds the library and the
+    # device nodes there and names their host paths.
+    root = tmp_path / "pod"
+    for inside in _driver_mounts(container, pod):
+        (root / inside.lstrip("/")).mkdir(parents=True)
+    lib = root / "driver-root" / DRIVER_LIB
+    (lib / "libnvidia-ml.so.570.1").write_bytes(b"")
+    (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.570.1")
+    (root / "driver-root/dev/nvidiactl").write_bytes(b"")
+    settings = MountsSettings(container_driver_root=str(root / "driver-root"))
+    assert hostdriver.nvml_library(settings) == str(lib / "libnvidia-ml.so.1")
+    found = hostdriver.find(settings)
+    assert found.control_devices == ("/dev/nvidiactl",)
+    assert (f"/{DRIVER_LIB}/libnvidia-ml.so.1", "libnvidia-ml.so.1") in found.libraries
+
+
+def test_with_a_containerised_driver_the_pod_sees_its_library_under_its_root(tmp_path_factory):
+    values = {
+        "device_plugin_allocation_mode": "dra",
+        "device_plugin_backend": "nvml",
+        "device_plugin_driver_root": "/run/nvidia/driver",
+        "device_plugin_driver_library_dir": "/usr/lib64/",
+    }
+    objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-nvml"), "dra-daemonset.yml.j2", values)}
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    # The daemon looks for the device nodes outside that root in its own /dev (the runtime's).
+    assert _driver_mounts(container, pod) == {
+        "/driver-root/usr/lib64": ("/run/nvidia/driver/usr/lib64", True, "IfPossible")
+    }
 
 
 def test_with_node_credentials_the_pod_uses_the_nodes_kubeconfig_on_the_hosts_network(tmp_path_factory):
@@ -183,19 +240,33 @@ def test_with_node_credentials_the_pod_uses_the_nodes_kubeconfig_on_the_hosts_ne
         "device_plugin_backend": "nvml",
         "device_plugin_dra_daemonset_node_credentials": True,
         "device_plugin_dra_kubeconfig": "/etc/kubernetes/kubelet.conf",
+        # What tasks/daemonset.yml found the kubeconfig to name on kubeadm's nodes.
+        "__device_plugin_dra_credential_files": [
+            "/etc/kubernetes/kubelet.conf",
+            "/var/lib/kubelet/pki/kubelet-client-current.pem",
+        ],
     }
     objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-node"), "dra-daemonset.yml.j2", values)}
     pod = objects["DaemonSet"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["hostNetwork"] is True and pod["automountServiceAccountToken"] is False
     assert container["args"][-2:] == ["--kubeconfig", "/etc/kubernetes/kubelet.conf"]
-    assert {"name": "node-credentials", "mountPath": "/etc/kubernetes", "readOnly": True} in container["volumeMounts"]
-    assert {"name": "node-credentials", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}} in pod["volumes"]
+    # Those files, each at its own path, and nothing else of /etc/kubernetes (admin.conf, pki/*.key).
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    credentials = {
+        m["mountPath"]: (volumes[m["name"]]["hostPath"], m["readOnly"])
+        for m in container["volumeMounts"]
+        if m["name"].startswith("node-credentials")
+    }
+    assert credentials == {
+        path: ({"path": path, "type": "File"}, True) for path in values["__device_plugin_dra_credential_files"]
+    }
     # With the node's identity the daemon sets the Node condition GPUHealthy.
     assert not any(e["name"] == "GPU_DEVICE_PLUGIN_NODE_CONDITION" for e in container["env"])
 
 
 PROBE_TIMING = {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3}
+LIVENESS_TIMING = {"initialDelaySeconds": 30, "periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 6}
 
 
 @pytest.mark.parametrize(
@@ -215,12 +286,17 @@ def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_
     assert {k: probe[k] for k in PROBE_TIMING} == PROBE_TIMING
     command = probe["exec"]["command"]
     assert command[:4] == ["python3", "-I", "-S", "-c"] and command[5] == "http://127.0.0.1:9402/readyz"
+    # A wedged daemon is restarted: the same check on /healthz, which never waits on the kubelet or the API server,
+    # with time to start and a minute of failures before the kubelet restarts it.
+    liveness = container["livenessProbe"]
+    assert {k: v for k, v in liveness.items() if k != "exec"} == LIVENESS_TIMING
+    assert liveness["exec"]["command"] == [*command[:5], "http://127.0.0.1:9402/healthz"]
     # The probe's script, run as the kubelet runs it, against a health endpoint that answers 200, then 503.
     state = {"code": 200}
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(state["code"] if self.path == "/readyz" else 404)
+            self.send_response(state["code"] if self.path in ("/readyz", "/healthz") else 404)
             self.end_headers()
 
         def log_message(self, *args):
@@ -229,12 +305,14 @@ def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
-        probe_argv = [sys.executable, *command[1:5], url]
-        assert subprocess.run(probe_argv, capture_output=True, timeout=30, check=False).returncode == 0
-        state["code"] = 503
-        failed = subprocess.run(probe_argv, capture_output=True, text=True, timeout=30, check=False)
-        assert failed.returncode == 1 and "503" in failed.stderr and "Traceback" not in failed.stderr
+        for path, probe_command in (("readyz", command), ("healthz", liveness["exec"]["command"])):
+            state["code"] = 200
+            url = f"http://127.0.0.1:{server.server_address[1]}/{path}"
+            probe_argv = [sys.executable, *probe_command[1:5], url]
+            assert subprocess.run(probe_argv, capture_output=True, timeout=30, check=False).returncode == 0
+            state["code"] = 503
+            failed = subprocess.run(probe_argv, capture_output=True, text=True, timeout=30, check=False)
+            assert failed.returncode == 1 and "503" in failed.stderr and "Traceback" not in failed.stderr
     finally:
         server.shutdown()
         server.server_close()
@@ -243,6 +321,7 @@ def test_a_pod_in_its_own_network_namespace_is_probed_from_inside_on_its_health_
     objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-probe"), template, values)}
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     assert "readinessProbe" not in container and "--metrics-address" not in container["args"]
+    assert "livenessProbe" not in container
 
 
 def test_a_dra_pod_on_the_hosts_network_is_probed_at_its_address(tmp_path_factory):
@@ -253,6 +332,10 @@ def test_a_dra_pod_on_the_hosts_network_is_probed_at_its_address(tmp_path_factor
     assert container["readinessProbe"] == {
         "httpGet": {"host": "127.0.0.1", "path": "/readyz", "port": 9402},
         **PROBE_TIMING,
+    }
+    assert container["livenessProbe"] == {
+        "httpGet": {"host": "127.0.0.1", "path": "/healthz", "port": 9402},
+        **LIVENESS_TIMING,
     }
 
 
@@ -283,7 +366,7 @@ def _delete(apiserver, api_version, kind, name, namespace=None):
 def applied(apiserver, rendered):
     """The rendered namespace, ServiceAccount, ClusterRole and ClusterRoleBinding, applied for real
     (and removed afterwards, the namespace kept)."""
-    for kind in ("Namespace", "ServiceAccount", *POLICY_KINDS, "ClusterRole", "ClusterRoleBinding"):
+    for kind in ("Namespace", "ServiceAccount", *POLICY_KINDS, *POD_POLICY_KINDS, "ClusterRole", "ClusterRoleBinding"):
         if kind in rendered:
             _apply(apiserver, rendered[kind])
     yield rendered
@@ -297,6 +380,7 @@ def applied(apiserver, rendered):
     _delete(apiserver, "rbac.authorization.k8s.io/v1", "ClusterRole", ACCOUNT)
     for kind in reversed(POLICY_KINDS):
         _delete(apiserver, "admissionregistration.k8s.io/v1", kind, ACCOUNT)
+        _delete(apiserver, "admissionregistration.k8s.io/v1", kind, f"{ACCOUNT}-pods")
     _delete(apiserver, "v1", "ServiceAccount", ACCOUNT, NAMESPACE)
 
 
@@ -307,6 +391,7 @@ def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rend
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        *POD_POLICY_KINDS,
         "ClusterRole",
         "ClusterRoleBinding",
         "ConfigMap",
@@ -483,6 +568,35 @@ def test_the_account_may_do_what_the_daemon_does_and_nothing_beside(apiserver, a
     assert denied == dict.fromkeys(NEIGHBOURS, False)
 
 
+def _account_pod(name, node, labels=None, owner="gpuops-dra-plugin", owner_uid="00000000-0000-4000-8000-000000000001"):
+    """A pod of the DRA driver's DaemonSet as its controller makes it: run as the account, owned by the DaemonSet."""
+    return {
+        "metadata": {
+            "name": name,
+            "labels": labels or {},
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": owner, "uid": owner_uid, "controller": True}
+            ],
+        },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": ACCOUNT,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "dra-plugin", "image": "localhost/gpu-device-plugin:0.1.0"}],
+        },
+    }
+
+
+def _as_user(apiserver, user):
+    """The administrator's client acting as ``user`` (impersonation; no extra user info)."""
+    return client.ApiClient(apiserver["admin"].configuration, header_name="Impersonate-User", header_value=user)
+
+
+def _create_as_daemonset_controller(apiserver, pod):
+    with _as_user(apiserver, DAEMONSET_CONTROLLER) as controller:
+        return client.CoreV1Api(controller).create_namespaced_pod(NAMESPACE, pod)
+
+
 def _pod_token(apiserver, node):
     """A token of the ServiceAccount bound to a pod of it on ``node``, as the kubelet asks for one (TokenRequest
     with the pod as bound object): the API server adds the pod's node to the token's user info."""
@@ -493,18 +607,7 @@ def _pod_token(apiserver, node):
     except client.exceptions.ApiException as exc:
         if exc.status != 404:
             raise
-        pod = core.create_namespaced_pod(
-            NAMESPACE,
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeName": node,
-                    "serviceAccountName": ACCOUNT,
-                    "automountServiceAccountToken": False,
-                    "containers": [{"name": "dra-plugin", "image": "localhost/gpu-device-plugin:0.1.0"}],
-                },
-            },
-        )
+        pod = _create_as_daemonset_controller(apiserver, _account_pod(name, node))
     token = core.create_namespaced_service_account_token(
         ACCOUNT,
         NAMESPACE,
@@ -526,12 +629,17 @@ def _token_client(apiserver, token):
     return client.ApiClient(settings)
 
 
-def _slice(name, node, driver=DRIVER):
+def _slice(name, node, driver=DRIVER, pool=None):
+    """A ResourceSlice of ``node``, in the pool named after the node (as the driver names its pool) unless said."""
     return {
         "apiVersion": f"{GROUP}/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
-        "spec": {"driver": driver, "nodeName": node, "pool": {"name": name, "generation": 1, "resourceSliceCount": 1}},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool or node, "generation": 1, "resourceSliceCount": 1},
+        },
     }
 
 
@@ -575,6 +683,10 @@ def test_the_admission_policy_lets_a_pods_token_write_its_own_nodes_slices_and_n
         message = refused(mine.create_cluster_custom_object, _slice("a-writes-b", OTHER_NODE))
         assert "ValidatingAdmissionPolicy" in message and NODE in message, message
         refused(mine.create_cluster_custom_object, _slice("a-other-driver", NODE, driver="gpu.example.com"))
+        # Nor its own node's slice in another node's pool: devices are allocated by driver, pool and device
+        # cluster-wide, so B's GPUs would be taken.
+        message = refused(mine.create_cluster_custom_object, _slice("a-pool-b", NODE, pool=OTHER_NODE))
+        assert f"on node {NODE} may write only ResourceSlices of the pool {NODE}" in message, message
         # A token of the account that no pod on a node holds writes nothing.
         refused(client.CustomObjectsApi(unbound).create_cluster_custom_object, _slice("unbound", NODE))
 
@@ -594,10 +706,80 @@ def test_the_admission_policy_lets_a_pods_token_write_its_own_nodes_slices_and_n
         mine.replace_cluster_custom_object(GROUP, "v1", "resourceslices", "a-own", own)
         mine.delete_cluster_custom_object(GROUP, "v1", "resourceslices", "a-own")
     finally:
-        for name in ("a-own", "b-own", "a-writes-b", "a-other-driver", "unbound"):
+        for name in ("a-own", "b-own", "a-writes-b", "a-other-driver", "a-pool-b", "unbound"):
             _delete(apiserver, f"{GROUP}/v1", "ResourceSlice", name)
         for api in (own_node, other_node, unbound):
             api.close()
+
+
+def test_the_admission_policy_denies_a_request_of_the_account_with_no_extra_user_info_in_its_own_words(
+    apiserver, applied
+):
+    """A request of the account whose user info has no extra at all (an administrator acting as the account;
+    the account's rights are bound to its user name): a clean denial with the policy's sentence, not an error
+    of its expression."""
+    with _as_user(apiserver, USER) as impersonated:
+        slices = client.CustomObjectsApi(impersonated)
+
+        messages = []
+
+        def denied():
+            try:
+                slices.create_cluster_custom_object(GROUP, "v1", "resourceslices", _slice("bare", NODE), dry_run="All")
+            except client.exceptions.ApiException as exc:
+                assert exc.status == 403, exc.body
+                messages.append(json.loads(exc.body)["message"])
+                return True
+            return False
+
+        # The API server loads a new policy within a few seconds (an informer).
+        wait_for("the admission policy to apply", denied, 30, 0.5)
+    message = messages[-1]
+    assert "token is not bound to a pod on a node: it may write no ResourceSlice" in message, message
+    assert "error" not in message.lower(), message
+
+
+def test_only_the_daemonset_controller_runs_pods_as_the_account_for_the_daemonset(apiserver, applied):
+    """Whoever may create pods in the namespace would otherwise get the account's token (and its reads of every
+    claim and Node) by running a pod as it: the role's second policy leaves that to the DaemonSet controller,
+    for the DRA driver's DaemonSet."""
+    core = apiserver["core"]
+
+    def refused(pod, api=core):
+        with pytest.raises(client.exceptions.ApiException) as error:
+            api.create_namespaced_pod(NAMESPACE, pod, dry_run="All")
+        assert error.value.status == 403, error.value.body
+        return json.loads(error.value.body)["message"]
+
+    def policy_loaded():
+        try:
+            core.create_namespaced_pod(NAMESPACE, _account_pod("probe", NODE), dry_run="All")
+        except client.exceptions.ApiException as exc:
+            return exc.status == 403
+        return False
+
+    wait_for("the pods' admission policy to apply", policy_loaded, 30, 0.5)
+    # An administrator or any other pod creator in the namespace: refused, with the policy's sentence.
+    message = refused(_account_pod("by-hand", NODE))
+    assert "only the DaemonSet gpuops-dra-plugin may run pods as the ServiceAccount gpuops-dra-plugin" in message
+    # The DaemonSet controller, for another DaemonSet (one a namespace's user could create): refused.
+    with _as_user(apiserver, DAEMONSET_CONTROLLER) as controller:
+        refused(_account_pod("other-daemonset", NODE, owner="mine"), api=client.CoreV1Api(controller))
+        # For the DRA driver's DaemonSet: admitted.
+        created = client.CoreV1Api(controller).create_namespaced_pod(
+            NAMESPACE, _account_pod("the-daemonsets", NODE), dry_run="All"
+        )
+        assert created.spec.service_account_name == ACCOUNT
+    # Pods of other accounts in the namespace are not the policy's.
+    other = _account_pod("other-account", NODE)
+    other["spec"]["serviceAccountName"] = "default"
+    del other["metadata"]["ownerReferences"]
+    try:
+        core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+    assert core.create_namespaced_pod(NAMESPACE, other, dry_run="All").spec.service_account_name == "default"
 
 
 @pytest.fixture
@@ -792,6 +974,8 @@ DRA_OBJECTS = [
     ("apps/v1", "DaemonSet", "gpuops-dra-plugin", NAMESPACE),
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding", "gpuops-dra-plugin", None),
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", "gpuops-dra-plugin", None),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding", "gpuops-dra-plugin-pods", None),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", "gpuops-dra-plugin-pods", None),
     ("v1", "ConfigMap", "gpuops-dra-plugin-config", NAMESPACE),
     ("v1", "ServiceAccount", "gpuops-dra-plugin", NAMESPACE),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "gpuops-dra-plugin", None),
@@ -861,21 +1045,10 @@ def test_the_role_runs_a_batch_with_a_node_in_each_mode_and_each_leaves(apiserve
     assert not {"--allocation-mode", "--driver-name", "--node-name", "--kubeconfig"} & set(plugin.containers[0].args)
 
     # The node's DRA pod, as the DaemonSet controller and the kubelet would make it: the role waits for it.
-    generation = apps.read_namespaced_daemon_set("gpuops-dra-plugin", NAMESPACE).metadata.generation
-    core.create_namespaced_pod(
-        NAMESPACE,
-        {
-            "metadata": {
-                "name": "gpuops-dra-plugin-x",
-                "labels": {"app.kubernetes.io/name": "gpuops-dra-plugin", "pod-template-generation": str(generation)},
-            },
-            "spec": {
-                "nodeName": NODE,
-                "serviceAccountName": ACCOUNT,
-                "automountServiceAccountToken": False,
-                "containers": [{"name": "dra-plugin", "image": "localhost/gpu-device-plugin:0.1.0"}],
-            },
-        },
+    daemonset = apps.read_namespaced_daemon_set("gpuops-dra-plugin", NAMESPACE).metadata
+    labels = {"app.kubernetes.io/name": "gpuops-dra-plugin", "pod-template-generation": str(daemonset.generation)}
+    _create_as_daemonset_controller(
+        apiserver, _account_pod("gpuops-dra-plugin-x", NODE, labels=labels, owner_uid=daemonset.uid)
     )
     core.patch_namespaced_pod_status(
         "gpuops-dra-plugin-x",
@@ -984,3 +1157,138 @@ def test_leaving_deletes_only_the_roles_own_objects_whatever_the_node_file_names
     assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS), "the role's own objects stayed"
     assert not marker.exists()
     assert _mode_label(apiserver, NODE) is None
+
+
+def _driver_root(work, name, lib_dir):
+    """A driver root of a node: its libnvidia-ml.so.1 (a link to the versioned file, as the driver installs it)."""
+    root = work / name
+    lib = root / lib_dir
+    lib.mkdir(parents=True, exist_ok=True)
+    (lib / "libnvidia-ml.so.570.1").write_bytes(b"")
+    if not (lib / "libnvidia-ml.so.1").is_symlink():
+        (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.570.1")
+    return str(root)
+
+
+def _node_kubeconfig(work, user, name="kubelet.conf"):
+    """A kubelet's kubeconfig on a node, as kubeadm writes it: the authority embedded, the client certificate
+    and key named as files (here one relative, which is the kubeconfig's directory's)."""
+    directory = work / "node-kubernetes"
+    directory.mkdir(exist_ok=True)
+    for beside in ("kubelet-client.pem", "admin.conf"):
+        (directory / beside).write_text("x\n")
+    path = directory / name
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "certificate-authority-data": "eA=="}}
+                ],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return str(path)
+
+
+def _failure(tasks, host):
+    (failed,) = [result for result in (hosts.get(host, {}) for hosts in tasks.values()) if result.get("failed")]
+    return failed["msg"]
+
+
+def test_the_role_gives_the_pods_what_the_nodes_have_and_removes_the_objects_in_the_safe_order(apiserver):
+    """What the pods see is found on the nodes: the directory of libnvidia-ml.so.1 (where the daemon looks) and the
+    files the node's kubeconfig names; the role refuses what would widen it, and `state: absent` deletes the
+    DaemonSet before the rights and the rights before the policy that narrows them."""
+    work = apiserver["work"]
+    for api_version, kind, name, namespace in DRA_OBJECTS + DP_OBJECTS:
+        _delete(apiserver, api_version, kind, name, namespace)
+    lib = "usr/lib/x86_64-linux-gnu"
+    root = _driver_root(work, "driver-root", lib)
+    nvml = {"device_plugin_backend": "nvml", "device_plugin_driver_root": root}
+    kubeconfig = _node_kubeconfig(
+        work,
+        {"client-certificate": "kubelet-client.pem", "client-key": str(work / "node-kubernetes/kubelet-client.pem")},
+    )
+    credentials = {"device_plugin_dra_daemonset_node_credentials": True, "device_plugin_dra_kubeconfig": kubeconfig}
+
+    # A kubeconfig that names a file beside the node's credentials (on a control plane: admin.conf) is refused.
+    wide = _node_kubeconfig(
+        work, {"client-certificate": "/etc/passwd", "client-key": "kubelet-client.pem"}, "wide.conf"
+    )
+    _changed, tasks = _play(
+        apiserver,
+        "daemonset",
+        {"dra": _hosts(apiserver, dra={**nvml, **credentials, "device_plugin_dra_kubeconfig": wide})["dra"]},
+        expect_ok=False,
+    )
+    assert "names /etc/passwd, outside its own directory and /var/lib/kubelet/pki" in _failure(tasks, "dra")
+    # One that runs a command for its credentials, which the pod has not, is refused too.
+    command = _node_kubeconfig(
+        work, {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "x"}}, "command.conf"
+    )
+    _changed, tasks = _play(
+        apiserver,
+        "daemonset",
+        {"dra": _hosts(apiserver, dra={**nvml, **credentials, "device_plugin_dra_kubeconfig": command})["dra"]},
+        expect_ok=False,
+    )
+    assert "runs a command for its credentials" in _failure(tasks, "dra")
+    # Two nodes whose libraries lie in different directories cannot share one DaemonSet.
+    other_root = _driver_root(work, "driver-root-rhel", "usr/lib64")
+    _changed, tasks = _play(
+        apiserver,
+        "daemonset",
+        _hosts(apiserver, dra={**nvml, **credentials}, dp={**nvml, "device_plugin_driver_root": other_root}),
+        expect_ok=False,
+    )
+    assert "differ in the directory of libnvidia-ml.so.1" in _failure(tasks, "dra")
+    assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS + DP_OBJECTS)
+
+    _play(apiserver, "daemonset", _hosts(apiserver, dra={**nvml, **credentials}, dp=nvml))
+    apps = client.AppsV1Api(apiserver["admin"])
+    for name in ("gpuops-dra-plugin", "gpuops-device-plugin"):
+        pod = apps.read_namespaced_daemon_set(name, NAMESPACE).spec.template.spec
+        (container,) = pod.containers
+        hosts = {v.name: v.host_path.path for v in pod.volumes if v.host_path}
+        seen = {
+            m.mount_path: (hosts[m.name], m.read_only, m.recursive_read_only)
+            for m in container.volume_mounts
+            if m.mount_path.startswith("/driver-root")
+        }
+        # The driver root is not /: the daemon looks for the device nodes in the pod's own /dev.
+        assert seen == {f"/driver-root/{lib}": (f"{root}/{lib}", True, "IfPossible")}, name
+    pod = apps.read_namespaced_daemon_set("gpuops-dra-plugin", NAMESPACE).spec.template.spec
+    hosts = {v.name: (v.host_path.path, v.host_path.type) for v in pod.volumes if v.host_path}
+    mounted = {m.mount_path: hosts[m.name] for m in pod.containers[0].volume_mounts if m.name.startswith("node-cred")}
+    # The kubeconfig and the one file it names (twice, once relative): not admin.conf beside them.
+    pem = str(work / "node-kubernetes/kubelet-client.pem")
+    assert mounted == {kubeconfig: (kubeconfig, "File"), pem: (pem, "File")}
+
+    # state: absent, the DaemonSet first, the ClusterRoleBinding before the ClusterRole and the policy.
+    absent = {"device_plugin_state": "absent"}
+    _changed, tasks = _play(apiserver, "daemonset", _hosts(apiserver, dra=absent, dp=absent))
+    removed = tasks["Create or remove the ServiceAccount, ConfigMap and DaemonSet (and the DRA driver's RBAC)"]
+    (result,) = [r for r in removed.values() if not r.get("skipped")]
+    # The module deletes the objects one by one, in the order given, and reports each in that order.
+    given = result["invocation"]["module_args"]["definition"]
+    assert [r["changed"] for r in result["result"]["results"]] == [True] * len(given)
+    order = [(o["kind"], o["metadata"]["name"]) for o in given]
+    dra = [kind for kind, name in order if name.startswith("gpuops-dra-plugin")]
+    assert dra == [
+        "DaemonSet",
+        "ConfigMap",
+        "ClusterRoleBinding",
+        "ClusterRole",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",
+        "ServiceAccount",
+    ], order
+    assert not any(_exists(apiserver, *obj) for obj in DRA_OBJECTS + DP_OBJECTS)
+    assert _mode_label(apiserver, NODE) is None and _mode_label(apiserver, DP_NODE) is None
