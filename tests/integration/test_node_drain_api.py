@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,14 @@ def make_gpu_pod(cluster, name, node, labels=None):
     cluster["core"].create_namespaced_pod(
         NAMESPACE,
         {
-            "metadata": {"name": name, "labels": labels or {}},
+            # Managed by a ReplicaSet, as a drain wants (no controller manager runs to act on it).
+            "metadata": {
+                "name": name,
+                "labels": labels or {},
+                "ownerReferences": [
+                    {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{name}-rs", "uid": str(uuid.uuid4())}
+                ],
+            },
             "spec": {
                 "nodeName": node,
                 "containers": [
@@ -188,6 +196,7 @@ def test_a_refused_drain_leaves_the_node_cordoned_with_a_record_and_says_so_and_
     rc, failed, ran = drain(cluster, "gpu-a", allowed=True)
     assert rc != 0 and "The change" not in ran
     assert failed[-1].startswith("gpu-a is left cordoned: 'Drain the node' failed (still refused after"), failed
+    assert "would violate the pod's disruption budget" in failed[-1], failed
     assert "Run again" in failed[-1] and "kubectl uncordon gpu-a" in failed[-1], failed
     cordoned, record = node_state(cluster, "gpu-a")
     assert cordoned is True
