@@ -134,6 +134,16 @@ def test_the_example_inventory_logs_in_as_an_unprivileged_user() -> None:
     assert not inventory.get("ansible_become")  # the playbooks become where they need to
 
 
+def test_the_readme_names_every_module_in_its_layout_and_its_table() -> None:
+    readme = (REPO / "README.md").read_text()
+    layout = re.search(r"^plugins/modules/ +(.*?)^plugins/module_utils/", readme, re.M | re.S).group(1)
+    listed = {name.strip() for name in layout.replace("\n", ",").split(",") if name.strip()}
+    modules = {path.stem for path in (REPO / "plugins" / "modules").glob("*.py") if path.stem != "__init__"}
+    assert listed == modules
+    for name in modules - {"nvidia_mig", "gpu_faults"}:
+        assert f"| `gpuops.k8s.{name}` |" in readme, name
+
+
 def test_the_xid_classes_page_is_the_table() -> None:
     # docs/xid-classes.md shows the table of plugins/module_utils/_xid_classes.py row by row.
     sys.path.insert(0, str(REPO / "plugins" / "module_utils"))

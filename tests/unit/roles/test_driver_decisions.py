@@ -15,6 +15,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.plugins.loader import init_plugin_loader
 from ansible_collections.gpuops.k8s.tests.unit.roles.test_node_package_selection import KERNEL, RoleVars
 
@@ -30,6 +31,7 @@ UNATTENDED = "/etc/apt/apt.conf.d/51gpuops-nvidia-driver-unattended-upgrades"
 BLACKLIST = "/etc/modprobe.d/gpuops-blacklist-nouveau.conf"
 OPTIONS = "/etc/modprobe.d/gpuops-nouveau-options.conf"
 PERSISTENCED = "/lib/systemd/system/nvidia-persistenced.service"
+LOADED_VERSION = "/sys/module/nvidia/version"
 HEADERS = f"linux-headers-{KERNEL}"
 DEBIAN_PACKAGES = ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "nvidia-persistenced"]
 
@@ -81,6 +83,7 @@ def converged(**inventory) -> dict:
             "/proc/1/cgroup": "0::/init.scope\n",
             "/run/systemd/container": None,
             BLACKLIST: "blacklist nouveau\nblacklist lbm-nouveau\n",
+            LOADED_VERSION: "535.247.01\n",
         },
         "packages": installed,
         "units": {
@@ -164,10 +167,57 @@ def test_comments_and_other_lines_in_the_blacklist_are_left_alone():
     assert todo(node) == {"blacklist"}
 
 
-def test_an_unloaded_module_is_not_loaded_over_nouveau():
-    node = drifted(lambda n: n["paths"].update({"/sys/module/nvidia": ABSENT, "/sys/module/nouveau": DIRECTORY}))
-    assert todo(node) == set()
-    assert decide(node).get("__nvidia_driver_gpu_module_loaded") is True
+def test_an_unloaded_module_is_not_loaded_over_nouveau_and_nouveau_asks_for_the_reboot_on_every_run():
+    def change(node):
+        node["paths"].update({"/sys/module/nvidia": ABSENT, "/sys/module/nouveau": DIRECTORY})
+        node["contents"][LOADED_VERSION] = None
+
+    assert todo(drifted(change)) == {"module"}
+    assert decide(drifted(change)).get("__nvidia_driver_gpu_module_loaded") is True
+    # Where the role does not blacklist nouveau, a reboot would bring nouveau back: nothing to do.
+    assert todo(drifted(change), nvidia_driver_blacklist_nouveau=False) == set()
+
+
+def test_a_loaded_module_that_is_not_the_installed_driver_asks_for_the_reboot_on_every_run():
+    """The state after an install whose drain was refused or whose reboot failed: new packages over the old module.
+    Nothing is to install, and still the role has work on every run until the node runs the installed driver."""
+    old = drifted(lambda n: n["contents"].update({LOADED_VERSION: "535.216.01\n"}))
+    role = decide(old)
+    assert role.get("__nvidia_driver_loaded_version") == "535.216.01"
+    assert role.get("__nvidia_driver_package_driver_version") == "535.247.01"
+    assert todo(old) == {"module"}
+    # In a container the kernel is the host's: no reboot is asked for.
+    inside = drifted(
+        lambda n: n["contents"].update({LOADED_VERSION: "535.216.01\n", "/proc/1/cgroup": "0::/docker/1\n"})
+    )
+    assert todo(inside) == set()
+    # An epoch in the package's version is no difference.
+    epoch = drifted(lambda n: n["packages"]["nvidia-smi"].update(version="1:535.247.01-1~deb12u1"))
+    assert todo(epoch) == set()
+
+
+@pytest.mark.parametrize(
+    ("what", "change", "reboot", "drain_first"),
+    [
+        ("a branch change with the old module loaded, rebooting", lambda n: None, True, True),
+        ("a branch change with the old module loaded, not rebooting", lambda n: None, False, False),
+        ("a branch change with no module loaded", lambda n: n["paths"].update({"/sys/module/nvidia": ABSENT}), True,
+         False),
+        ("a branch change in a container", lambda n: n["contents"].update({"/proc/1/cgroup": "0::/docker/1\n"}), True,
+         False),
+    ],
+)  # fmt: skip
+def test_a_driver_change_under_a_loaded_module_is_drained_for_before_the_install(what, change, reboot, drain_first):
+    """Branch 580 from the CUDA repository wanted while Debian's 535 is installed and loaded: the new branch's packages
+    are missing (todo install), and whether the node must be drained (or the run stop) is known from the read, before
+    apt or dnf runs (tasks/install-*.yml include node_drain ahead of the install on
+    __nvidia_driver_drain_before_install)."""
+    node = drifted(change)
+    node["record"] = {"key": "", "current": False, "differs": []}
+    node["packages"]["nvidia-open-580"] = {"version": None, "held": False}
+    role = decide(node, nvidia_driver_source="cuda", nvidia_driver_branch="580", nvidia_driver_reboot=reboot)
+    assert role.get("__nvidia_driver_todo")["install"] is True, what
+    assert role.get("__nvidia_driver_drain_before_install") is drain_first, what
 
 
 def test_a_stopped_daemon_is_only_enabled_where_the_module_cannot_be_loaded():
@@ -255,3 +305,38 @@ def test_the_cuda_repository_is_included_where_the_record_does_not_hold():
         )
         != key
     )
+
+
+@pytest.mark.parametrize(
+    ("tasks_file", "install_task"),
+    [
+        ("install-apt.yml", "Install the driver packages"),
+        ("install-dnf.yml", "Install the driver from its module stream"),
+    ],
+)
+def test_the_drain_is_decided_before_the_packages_change(tasks_file, install_task):
+    """The order of the role's own tasks: node_drain (which stops the run where it may not drain) comes before the
+    task that installs the driver, and runs on the decision above."""
+    tasks = yaml.safe_load((ROLES / "nvidia_driver" / "tasks" / tasks_file).read_text())
+    names = [task.get("name") for task in tasks]
+    drain = next(
+        i
+        for i, task in enumerate(tasks)
+        if (task.get("ansible.builtin.include_role") or {}).get("name") == "gpuops.k8s.node_drain"
+    )
+    assert drain < names.index(install_task)
+    conditions = " ".join(str(task.get("when", "")) for task in tasks[: drain + 1])
+    assert "__nvidia_driver_drain_before_install" in conditions
+
+
+def test_the_reboot_and_its_warning_follow_the_loaded_module_not_this_runs_install():
+    """tasks/module.yml decides from the state (__nvidia_driver_module_stale), so a run after a refused drain or a
+    failed reboot, which installs nothing, still drains and reboots, or says the node needs it."""
+    tasks = yaml.safe_load((ROLES / "nvidia_driver" / "tasks" / "module.yml").read_text())
+    by_name = {task["name"]: task for task in tasks}
+    for name in (
+        "Drain the node before rebooting it for the installed driver",
+        "Ask for a reboot to replace the loaded module",
+    ):
+        when = str(by_name[name]["when"])
+        assert "__nvidia_driver_module_stale" in when and "is changed" not in when, name
