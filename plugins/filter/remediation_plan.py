@@ -460,8 +460,7 @@ def remediation_plan(
             )
     window_text = f"{repeat_window} s" if isinstance(repeat_window, (int, float)) else str(repeat_window).strip()
     plans = [
-        _candidate(entry, by_name.get(entry["node"]), moment, window, window_text, taint_key, run_id)
-        for entry in nodes
+        _candidate(entry, by_name.get(entry["node"]), moment, window, window_text, taint_key, run_id) for entry in nodes
     ]
     taken = [dict(t) for t in in_flight]
     started, waiting = [], []

@@ -326,12 +326,13 @@ def acquire_lease(api, run_id, seconds, wait, clock=None, sleep=time.sleep):
         held_by = spec.get("holderIdentity")
         expiry = lease_expiry(lease) if lease else None
         if lease is None or not held_by or held_by == run_id or expiry is None or expiry <= moment:
+            transitions = int(spec.get("leaseTransitions") or 0) + (1 if held_by and held_by != run_id else 0)
             body = {
                 "holderIdentity": run_id,
                 "leaseDurationSeconds": int(seconds),
                 "acquireTime": _micro(moment),
                 "renewTime": _micro(moment),
-                "leaseTransitions": int(spec.get("leaseTransitions") or 0) + (1 if held_by and held_by != run_id else 0),
+                "leaseTransitions": transitions,
             }
             try:
                 return api.write_lease(lease, body)

@@ -91,7 +91,9 @@ options:
     type: str
     default: gpuops-k8s-gpu-remediation
   lease_namespace:
-    description: The namespace of the circuit breaker's Lease; the controller's credentials need get, create and update on Leases there.
+    description:
+      - The namespace of the circuit breaker's Lease; the controller's credentials need get, create and update on
+        Leases there.
     type: str
     default: kube-system
   lease_seconds:

@@ -8,20 +8,17 @@ import datetime
 import json
 
 import pytest
+from ansible_collections.gpuops.k8s.plugins.module_utils import _node_remediation as remediation
 from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import with_precondition
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation import (
     ANNOTATION,
-    FIELD_MANAGER,
     TAINT_KEY,
     Conflict,
     RemediationError,
-    acquire_lease,
     apply_patch,
-    claim,
     remediation_patch,
     set_remediation,
     view,
-    write,
 )
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -286,22 +283,22 @@ def test_a_taint_a_person_raised_stays_when_the_node_is_given_back():
     raised = node(unschedulable=True, klass="replace", annotation=annotation)
     assert remediation_patch(raised, "absent", "reset") == {}
     assert remediation_patch(raised, "absent") == {}
-    result = write(LeaseStore(raised), "gpu-a", "absent", "reset")
+    result = remediation.write(LeaseStore(raised), "gpu-a", "absent", "reset")
     assert result["decision"] == "kept" and result["patch"] == {}
     # Present never lowers it either.
-    assert write(LeaseStore(raised), "gpu-a", "present", "reset")["decision"] == "raised"
+    assert remediation.write(LeaseStore(raised), "gpu-a", "present", "reset")["decision"] == "raised"
 
 
 def test_only_a_cordon_this_module_set_is_lifted():
     annotation = {"class": "reset", "since": NOW, "gpus": ["GPU-1"], "reason": "", "cordoned_before": False}
     ours = node(unschedulable=True, klass="reset", annotation=annotation)
     ours["metadata"]["managedFields"] = [
-        {"manager": FIELD_MANAGER, "fieldsV1": {"f:spec": {"f:unschedulable": {}, "f:taints": {}}}}
+        {"manager": "gpuops.k8s-node-remediation", "fieldsV1": {"f:spec": {"f:unschedulable": {}, "f:taints": {}}}}
     ]
     assert remediation_patch(ours, "absent", "reset")["spec"]["unschedulable"] is False
     theirs = copy.deepcopy(ours)
     theirs["metadata"]["managedFields"] = [
-        {"manager": FIELD_MANAGER, "fieldsV1": {"f:spec": {"f:taints": {}}}},
+        {"manager": "gpuops.k8s-node-remediation", "fieldsV1": {"f:spec": {"f:taints": {}}}},
         {"manager": "kubectl-cordon", "fieldsV1": {"f:spec": {"f:unschedulable": {}}}},
     ]
     patch = remediation_patch(theirs, "absent", "reset")
@@ -311,21 +308,23 @@ def test_only_a_cordon_this_module_set_is_lifted():
 def test_a_node_another_run_holds_is_left_alone_until_the_hold_ends():
     store = LeaseStore(node())
     later = "2026-11-26T13:00:00Z"
-    first = write(store, "gpu-a", "present", "reset", run_id="run-1", held_until=later, moment=MOMENT)
+    first = remediation.write(store, "gpu-a", "present", "reset", run_id="run-1", held_until=later, moment=MOMENT)
     assert first["decision"] == "written"
-    other = write(store, "gpu-a", "absent", run_id="run-2", moment=MOMENT)
+    other = remediation.write(store, "gpu-a", "absent", run_id="run-2", moment=MOMENT)
     assert other["decision"] == "held" and other["patch"] == {}
-    assert other["message"] == "gpu-a is under the remediation of run run-1 until 2026-11-26T13:00:00Z and is left to it."
-    after = write(store, "gpu-a", "absent", run_id="run-2", moment=MOMENT + datetime.timedelta(hours=2))
+    assert (
+        other["message"] == "gpu-a is under the remediation of run run-1 until 2026-11-26T13:00:00Z and is left to it."
+    )
+    after = remediation.write(store, "gpu-a", "absent", run_id="run-2", moment=MOMENT + datetime.timedelta(hours=2))
     assert after["decision"] == "written" and view(after["after"])["taint"] is None
 
 
 def test_the_breaker_counts_under_the_lease_and_leaves_the_node_untouched_when_full():
     store = LeaseStore(named("gpu-a"), named("gpu-b"))
-    taken = claim(store, "gpu-a", "reset", 1, run_id="run-1", moment=MOMENT)
+    taken = remediation.claim(store, "gpu-a", "reset", 1, run_id="run-1", moment=MOMENT)
     assert taken["decision"] == "written" and taken["counted"] == 0
     assert store.lease["spec"]["holderIdentity"] is None and store.lease_version == 2
-    waits = claim(store, "gpu-b", "reboot", 1, run_id="run-2", moment=MOMENT)
+    waits = remediation.claim(store, "gpu-b", "reboot", 1, run_id="run-2", moment=MOMENT)
     assert waits["decision"] == "waiting" and waits["patch"] == {} and view(store.nodes["gpu-b"])["taint"] is None
     assert waits["message"].startswith("gpu-b waits: 1 of 1 remediation slot(s) are taken (gpu-a (reset))")
 
@@ -337,7 +336,7 @@ def test_a_lease_held_by_a_live_run_is_waited_for_then_one_sentence():
         "spec": {"holderIdentity": "run-1", "leaseDurationSeconds": 30, "renewTime": "2999-01-01T00:00:00.000000Z"},
     }
     with pytest.raises(RemediationError, match="the Lease kube-system/gpuops-k8s-gpu-remediation is held by run-1"):
-        acquire_lease(store, "run-2", 30, 0, sleep=lambda seconds: None)
+        remediation.acquire_lease(store, "run-2", 30, 0, sleep=lambda seconds: None)
 
 
 def test_a_run_whose_lease_was_taken_meanwhile_backs_its_taint_out_past_the_limit():
@@ -352,6 +351,6 @@ def test_a_run_whose_lease_was_taken_meanwhile_backs_its_taint_out_past_the_limi
     store.write_lease = other_run_takes_it
     lists = iter([lambda: [named("gpu-a")], LeaseStore.list_nodes.__get__(store)])
     store.list_nodes = lambda: next(lists)()  # the first count misses gpu-b, tainted by the other run meanwhile
-    result = claim(store, "gpu-a", "reset", 1, run_id="run-1", moment=MOMENT)
+    result = remediation.claim(store, "gpu-a", "reset", 1, run_id="run-1", moment=MOMENT)
     assert result["decision"] == "waiting" and "backed out" in result["message"]
     assert view(store.nodes["gpu-a"])["taint"] is None
