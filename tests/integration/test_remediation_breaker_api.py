@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client, config, watch
-from local_api import token_admin_api_server
+from local_api import token_admin_api_server, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "gpuops-breaker-test-admin-token"
@@ -131,6 +131,9 @@ class TaintWatch:
         for event in self.stream.stream(self.core.list_node, resource_version=self.version, timeout_seconds=60):
             self._see(event["object"])
 
+    def tainted(self):
+        return [name for name in NODES if self.state.get(name)]
+
     def stop(self):
         self.stream.stop()
 
@@ -161,6 +164,7 @@ def test_two_runs_planned_from_one_snapshot_never_have_two_nodes_under_remediati
         results = [remediation.result(proc) for proc in runs]
         third = remediation(name="gpu-c", remediation_class="reset", max_nodes=1, run_id="run-3", hold_seconds=600)
         tainted = [name for name in NODES if read(cluster, name)[0]]
+        wait_for("the watch to see the last write", lambda: seen.tainted() == tainted, timeout=30, interval=0.05)
     finally:
         seen.stop()
     assert sorted(r["decision"] for r in results) == ["waiting", "written"], results
