@@ -111,7 +111,7 @@ _value:
         - One entry per node given, in the order given, with C(host), C(node), C(action) (C(none), C(remediate),
           C(wait) or C(hold)), C(class) (C(reset), C(reboot) or C(replace); C(none) where nothing is done),
           C(continuing), C(gpus) (the GPUs acted on, each with C(uuid), C(index), C(class) and C(reason)),
-          C(release_only) (the GPUs were healthy after the remediation already: only the giving back is left),
+          C(release_only) (the GPUs were healthy after the remediation already, only the giving back is left),
           C(held_by) (the run that holds the node, for C(other_run)),
           C(reboot_done) (a reboot this remediation asked for has happened already), C(since), C(reasons),
           C(record) (the node-local record, parsed; C({}) where there is none or it is unreadable) and C(message),

@@ -18,8 +18,8 @@ description:
   - With O(state=absent) the taint and the annotation are removed and the node is uncordoned, unless it was
     cordoned before the remediation began (or carries no annotation that says who cordoned it), in which case the
     cordon stays. Only the taint value the remediation set is removed (O(remediation_class), else the annotation's
-    class): a taint someone raised, to C(replace) for instance, stays with the annotation and the cordon. Only a
-    cordon this module made is lifted: the API server's C(managedFields) must name its field manager
+    class); a taint someone raised, to C(replace) for instance, stays with the annotation and the cordon. Only a
+    cordon this module made is lifted, where the API server's C(managedFields) name its field manager
     C(gpuops.k8s-node-remediation) as the last to set C(spec.unschedulable), so a cordon a person set again meanwhile
     stays.
   - The circuit breaker. With O(max_nodes), a Node that does not carry the taint yet is tainted only if fewer than
@@ -31,7 +31,7 @@ description:
   - A run holds its Node. With O(run_id) the annotation names the run and, with O(hold_seconds), until when it holds
     the Node (C(held_until)); another run writes nothing to the Node until then (RV(decision) C(held)), and a run
     renews its hold at each step. O(hold_seconds=0) lets go of the Node, keeping the taint.
-  - O(state=present) never lowers the taint's class: a Node whose taint is above O(remediation_class) keeps it and
+  - O(state=present) never lowers the taint's class; a Node whose taint is above O(remediation_class) keeps it and
     RV(decision) is C(raised).
   - The three are written with one JSON merge patch that carries the C(resourceVersion) it was computed from, so
     the API server refuses it when someone else wrote the Node in between; the module then reads the Node again
@@ -170,7 +170,7 @@ conflicts:
   type: int
 decision:
   description:
-    - C(written) (the Node is as asked; see RV(changed)), C(waiting) (the breaker is full; nothing written),
+    - C(written) (the Node is as asked, changed or not), C(waiting) (the breaker is full; nothing written),
       C(held) (another run holds the Node; nothing written), C(raised) (the taint is above the class asked for; kept),
       C(kept) (state absent, the taint is not the one the remediation set; it stays with the cordon).
   returned: always
