@@ -22,6 +22,11 @@ description:
     was and needs no new slot. New candidates take the free slots, the most severe class first, then by node name;
     the others wait, each with a sentence that says why, and are left untouched.
   - A node under remediation as C(replace) is held for a person, and nothing is done until the taint is removed.
+  - A node another run holds (its annotation names a run other than O(run_id), held until after O(now)) is left to
+    that run (action C(other_run)). The breaker's decision here is the plan; M(gpuops.k8s.node_remediation) enforces
+    it again when it taints, counting under a Lease.
+  - A node under C(reset) whose annotation and record name no GPU is rebooted instead. A node whose record says its
+    GPUs were verified healthy and whose giving back failed continues with giving it back (C(release_only)).
 options:
   _input:
     description:
@@ -61,6 +66,10 @@ options:
     description: The key of the taint that marks a node under remediation.
     type: str
     default: nvidia.com/gpu-remediation
+  run_id:
+    description: The identity of this run, as M(gpuops.k8s.node_remediation) records it on the Nodes it holds.
+    type: str
+    default: ""
 """
 
 EXAMPLES = r"""
@@ -102,6 +111,8 @@ _value:
         - One entry per node given, in the order given, with C(host), C(node), C(action) (C(none), C(remediate),
           C(wait) or C(hold)), C(class) (C(reset), C(reboot) or C(replace); C(none) where nothing is done),
           C(continuing), C(gpus) (the GPUs acted on, each with C(uuid), C(index), C(class) and C(reason)),
+          C(release_only) (the GPUs were healthy after the remediation already, only the giving back is left),
+          C(held_by) (the run that holds the node, for C(other_run)),
           C(reboot_done) (a reboot this remediation asked for has happened already), C(since), C(reasons),
           C(refused) (why the node is left untouched, where its report has a class outside C(none), C(device),
           C(reset), C(reboot), C(replace) or a GPU UUID not of NVML's shape),
@@ -323,7 +334,7 @@ def _untrusted(entry):
     return None
 
 
-def _candidate(entry, cluster_node, now, window, window_text, taint_key):
+def _candidate(entry, cluster_node, now, window, window_text, taint_key, run_id=""):
     """What one node would do, before the breaker: its action class, GPUs, whether it continues, and why."""
     refused = _untrusted(entry)
     faults = {} if refused else entry.get("faults") or {}
@@ -344,6 +355,8 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key):
         "continuing": taint is not None,
         "gpus": acting,
         "reboot_done": False,
+        "release_only": False,
+        "held_by": None,
         "since": None,
         "reasons": reasons,
         "faults": _faults_text(gpus),
@@ -363,6 +376,11 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key):
         if value == "replace":
             plan.update(action="hold", **{"class": "replace"})
             return plan
+        held_until = parse_time(annotation.get("held_until"))
+        if annotation.get("run") and annotation.get("run") != run_id and held_until is not None and held_until > now:
+            plan.update(action="other_run", held_by=annotation["run"], **{"class": value})
+            reasons.append(f"held until {annotation.get('held_until')}")
+            return plan
         known = {g["uuid"] for g in acting if g.get("uuid")}
         by_uuid = {g["uuid"]: g for g in gpus if g.get("uuid")}
         for uuid in list(annotation.get("gpus") or []) + list(current.get("gpus") or []):
@@ -378,6 +396,8 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key):
         plan["reboot_done"] = bool(
             current.get("class") == "reboot" and boot_before and boot_now and boot_before != boot_now
         )
+        if current.get("verified") and current.get("class") == value == plan["class"] and fault_class not in ACTING:
+            plan["release_only"] = True
     else:
         if fault_class not in ACTING:
             return plan
@@ -397,6 +417,10 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key):
         elif any(not g.get("uuid") for g in acting):
             plan["class"] = "reboot"
             reasons.append("a GPU to reset has no known UUID, which the reset command needs")
+        elif not acting:
+            plan["class"] = "reboot"
+            plan["release_only"] = False
+            reasons.append("neither its annotation nor its record names a GPU to reset, so the node is rebooted")
     plan["action"] = "remediate"
     return plan
 
@@ -415,12 +439,22 @@ def _message(plan, limit_text, limit, taken, taint_key):
             f"{node}: under remediation as replace since {plan['since'] or 'an earlier run'}{why}; it is left "
             f"cordoned for a person, and holds a remediation slot until the taint {taint_key} is removed."
         )
+    if plan["action"] == "other_run":
+        return (
+            f"{node}: under the {klass} of run {plan['held_by']}{why}; left to that run, untouched. A later run "
+            "continues it if that run has not given it back by then."
+        )
     if plan["action"] == "wait":
         holders = ", ".join(f"{t['node']} ({t['class']})" for t in taken) or "none"
         return (
             f"{node}: {klass} for {faulty or gpus}{why}; waits, {len(taken)} of {limit} remediation slot(s) being "
             f"taken ({holders}; gpu_remediation_max_nodes {limit_text}). The node is left untouched; its faults stay "
             "on the node and a later run starts it once a slot is free."
+        )
+    if plan["continuing"] and plan["release_only"]:
+        return (
+            f"{node}: its GPUs were healthy after the {klass} under way since {plan['since'] or 'an earlier run'}, "
+            f"and it was not given back{why}; it is checked again and given back, without another {klass}."
         )
     if plan["continuing"]:
         done = ", rebooted already" if plan["reboot_done"] else ""
@@ -431,7 +465,9 @@ def _message(plan, limit_text, limit, taken, taint_key):
     return f"{node}: {klass} starts now for {faulty or gpus}{why}."
 
 
-def remediation_plan(nodes, cluster, max_nodes=1, fleet_size=0, repeat_window="24h", now=None, taint_key=TAINT_KEY):
+def remediation_plan(
+    nodes, cluster, max_nodes=1, fleet_size=0, repeat_window="24h", now=None, taint_key=TAINT_KEY, run_id=""
+):
     _check_input(nodes, cluster)
     moment = parse_time(now)
     if moment is None:
@@ -463,7 +499,9 @@ def remediation_plan(nodes, cluster, max_nodes=1, fleet_size=0, repeat_window="2
                 }
             )
     window_text = f"{repeat_window} s" if isinstance(repeat_window, (int, float)) else str(repeat_window).strip()
-    plans = [_candidate(entry, by_name.get(entry["node"]), moment, window, window_text, taint_key) for entry in nodes]
+    plans = [
+        _candidate(entry, by_name.get(entry["node"]), moment, window, window_text, taint_key, run_id) for entry in nodes
+    ]
     taken = [dict(t) for t in in_flight]
     started, waiting = [], []
     fresh = [p for p in plans if p["action"] == "remediate" and not p["continuing"]]

@@ -17,7 +17,22 @@ description:
     class keeps its annotation and gains the GPUs it did not list.
   - With O(state=absent) the taint and the annotation are removed and the node is uncordoned, unless it was
     cordoned before the remediation began (or carries no annotation that says who cordoned it), in which case the
-    cordon stays.
+    cordon stays. Only the taint value the remediation set is removed (O(remediation_class), else the annotation's
+    class); a taint someone raised, to C(replace) for instance, stays with the annotation and the cordon. Only a
+    cordon this module made is lifted, where the API server's C(managedFields) name its field manager
+    C(gpuops.k8s-node-remediation) as the last to set C(spec.unschedulable), so a cordon a person set again meanwhile
+    stays.
+  - The circuit breaker. With O(max_nodes), a Node that does not carry the taint yet is tainted only if fewer than
+    O(max_nodes) Nodes of the cluster carry it, counted from the API server while this run holds the
+    C(coordination.k8s.io/v1) Lease O(lease_namespace)/O(lease_name) (holder O(run_id), expiry O(lease_seconds)); else
+    it is left untouched and RV(decision) is C(waiting). Overlapping runs take the Lease in turn, so the count and the
+    taint are one step across all of them. A run that finds, when it gives the Lease up, that the Lease expired and was
+    taken meanwhile counts again and backs its taint out if the limit is exceeded.
+  - A run holds its Node. With O(run_id) the annotation names the run and, with O(hold_seconds), until when it holds
+    the Node (C(held_until)); another run writes nothing to the Node until then (RV(decision) C(held)), and a run
+    renews its hold at each step. O(hold_seconds=0) lets go of the Node, keeping the taint.
+  - O(state=present) never lowers the taint's class; a Node whose taint is above O(remediation_class) keeps it and
+    RV(decision) is C(raised).
   - The three are written with one JSON merge patch that carries the C(resourceVersion) it was computed from, so
     the API server refuses it when someone else wrote the Node in between; the module then reads the Node again
     and writes again (up to O(conflict_retries) times), and no taint or cordon written meanwhile is lost.
@@ -58,6 +73,37 @@ options:
     description: How many times a write refused because the Node changed is redone from a fresh read.
     type: int
     default: 5
+  max_nodes:
+    description:
+      - With O(state=present), the circuit breaker's limit, a count of Nodes (the plan's C(limit)). Unset, the Node
+        is tainted without counting.
+    type: int
+  run_id:
+    description: The identity of the run, recorded as the holder of the Lease and of the Node. Empty records none.
+    type: str
+    default: ""
+  hold_seconds:
+    description: How long from now the run holds the Node (with O(run_id)); C(0) lets go of it.
+    type: int
+    default: 0
+  lease_name:
+    description: The name of the circuit breaker's Lease.
+    type: str
+    default: gpuops-k8s-gpu-remediation
+  lease_namespace:
+    description:
+      - The namespace of the circuit breaker's Lease; the controller's credentials need get, create and update on
+        Leases there.
+    type: str
+    default: kube-system
+  lease_seconds:
+    description: How long the Lease is held at most; a run killed while holding it blocks the others this long.
+    type: int
+    default: 30
+  lease_wait:
+    description: How long to wait for another run to give the Lease up before failing, in seconds.
+    type: int
+    default: 60
 extends_documentation_fragment:
   - gpuops.k8s.k8s_connection
 attributes:
@@ -82,6 +128,16 @@ EXAMPLES = r"""
   gpuops.k8s.node_remediation:
     name: gpu-node-7
     state: absent
+  delegate_to: localhost
+
+- name: Take the node out within the circuit breaker, held by this run for an hour
+  gpuops.k8s.node_remediation:
+    name: gpu-node-7
+    remediation_class: reboot
+    max_nodes: 1
+    run_id: awx-job-4711
+    hold_seconds: 3600
+  register: taken
   delegate_to: localhost
 """
 
@@ -112,6 +168,22 @@ conflicts:
   description: How many writes the API server refused because the Node had changed, each redone from a fresh read.
   returned: always
   type: int
+decision:
+  description:
+    - C(written) (the Node is as asked, changed or not), C(waiting) (the breaker is full; nothing written),
+      C(held) (another run holds the Node; nothing written), C(raised) (the taint is above the class asked for; kept),
+      C(kept) (state absent, the taint is not the one the remediation set; it stays with the cordon).
+  returned: always
+  type: str
+  sample: written
+message:
+  description: One sentence on a decision other than C(written); empty otherwise.
+  returned: always
+  type: str
+counted:
+  description: With O(max_nodes), the other Nodes under remediation counted while the Lease was held.
+  returned: when counted
+  type: int
 """
 
 import datetime
@@ -119,13 +191,15 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_connection import CONNECTION_ARGUMENT_SPEC, api_client
-from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import NodeApi
 from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import api_error as _api_error
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation import (
+    RemediationApi,
     RemediationError,
-    set_remediation,
+    claim,
+    iso,
     view,
+    write,
 )
 
 try:
@@ -150,6 +224,13 @@ ARGUMENT_SPEC = {
     "reason": {"type": "str", "default": ""},
     "now": {"type": "str", "default": ""},
     "conflict_retries": {"type": "int", "default": 5},
+    "max_nodes": {"type": "int"},
+    "run_id": {"type": "str", "default": ""},
+    "hold_seconds": {"type": "int", "default": 0},
+    "lease_name": {"type": "str", "default": "gpuops-k8s-gpu-remediation"},
+    "lease_namespace": {"type": "str", "default": "kube-system"},
+    "lease_seconds": {"type": "int", "default": 30},
+    "lease_wait": {"type": "int", "default": 60},
     **CONNECTION_ARGUMENT_SPEC,
 }
 
@@ -165,21 +246,38 @@ def run_module(module):
     if KUBERNETES_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=KUBERNETES_IMPORT_ERROR)
     params = module.params
-    if params["conflict_retries"] < 0:
-        module.fail_json(msg=f"node_remediation: conflict_retries must be 0 or more, got {params['conflict_retries']}.")
-    now = params["now"] or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for option in ("conflict_retries", "max_nodes", "hold_seconds", "lease_wait"):
+        if params[option] is not None and params[option] < 0:
+            module.fail_json(msg=f"node_remediation: {option} must be 0 or more, got {params[option]}.")
+    if params["lease_seconds"] < 1:
+        module.fail_json(msg=f"node_remediation: lease_seconds must be 1 or more, got {params['lease_seconds']}.")
+    moment = datetime.datetime.now(datetime.timezone.utc)
+    now = params["now"] or iso(moment)
+    held_until = iso(moment + datetime.timedelta(seconds=params["hold_seconds"])) if params["hold_seconds"] else ""
+    common = dict(
+        gpus=params["gpus"],
+        reason=params["reason"],
+        now=now,
+        check_mode=module.check_mode,
+        retries=params["conflict_retries"],
+        run_id=params["run_id"],
+        held_until=held_until,
+        moment=moment,
+    )
     try:
-        patch, before, after, conflicts = set_remediation(
-            NodeApi(api_client(params)),
-            params["name"],
-            params["state"],
-            klass=params["remediation_class"],
-            gpus=params["gpus"],
-            reason=params["reason"],
-            now=now,
-            check_mode=module.check_mode,
-            retries=params["conflict_retries"],
-        )
+        api = RemediationApi(api_client(params), params["lease_name"], params["lease_namespace"])
+        if params["state"] == "present" and params["max_nodes"] is not None:
+            outcome = claim(
+                api,
+                params["name"],
+                params["remediation_class"],
+                params["max_nodes"],
+                lease_seconds=params["lease_seconds"],
+                lease_wait=params["lease_wait"],
+                **common,
+            )
+        else:
+            outcome = write(api, params["name"], params["state"], params["remediation_class"], **common)
     except RemediationError as error:
         module.fail_json(msg=str(error))
     except SETUP_ERRORS as error:
@@ -188,13 +286,18 @@ def run_module(module):
         module.fail_json(msg=f"node_remediation: the Kubernetes API refused a request: {_api_error(error)}")
     except CONNECTION_ERRORS as error:  # no connection, TLS, retries exhausted
         module.fail_json(msg=f"node_remediation: cannot reach the Kubernetes API: {error}")
+    patch = outcome["patch"]
     result = {
         "changed": bool(patch),
-        "before": view(before),
-        "after": view(after),
+        "before": view(outcome["before"]),
+        "after": view(outcome["after"]),
         "patch": patch,
-        "conflicts": conflicts,
+        "conflicts": outcome["conflicts"],
+        "decision": outcome["decision"],
+        "message": outcome["message"],
     }
+    if "counted" in outcome:
+        result["counted"] = outcome["counted"]
     if module._diff and patch:
         result["diff"] = {"before": result["before"], "after": result["after"]}
     module.exit_json(**result)

@@ -218,6 +218,38 @@ def test_a_continuing_remediation_rises_with_the_faults():
     assert "the node's faults now ask for reboot, more than the reset it was under" in entry["message"]
 
 
+def test_a_node_tainted_reset_with_no_gpu_named_is_rebooted_not_reset_of_no_gpu():
+    # Neither the annotation nor the record names a GPU, and the daemon reports none above device now.
+    cluster = [cluster_node("gpu-a", taint="reset", gpus=())]
+    entry = by_node(plan_of([node("gpu-a", record={"version": 1, "current": None})], cluster))["gpu-a"]
+    assert entry["action"] == "remediate" and entry["class"] == "reboot", entry
+    assert "neither its annotation nor its record names a GPU to reset" in entry["message"]
+
+
+def test_a_node_whose_giving_back_failed_continues_with_the_giving_back():
+    current = {"class": "reset", "gpus": [uuid("gpu-a", 0)], "boot_id": "boot-1", "verified": True}
+    cluster = [cluster_node("gpu-a", taint="reset", gpus=[uuid("gpu-a", 0)])]
+    entry = by_node(plan_of([node("gpu-a", record={"version": 1, "current": current})], cluster))["gpu-a"]
+    assert entry["continuing"] and entry["release_only"] and entry["class"] == "reset", entry
+    assert "given back, without another reset" in entry["message"]
+    # A GPU that failed again since is remediated again.
+    again = by_node(plan_of([node("gpu-a", ["reset"], record={"version": 1, "current": current})], cluster))["gpu-a"]
+    assert not again["release_only"]
+
+
+def test_a_node_another_run_holds_is_left_to_it_until_its_hold_ends():
+    cluster = [cluster_node("gpu-a", taint="reboot", gpus=[uuid("gpu-a", 1)])]
+    annotation = json.loads(cluster[0]["metadata"]["annotations"][ANNOTATION])
+    annotation.update(run="run-1", held_until="2026-11-26T12:30:00Z")
+    cluster[0]["metadata"]["annotations"][ANNOTATION] = json.dumps(annotation)
+    entry = by_node(plan_of([node("gpu-a", ["reboot"])], cluster, run_id="run-2"))["gpu-a"]
+    assert entry["action"] == "other_run" and entry["held_by"] == "run-1"
+    assert entry["message"].startswith("gpu-a: under the reboot of run run-1; held until 2026-11-26T12:30:00Z")
+    mine = by_node(plan_of([node("gpu-a", ["reboot"])], cluster, run_id="run-1"))["gpu-a"]
+    later = by_node(plan_of([node("gpu-a", ["reboot"])], cluster, run_id="run-2", now="2026-11-26T12:31:00Z"))
+    assert mine["action"] == later["gpu-a"]["action"] == "remediate"
+
+
 def test_a_node_under_replace_is_held_for_a_person_and_holds_its_slot():
     nodes = [node("gpu-a"), node("gpu-b", ["reboot"])]
     cluster = [cluster_node("gpu-a", taint="replace", since="2026-11-25T08:00:00Z")]

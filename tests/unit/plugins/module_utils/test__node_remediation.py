@@ -4,9 +4,11 @@ the merge patch for each state a Node can be in, and the write with its precondi
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 
 import pytest
+from ansible_collections.gpuops.k8s.plugins.module_utils import _node_remediation as remediation
 from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import with_precondition
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation import (
     ANNOTATION,
@@ -226,3 +228,129 @@ def test_nothing_to_do_is_no_write():
 def test_a_missing_node_is_one_sentence():
     with pytest.raises(RemediationError, match=r"^node_remediation: the API server has no Node gpu-x\.$"):
         set_remediation(FakeApi(None), "gpu-x", "present", "reset")
+
+
+# --- holds, giving back only what the remediation set, the breaker under its Lease ---------------------------------
+class LeaseStore(FakeApi):
+    """FakeApi with a list of Nodes and a Lease, as an API server keeps them (a test double of both)."""
+
+    def __init__(self, *nodes):
+        super().__init__(nodes[0])
+        self.nodes = {n["metadata"]["name"]: copy.deepcopy(n) for n in nodes}
+        self.lease, self.lease_where, self.lease_version = None, "kube-system/gpuops-k8s-gpu-remediation", 0
+
+    def read_node(self, name):
+        return copy.deepcopy(self.nodes.get(name))
+
+    def list_nodes(self):
+        return [copy.deepcopy(n) for n in self.nodes.values()]
+
+    def patch_node(self, name, patch):
+        current = self.nodes[name]
+        if patch.get("metadata", {}).get("resourceVersion") not in (None, current["metadata"]["resourceVersion"]):
+            raise Conflict(name)
+        body = copy.deepcopy(patch)
+        body.get("metadata", {}).pop("resourceVersion", None)
+        after = apply_patch(current, body)
+        after["metadata"]["resourceVersion"] = str(int(current["metadata"]["resourceVersion"]) + 1)
+        self.nodes[name] = after
+        return copy.deepcopy(after)
+
+    def read_lease(self):
+        return copy.deepcopy(self.lease)
+
+    def write_lease(self, lease, spec):
+        if (lease or {}).get("metadata", {}).get("resourceVersion") != (self.lease or {}).get("metadata", {}).get(
+            "resourceVersion"
+        ):
+            raise Conflict(self.lease_where)
+        self.lease_version += 1
+        self.lease = {"metadata": {"resourceVersion": str(self.lease_version)}, "spec": dict(spec)}
+        return copy.deepcopy(self.lease)
+
+
+MOMENT = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.timezone.utc)
+
+
+def named(name, **kwargs):
+    made = node(**kwargs)
+    made["metadata"]["name"] = name
+    return made
+
+
+def test_a_taint_a_person_raised_stays_when_the_node_is_given_back():
+    annotation = {"class": "reset", "since": NOW, "gpus": ["GPU-1"], "reason": "", "cordoned_before": False}
+    raised = node(unschedulable=True, klass="replace", annotation=annotation)
+    assert remediation_patch(raised, "absent", "reset") == {}
+    assert remediation_patch(raised, "absent") == {}
+    result = remediation.write(LeaseStore(raised), "gpu-a", "absent", "reset")
+    assert result["decision"] == "kept" and result["patch"] == {}
+    # Present never lowers it either.
+    assert remediation.write(LeaseStore(raised), "gpu-a", "present", "reset")["decision"] == "raised"
+
+
+def test_only_a_cordon_this_module_set_is_lifted():
+    annotation = {"class": "reset", "since": NOW, "gpus": ["GPU-1"], "reason": "", "cordoned_before": False}
+    ours = node(unschedulable=True, klass="reset", annotation=annotation)
+    ours["metadata"]["managedFields"] = [
+        {"manager": "gpuops.k8s-node-remediation", "fieldsV1": {"f:spec": {"f:unschedulable": {}, "f:taints": {}}}}
+    ]
+    assert remediation_patch(ours, "absent", "reset")["spec"]["unschedulable"] is False
+    theirs = copy.deepcopy(ours)
+    theirs["metadata"]["managedFields"] = [
+        {"manager": "gpuops.k8s-node-remediation", "fieldsV1": {"f:spec": {"f:taints": {}}}},
+        {"manager": "kubectl-cordon", "fieldsV1": {"f:spec": {"f:unschedulable": {}}}},
+    ]
+    patch = remediation_patch(theirs, "absent", "reset")
+    assert "unschedulable" not in patch["spec"] and patch["spec"]["taints"] == [GPU_TAINT]
+
+
+def test_a_node_another_run_holds_is_left_alone_until_the_hold_ends():
+    store = LeaseStore(node())
+    later = "2026-11-26T13:00:00Z"
+    first = remediation.write(store, "gpu-a", "present", "reset", run_id="run-1", held_until=later, moment=MOMENT)
+    assert first["decision"] == "written"
+    other = remediation.write(store, "gpu-a", "absent", run_id="run-2", moment=MOMENT)
+    assert other["decision"] == "held" and other["patch"] == {}
+    assert (
+        other["message"] == "gpu-a is under the remediation of run run-1 until 2026-11-26T13:00:00Z and is left to it."
+    )
+    after = remediation.write(store, "gpu-a", "absent", run_id="run-2", moment=MOMENT + datetime.timedelta(hours=2))
+    assert after["decision"] == "written" and view(after["after"])["taint"] is None
+
+
+def test_the_breaker_counts_under_the_lease_and_leaves_the_node_untouched_when_full():
+    store = LeaseStore(named("gpu-a"), named("gpu-b"))
+    taken = remediation.claim(store, "gpu-a", "reset", 1, run_id="run-1", moment=MOMENT)
+    assert taken["decision"] == "written" and taken["counted"] == 0
+    assert store.lease["spec"]["holderIdentity"] is None and store.lease_version == 2
+    waits = remediation.claim(store, "gpu-b", "reboot", 1, run_id="run-2", moment=MOMENT)
+    assert waits["decision"] == "waiting" and waits["patch"] == {} and view(store.nodes["gpu-b"])["taint"] is None
+    assert waits["message"].startswith("gpu-b waits: 1 of 1 remediation slot(s) are taken (gpu-a (reset))")
+
+
+def test_a_lease_held_by_a_live_run_is_waited_for_then_one_sentence():
+    store = LeaseStore(named("gpu-a"))
+    store.lease = {
+        "metadata": {"resourceVersion": "7"},
+        "spec": {"holderIdentity": "run-1", "leaseDurationSeconds": 30, "renewTime": "2999-01-01T00:00:00.000000Z"},
+    }
+    with pytest.raises(RemediationError, match="the Lease kube-system/gpuops-k8s-gpu-remediation is held by run-1"):
+        remediation.acquire_lease(store, "run-2", 30, 0, sleep=lambda seconds: None)
+
+
+def test_a_run_whose_lease_was_taken_meanwhile_backs_its_taint_out_past_the_limit():
+    store = LeaseStore(named("gpu-a"), named("gpu-b", klass="reboot"))
+    real_write = store.write_lease
+
+    def other_run_takes_it(lease, spec):
+        if lease is not None and spec.get("holderIdentity") is None:
+            raise Conflict(store.lease_where)  # the release: another run holds the Lease now
+        return real_write(lease, spec)
+
+    store.write_lease = other_run_takes_it
+    lists = iter([lambda: [named("gpu-a")], LeaseStore.list_nodes.__get__(store)])
+    store.list_nodes = lambda: next(lists)()  # the first count misses gpu-b, tainted by the other run meanwhile
+    result = remediation.claim(store, "gpu-a", "reset", 1, run_id="run-1", moment=MOMENT)
+    assert result["decision"] == "waiting" and "backed out" in result["message"]
+    assert view(store.nodes["gpu-a"])["taint"] is None

@@ -18,7 +18,7 @@ def store(patched, monkeypatch):
     api = FakeApi(node())
     monkeypatch.setattr(node_remediation, "KUBERNETES_IMPORT_ERROR", None)
     monkeypatch.setattr(node_remediation, "api_client", lambda params: None)
-    monkeypatch.setattr(node_remediation, "NodeApi", lambda client: api)
+    monkeypatch.setattr(node_remediation, "RemediationApi", lambda client, *lease: api)
     return api
 
 
