@@ -66,7 +66,11 @@ def main() -> int:
     os.mkdir(os.path.join(work, "device-plugins"))
     kubelet = KubeletDouble(os.path.join(work, "device-plugins", "kubelet.sock"))
     kubelet.start()
-    env = dict(os.environ, PYTHONPATH=os.path.join(PLUGIN, "src"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.path.join(PLUGIN, "src"),
+        GPU_DEVICE_PLUGIN_HEALTH_FILE=os.path.join(work, "gpu-health.json"),
+    )
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -175,7 +175,12 @@ def start_daemon(work: Path, kubeconfig: str, log: IO[str]) -> subprocess.Popen:
         "--kubeconfig",
         kubeconfig,
     ]
-    env = {"PYTHONPATH": str(PLUGIN / "src"), "PATH": "/usr/bin:/bin", "GRPC_VERBOSITY": "ERROR"}
+    env = {
+        "PYTHONPATH": str(PLUGIN / "src"),
+        "PATH": "/usr/bin:/bin",
+        "GRPC_VERBOSITY": "ERROR",
+        "GPU_DEVICE_PLUGIN_HEALTH_FILE": str(work / "gpu-health.json"),
+    }
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 

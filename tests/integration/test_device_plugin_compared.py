@@ -187,7 +187,13 @@ class PluginRun:
             command = [sys.executable, "-m", "gpu_device_plugin", *common, "--metrics-address", ""]
             if log_level:
                 command += ["--log-level", log_level]
-        env = dict(os.environ, GPUOPS_MOCK_NVML_STATE=node.state, PYTHONPATH=os.path.join(PLUGIN, "src"))
+        # A health file of its own: the daemon carries the faults of the one it finds over a restart.
+        env = dict(
+            os.environ,
+            GPUOPS_MOCK_NVML_STATE=node.state,
+            PYTHONPATH=os.path.join(PLUGIN, "src"),
+            GPU_DEVICE_PLUGIN_HEALTH_FILE=os.path.join(self.dir, "gpu-health.json"),
+        )
         wrapper = ["unshare", "-m", "--propagation", "private", "sh", "-c", NAMESPACE, "sh", self.dir, node.dir]
         self.log_path = os.path.join(self.dir, "log")
         self.started = time.monotonic()

@@ -536,7 +536,12 @@ def test_the_daemon_in_dra_mode_publishes_keeps_and_marks_its_node_slice(cluster
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={"PYTHONPATH": str(ROOT / "files/device_plugin/src"), "PATH": "/usr/bin:/bin"},
+        # A health file of its own: the daemon carries the faults of the one it finds over a restart.
+        env={
+            "PYTHONPATH": str(ROOT / "files/device_plugin/src"),
+            "PATH": "/usr/bin:/bin",
+            "GPU_DEVICE_PLUGIN_HEALTH_FILE": str(tmp_path / "gpu-health.json"),
+        },
     )
     all_healthy = {f"gpu-{i}": "Healthy" for i in range(8)}
     try:
