@@ -653,6 +653,13 @@ def read_journal(module, argv, start, summary, limit):
 
 def read_kernel_log(module, command, kept, overrides, limit):
     """(summary, the last cursor, its time, whether all was read, a note or None)."""
+    # A node without journald (or without the command named) says so in one sentence, not with run_command's error.
+    if module.get_bin_path(command[0]) is None and not os.access(command[0], os.X_OK):
+        raise FaultsError(
+            f"the kernel log command {command[0]} is not on this node: set kernel_log to false"
+            " (gpu_remediation_kernel_log) to read the daemon's health file alone, or name the command that prints"
+            " the kernel log as journal JSON in kernel_log_command."
+        )
     if os.path.basename(command[0]) != "journalctl":
         rc, out, err = module.run_command(list(command), check_rc=False)
         if rc != 0:

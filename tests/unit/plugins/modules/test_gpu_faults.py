@@ -205,6 +205,19 @@ def test_a_failing_kernel_log_command_is_one_sentence(args, tmp_path):
     assert result["msg"].endswith(".") and "\n" not in result["msg"]
 
 
+def test_a_node_without_the_kernel_log_command_is_one_sentence(args, tmp_path):
+    """Seen on a GPU machine with no journald: the default command is not there."""
+    missing = str(tmp_path / "no-journalctl")
+    result = fail_module(gpu_faults.main, dict(args, kernel_log_command=[missing, "_TRANSPORT=kernel"]))
+    assert result["msg"] == (
+        f"the kernel log command {missing} is not on this node: set kernel_log to false (gpu_remediation_kernel_log)"
+        " to read the daemon's health file alone, or name the command that prints the kernel log as journal JSON in"
+        " kernel_log_command."
+    )
+    result = fail_module(gpu_faults.main, dict(args, kernel_log_command=["gpuops-no-such-journalctl", "-k"]))
+    assert result["msg"].startswith("the kernel log command gpuops-no-such-journalctl is not on this node: ")
+
+
 def test_bad_classes_are_one_sentence(args):
     result = fail_module(gpu_faults.main, dict(args, classes={"79": "explode"}))
     assert result["msg"] == (
