@@ -125,12 +125,12 @@ _value:
       type: str
 """
 
-import datetime
 import json
 import math
 import re
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpuops.k8s.plugins.module_utils._node_remediation import parse_time
 
 CLASSES = ("none", "device", "reset", "reboot", "replace")
 ACTING = ("reset", "reboot", "replace")
@@ -199,22 +199,6 @@ def parse_duration(value):
     if not text or not found:
         raise bad
     return float(sum(int(part) * unit for part, unit in zip(found.groups(), _UNIT_SECONDS) if part))
-
-
-def parse_time(text):
-    """An ISO 8601 time -> an aware datetime in UTC; None when it is not one."""
-    if not isinstance(text, str) or not text:
-        return None
-    raw = text.strip()
-    if raw.endswith("Z"):
-        raw = raw[:-1] + "+00:00"
-    try:
-        moment = datetime.datetime.fromisoformat(raw)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return moment.astimezone(datetime.timezone.utc)
 
 
 def parse_record(record):
