@@ -2,11 +2,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The Node calls of the collection's controller-side modules (node_labels, node_remediation), on the kubernetes
-client's dynamic client: each answers in plain data, and a write the API server refuses because the Node changed
-since it was read (HTTP 409) raises Conflict."""
+"""The Node calls of the collection's controller-side modules (node_labels, node_remediation, node_cordon), on the
+kubernetes client's dynamic client: each answers in plain data, and a write the API server refuses because the Node
+changed since it was read (HTTP 409) raises Conflict; write_node is their one read-decide-write loop."""
 
 from __future__ import annotations
+
+import json
 
 try:
     from kubernetes.dynamic import DynamicClient
@@ -32,6 +34,52 @@ def with_precondition(patch, node):
 
 class Conflict(Exception):
     """The API server refused a write because the Node changed since it was read (HTTP 409)."""
+
+
+def apply_patch(node, patch):
+    """The Node after a merge patch of ``spec`` keys and ``metadata.annotations`` (an annotation set to None is
+    removed): check mode's view, and the node a test double stores."""
+    after = json.loads(json.dumps(node))
+    after.setdefault("spec", {}).update(patch.get("spec") or {})
+    annotations = dict(after.setdefault("metadata", {}).get("annotations") or {})
+    for key, value in ((patch.get("metadata") or {}).get("annotations") or {}).items():
+        if value is None:
+            annotations.pop(key, None)
+        else:
+            annotations[key] = value
+    after["metadata"]["annotations"] = annotations
+    return after
+
+
+def write_node(api, name, decide, error, who, check_mode=False, retries=5):
+    """Read the Node ``name`` and write the merge patch ``decide(node)`` returns, as ``(patch, answer)``, carrying
+    the resourceVersion it was computed from; on a 409 the Node is read again and decided anew, at most
+    ``retries`` more times. An empty patch, and check mode, write nothing. Returns (answer, patch, the node the
+    patch was computed from, the node after, conflicts); problems are ``error(sentence)`` naming ``who``.
+
+    api: read_node(name) -> node dict or None; patch_node(name, merge_patch) -> node dict, raising Conflict on 409.
+    """
+    node = api.read_node(name)
+    if node is None:
+        raise error(f"{who}: the API server has no Node {name}.")
+    conflicts = 0
+    for _attempt in range(retries + 1):
+        patch, answer = decide(node)
+        if not patch:
+            return answer, {}, node, node, conflicts
+        if check_mode:
+            return answer, patch, node, apply_patch(node, patch), conflicts
+        try:
+            return answer, patch, node, api.patch_node(name, with_precondition(patch, node)), conflicts
+        except Conflict:
+            conflicts += 1
+            node = api.read_node(name)
+            if node is None:
+                raise error(f"{who}: the Node {name} went away while it was written.") from None
+    raise error(
+        f"{who}: the Node {name} changed between every read and write ({retries + 1} tries); "
+        "something else is writing it all the time."
+    )
 
 
 class NodeApi:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict, with_precondition
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import write_node
 
 ANNOTATION = "gpuops.k8s/cordoned-by"
 
@@ -64,44 +64,16 @@ def cordon_patch(node, state, by="", reason="", now=""):
     return patch
 
 
-def apply_patch(node, patch):
-    """The Node after PATCH (check mode's view)."""
-    after = json.loads(json.dumps(node))
-    after.setdefault("spec", {}).update(patch.get("spec") or {})
-    annotations = dict(after.setdefault("metadata", {}).get("annotations") or {})
-    for key, value in ((patch.get("metadata") or {}).get("annotations") or {}).items():
-        if value is None:
-            annotations.pop(key, None)
-        else:
-            annotations[key] = value
-    after["metadata"]["annotations"] = annotations
-    return after
-
-
 def set_cordon(api, name, state, by="", reason="", now="", check_mode=False, retries=5):
     """Bring the Node to STATE; returns (the patch written or {}, the node before, the node after, conflicts).
 
     api: read_node(name) -> node dict or None; patch_node(name, merge_patch) -> node dict, raising Conflict on 409.
     """
-    node = api.read_node(name)
-    if node is None:
-        raise CordonError(f"node_cordon: the API server has no Node {name}.")
-    first = node
-    conflicts = 0
-    for _attempt in range(retries + 1):
-        patch = cordon_patch(node, state, by, reason, now)
-        if not patch:
-            return {}, first, node, conflicts
-        if check_mode:
-            return patch, first, apply_patch(node, patch), conflicts
-        try:
-            return patch, first, api.patch_node(name, with_precondition(patch, node)), conflicts
-        except Conflict:
-            conflicts += 1
-            node = api.read_node(name)
-            if node is None:
-                raise CordonError(f"node_cordon: the Node {name} went away while it was written.") from None
-    raise CordonError(
-        f"node_cordon: the Node {name} changed between every read and write ({retries + 1} tries); "
-        "something else is writing it all the time."
+
+    def decide(node):
+        return cordon_patch(node, state, by, reason, now), None
+
+    _answer, patch, before, after, conflicts = write_node(
+        api, name, decide, CordonError, "node_cordon", check_mode=check_mode, retries=retries
     )
+    return patch, before, after, conflicts

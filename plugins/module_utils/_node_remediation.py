@@ -33,7 +33,8 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import (
     MERGE_PATCH,
     Conflict,
     NodeApi,
-    with_precondition,
+    apply_patch,
+    write_node,
 )
 
 try:
@@ -204,22 +205,6 @@ def taint_value(node, taint_key=TAINT_KEY):
     return None
 
 
-def apply_patch(node, patch):
-    """The Node after a merge patch of the three fields this module writes (check mode's view)."""
-    after = json.loads(json.dumps(node))
-    spec = after.setdefault("spec", {})
-    for key, value in (patch.get("spec") or {}).items():
-        spec[key] = value
-    annotations = after.setdefault("metadata", {}).setdefault("annotations", {}) or {}
-    for key, value in ((patch.get("metadata") or {}).get("annotations") or {}).items():
-        if value is None:
-            annotations.pop(key, None)
-        else:
-            annotations[key] = value
-    after["metadata"]["annotations"] = annotations
-    return after
-
-
 def write(
     api,
     name,
@@ -239,50 +224,37 @@ def write(
 
     api: read_node(name) -> node dict or None; patch_node(name, merge_patch) -> node dict, raising Conflict on 409.
     """
-    node = api.read_node(name)
-    if node is None:
-        raise RemediationError(f"node_remediation: the API server has no Node {name}.")
-    conflicts = 0
-    for _attempt in range(retries + 1):
-        result = {"before": node, "after": node, "patch": {}, "conflicts": conflicts, "message": ""}
+
+    def decide(node):
         held = holder(node, moment, run_id)
         if held:
-            return dict(
-                result,
-                decision="held",
-                message=f"{name} is under the remediation of run {held[0]} until {held[1]} and is left to it.",
-            )
+            return {}, ("held", f"{name} is under the remediation of run {held[0]} until {held[1]} and is left to it.")
         value = taint_value(node)
         if state == "present" and value is not None and _rank(value) > _rank(klass):
-            return dict(
-                result,
-                decision="raised",
-                message=f"{name} carries the taint {TAINT_KEY}={value}, above the {klass} asked for, and keeps it.",
+            return {}, (
+                "raised",
+                f"{name} carries the taint {TAINT_KEY}={value}, above the {klass} asked for, and keeps it.",
             )
         patch = remediation_patch(node, state, klass, gpus, reason, now, run_id=run_id, held_until=held_until)
-        decision, message = "written", ""
         if state == "absent" and value is not None and taint_value(apply_patch(node, patch)) is not None:
-            decision = "kept"
-            message = (
+            return patch, (
+                "kept",
                 f"{name} carries the taint {TAINT_KEY}={value}, not the {klass or 'class'} this remediation set: "
-                "the taint, the annotation and the cordon stay."
+                "the taint, the annotation and the cordon stay.",
             )
-        if not patch:
-            return dict(result, decision=decision, message=message)
-        if check_mode:
-            return dict(result, decision=decision, message=message, patch=patch, after=apply_patch(node, patch))
-        try:
-            after = api.patch_node(name, with_precondition(patch, node))
-            return dict(result, decision=decision, message=message, patch=patch, after=after)
-        except Conflict:
-            conflicts += 1
-            node = api.read_node(name)
-            if node is None:
-                raise RemediationError(f"node_remediation: the Node {name} went away while it was written.") from None
-    raise RemediationError(
-        f"node_remediation: the Node {name} changed between every read and write ({retries + 1} tries); "
-        "something else is writing it all the time."
+        return patch, ("written", "")
+
+    (decision, message), patch, before, after, conflicts = write_node(
+        api, name, decide, RemediationError, "node_remediation", check_mode=check_mode, retries=retries
     )
+    return {
+        "decision": decision,
+        "message": message,
+        "patch": patch,
+        "before": before,
+        "after": after,
+        "conflicts": conflicts,
+    }
 
 
 def set_remediation(api, name, state, klass=None, gpus=None, reason="", now="", check_mode=False, retries=5):

@@ -8,11 +8,10 @@ import copy
 import json
 
 import pytest
-from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict
+from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import Conflict, apply_patch
 from ansible_collections.gpuops.k8s.plugins.module_utils._node_cordon import (
     ANNOTATION,
     CordonError,
-    apply_patch,
     cordon_patch,
     set_cordon,
     view,
