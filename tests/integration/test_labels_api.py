@@ -166,6 +166,9 @@ def _plugin_vars(apiserver, **more):
         "device_plugin_node_name": NODE,
         "device_plugin_state_dir": str(apiserver["work"] / "node-state"),
         "device_plugin_wait_for_pod": False,
+        # This machine has no driver: the directory of the node's libnvidia-ml.so.1 the pods mount, as an inventory
+        # names it for nodes whose library is not where the daemon looks.
+        "device_plugin_driver_library_dir": "/usr/lib/x86_64-linux-gnu",
     }
     base.update(more)
     return base

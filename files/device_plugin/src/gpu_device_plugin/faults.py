@@ -273,7 +273,8 @@ class FaultReporter:
             return
         except (OSError, ValueError) as exc:
             log.warning(
-                f"cannot read the GPU health file {path}: no fault is carried over from before the start",
+                "cannot read the GPU health file %s: no fault is carried over from before the start",
+                path,
                 extra={"path": path, "reason": str(exc)},
             )
             return
@@ -284,7 +285,8 @@ class FaultReporter:
             or not isinstance(rows, list)
         ):
             log.warning(
-                f"the GPU health file {path} is not one the daemon writes: no fault is carried over",
+                "the GPU health file %s is not one the daemon writes: no fault is carried over",
+                path,
                 extra={"path": path},
             )
             return

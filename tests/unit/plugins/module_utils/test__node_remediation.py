@@ -350,7 +350,11 @@ def test_a_run_whose_lease_was_taken_meanwhile_backs_its_taint_out_past_the_limi
 
     store.write_lease = other_run_takes_it
     lists = iter([lambda: [named("gpu-a")], LeaseStore.list_nodes.__get__(store)])
-    store.list_nodes = lambda: next(lists)()  # the first count misses gpu-b, tainted by the other run meanwhile
+
+    def list_nodes():  # the first count misses gpu-b, tainted by the other run meanwhile
+        return next(lists)()
+
+    store.list_nodes = list_nodes
     result = remediation.claim(store, "gpu-a", "reset", 1, run_id="run-1", moment=MOMENT)
     assert result["decision"] == "waiting" and "backed out" in result["message"]
     assert view(store.nodes["gpu-a"])["taint"] is None
