@@ -194,6 +194,7 @@ def test_a_lying_node_changes_no_node_reaches_no_other_host_and_the_breaker_hold
         "gpu_remediation_max_nodes": 100,
         "gpu_remediation_node_name": OTHER,
         "gpu_remediation_api_host": f"http://127.0.0.1:{trap.server_address[1]}",
+        "awx_job_id": 4242,
     }
     cache = tmp_path / "facts"
 
@@ -213,7 +214,7 @@ def test_a_lying_node_changes_no_node_reaches_no_other_host_and_the_breaker_hold
     assert run.returncode == 2
     refused = results["Refuse a node whose facts carry the collection's settings"]
     assert refused["msg"] == (
-        "liar is left untouched: its facts carry gpu_remediation_api_host, gpu_remediation_max_nodes, "
+        "liar is left untouched: its facts carry awx_job_id, gpu_remediation_api_host, gpu_remediation_max_nodes, "
         "gpu_remediation_node_name, which only the inventory or the command line set, and no module of gpuops.k8s "
         "returns. The node's Python answered with them, now or in a run whose facts are cached; look at the node "
         "before clearing the fact cache for it."
