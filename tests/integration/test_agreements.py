@@ -144,6 +144,16 @@ def test_the_readme_names_every_module_in_its_layout_and_its_table() -> None:
         assert f"| `gpuops.k8s.{name}` |" in readme, name
 
 
+def test_the_readme_layout_names_every_role_and_playbook() -> None:
+    readme = (REPO / "README.md").read_text()
+    roles = re.search(r"^roles/ +(.*?)^playbooks/", readme, re.M | re.S).group(1)
+    assert {name.strip() for name in roles.replace("\n", ",").split(",") if name.strip()} == {
+        path.name for path in (REPO / "roles").iterdir() if path.is_dir()
+    }
+    playbooks = re.search(r"^playbooks/ +(.*)$", readme, re.M).group(1)
+    assert set(re.findall(r"[\w-]+\.yml", playbooks)) == {path.name for path in (REPO / "playbooks").glob("*.yml")}
+
+
 def test_the_xid_classes_page_is_the_table() -> None:
     # docs/xid-classes.md shows the table of plugins/module_utils/_xid_classes.py row by row.
     sys.path.insert(0, str(REPO / "plugins" / "module_utils"))
