@@ -15,13 +15,18 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 PYTHON_VERSION := 3.11
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: demo demo-clean demo-test demo-modules test test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
+.PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
 
 TIERS := setup lint sanity units integration daemon daemon-py39 daemon-image molecule e2e test-awx demo-modules demo-test
 
 # Every tier in order, then a table of each tier's minutes (scripts/make-test.sh).
 test:
 	@MAKE="$(MAKE)" scripts/make-test.sh $(TIERS)
+
+# The same tiers with every exhaustive case as well (GPUOPS_TEST_FULL=1): each drift one by one, every MIG
+# config name, the molecule cases one by one (README, "Test tiers"). Run before resolving an issue that touches them.
+test-full:
+	@GPUOPS_TEST_FULL=1 MAKE="$(MAKE)" scripts/make-test.sh $(TIERS)
 
 setup:
 	@scripts/bootstrap.sh

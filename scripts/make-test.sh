@@ -4,11 +4,13 @@
 #   scripts/make-test.sh TIER...      (MAKE: the make to call, as the Makefile passes it)
 set -uo pipefail
 make=${MAKE:-make}
+name='make test'
+[ "${GPUOPS_TEST_FULL:-0}" = 1 ] && name='make test-full'
 names=() minutes=() results=()
 start_all=$(date +%s)
 table() {
   local total=$(( $(date +%s) - start_all ))
-  printf '\nmake test, minutes per tier:\n'
+  printf '\n%s, minutes per tier:\n' "$name"
   printf '  %-14s %8s  %s\n' tier minutes result
   local i
   for i in "${!names[@]}"; do
@@ -31,4 +33,4 @@ for tier in "$@"; do
   results+=(passed)
 done
 table
-echo "make test: every tier passed"
+echo "$name: every tier passed"

@@ -201,6 +201,12 @@ def write_in_place(path: Path, text: str) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "last_in_session: run after every other test of the session")
+    config.addinivalue_line("markers", "full: exhaustive; runs under `make test-full` (GPUOPS_TEST_FULL=1) only")
+
+
+def full_suite() -> bool:
+    """`make test-full` (GPUOPS_TEST_FULL=1): every exhaustive case one by one, as well as what `make test` runs."""
+    return os.environ.get("GPUOPS_TEST_FULL") == "1"
 
 
 _MODULE_SECONDS: dict[str, float] = {}
@@ -221,8 +227,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{seconds / 60:6.1f}  {module}")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``last_in_session`` run at the end, on the lab the rest of the tier left behind."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``last_in_session`` run at the end, on the lab the rest of the tier left behind. Tests marked
+    ``full`` are left out of `make test` (reported as deselected) and run under `make test-full`."""
+    if not full_suite():
+        left_out = [item for item in items if item.get_closest_marker("full") is not None]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if item.get_closest_marker("full") is None]
     items.sort(key=lambda item: item.get_closest_marker("last_in_session") is not None)
 
 
