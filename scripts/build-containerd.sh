@@ -23,6 +23,15 @@ if [ -x "$bin" ] && [ -f "$dest/.complete" ]; then
   echo "$bin"
   exit 0
 fi
+# One build per version at a time (make test's early builds run beside the tiers): a second caller waits
+# for the first and takes its binary.
+mkdir -p "$cache"
+exec 9>"$dest.lock"
+flock 9
+if [ -x "$bin" ] && [ -f "$dest/.complete" ]; then
+  echo "$bin"
+  exit 0
+fi
 if [ ! -x "$go" ]; then
   echo "build-containerd: no Go toolchain (looked for go on PATH and /usr/local/go/bin/go)" >&2
   exit 1

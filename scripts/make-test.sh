@@ -18,6 +18,18 @@ table() {
   done
   printf '  %-14s %8s\n' total "$(awk -v s="$total" 'BEGIN { printf "%.1f", s / 60 }')"
 }
+# The builds the integration tier needs first start in the background after the setup tier (scripts/build-early.sh),
+# at low priority, and are waited for (or stopped, after a failure) before the table.
+early_pid='' early_log=$(mktemp)
+early_builds() {
+  if [ -n "$early_pid" ]; then
+    # Its own process group (setsid): the Go builds under it stop with it.
+    if [ "$1" = stop ]; then kill -TERM -- "-$early_pid" 2>/dev/null; fi
+    wait "$early_pid" 2>/dev/null
+    cat "$early_log"
+  fi
+  rm -f "$early_log"
+}
 for tier in "$@"; do
   begin=$(date +%s)
   # shellcheck disable=SC2086 # MAKE may carry its own arguments
@@ -27,10 +39,16 @@ for tier in "$@"; do
   minutes+=("$(awk -v s="$(( $(date +%s) - begin ))" 'BEGIN { printf "%.1f", s / 60 }')")
   if [ "$rc" -ne 0 ]; then
     results+=("failed ($rc)")
+    early_builds stop
     table
     exit "$rc"
   fi
   results+=(passed)
+  if [ "$tier" = setup ] && [ -z "$early_pid" ]; then
+    setsid nice -n 15 scripts/build-early.sh "$early_log" &
+    early_pid=$!
+  fi
 done
+early_builds wait
 table
 echo "$name: every tier passed"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# make test's builds started early: right after the setup tier, at low priority, while lint, sanity and units
+# (mostly one process at a time on 2 cores) leave a core idle. Builds what the integration tier needs first:
+# Kubernetes, containerd 2.1/2.4/1.7 and NVIDIA's device plugin. Each build script takes its own lock and
+# caches its output, so the tier that needs a build waits for this one, or builds it itself if this one
+# failed (its error is then the tier's). Warm, every call returns at once.
+#   scripts/build-early.sh LOG
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+log=${1:-/dev/null}
+{
+  for build in tests/e2e/build-kubernetes.sh scripts/build-containerd2.sh scripts/build-containerd24.sh \
+    scripts/build-containerd17.sh scripts/build-nvidia-device-plugin.sh; do
+    start=$(date +%s)
+    if "$here/$build" >/dev/null; then rc=0; else rc=$?; fi
+    printf '[build-early] %s: exit %s in %s s\n' "$build" "$rc" "$(($(date +%s) - start))"
+  done
+} >>"$log" 2>&1
