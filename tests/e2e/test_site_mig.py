@@ -1,6 +1,5 @@
 """site.yml partitions a lab node's GPUs with MIG by mig-parted config name, proven against the lab's real
-kube-apiserver, scheduler, kubelet and containerd: none -> all-1g.10gb -> a mixed layout -> none in device-plugin
-allocation, then none -> all-1g.10gb in DRA allocation.
+kube-apiserver, scheduler, kubelet and containerd (and, under the DaemonSet deployment, the DaemonSet controller).
 
 The node has 8 x H100 80GB (tests/fixtures/simulated/h100x8.yaml: NVLink islands 0-3 and 4-7) served by the lab's
 mock NVIDIA driver (its libnvidia-ml.so.1, which models MIG as docs/mock-nvml.md says, its device nodes and MIG
@@ -9,16 +8,29 @@ them, the plugin (migStrategy mixed) and the DRA driver serve their MIG devices,
 specification the nvidia runtime gives pods, and site.yml's discovery reads them for the labels (the module runs
 with gpuops_simulate_from empty, where the other modules read the spec: the spec does not change with MIG).
 
-At each step the node's allocatable MIG devices (or its DRA slice) and its labels follow, the pods on GPUs whose
-layout changes are evicted before the change while a pod on a GPU that keeps its layout keeps running, and a second
-run changes nothing. A layout that fails half-way (a fault injected into the mock library) is rolled back.
+`make test` runs one chain of steps, each path once, in device-plugin allocation under the systemd deployment:
+MIG off (all-disabled, the setup); all-1g.10gb failing half-way (a fault injected into the mock library) and rolled
+back; `--check` to all-1g.10gb, which evicts and writes nothing; none -> all-1g.10gb, where the pod on four GPUs is
+evicted before the write and the node is fenced (a taint) from before the eviction until after it; a run to
+all-1g.10gb cut short after the write (the daemon stopped, the fence left), undone by the next run before it labels
+success. Then in DRA allocation: the node moved to DRA with MIG off, then none -> all-1g.10gb, where the DRA
+driver's slice follows the layout and the pod whose ResourceClaim holds a GPU is evicted. Last, the DaemonSet
+deployment of the plugin (its image imported by the role, as in test_site_daemonset.py): none -> all-1g.10gb with a
+pod on four GPUs, found by gpu-pods in the plugin's pod and evicted, the plugin's pod stepping aside for the mode
+change (the pause label, which the DaemonSet's node affinity excludes) and a new one serving the new devices; the
+label never stays. At each step the node's allocatable MIG devices (or its DRA slice) and its labels follow, and a
+second run changes nothing.
 
-Last, the node moves to the DaemonSet deployment of the plugin (its image imported by the role, as in
-test_site_daemonset.py), where all-disabled -> all-1g.10gb fails half-way and is rolled back, then succeeds: the pods
-are found by gpu-pods in the plugin's pod, the pod steps aside for the mode change (the pause label, which the
-DaemonSet's node affinity excludes) and a new one serves the new devices; the label never stays.
+`make test-full` (GPUOPS_TEST_FULL=1) adds, each at the point of the chain whose state it needs: all-1g.10gb while
+an NVML client the collection does not own holds the mode change pending (the lab's GPU reset double refuses the
+reset, the run is rolled back); after the cut-short run, the config-name matrix all-1g.10gb -> lab-mixed (GPUs 0-3
+keep their MIG devices, 4-7 turn MIG off) -> all-disabled, where each 28-device pod gets one NVLink island from the
+plugin's preferred allocation and only the pods on the GPUs whose layout changes are evicted while a pod on a GPU
+that keeps its layout keeps running; and under the DaemonSet deployment all-1g.10gb failing half-way, rolled back,
+the plugin's pod back.
 
-The module leaves the node in device-plugin allocation with MIG off under the systemd deployment, as it found it.
+The module leaves the node in device-plugin allocation with MIG off under the systemd deployment, as it found it
+(one site.yml run at the end, from wherever the last step left it).
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab
+from conftest import PAUSE_IMAGE, Lab, full_suite
 from daemonset_checks import ready_pod
 from daemonset_node import DAEMONSET, build_plugin_archive
 from dra_objects import RESOURCE, claim_template, pod_manifest, published
@@ -248,10 +260,20 @@ class Runner:
         )
 
 
+def after_full_steps(request: pytest.FixtureRequest, *steps: str) -> None:
+    """Under `make test-full`, the exhaustive STEPS (fixtures that only full tests use) that come before a step of the
+    chain run first, so that the step starts from what they left in either mode; under `make test` they do not run."""
+    if full_suite():
+        for step in steps:
+            request.getfixturevalue(step)
+
+
 @pytest.fixture(scope="module")
 def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     """The first node converged by site.yml with MIG off (all-disabled), the plugin in systemd mode serving MIG
-    devices as their own resources (migStrategy mixed), and GPU facts read through NVML."""
+    devices as their own resources (migStrategy mixed), and GPU facts read through NVML. At the end of the module,
+    the node goes back there from wherever the last step left it (in both modes, the DaemonSet deployment with
+    all-1g.10gb: the pause path once more, turning MIG off)."""
     node = lab.nodes[0]
     work = tmp_path_factory.mktemp("site-mig")
     inventory = lab_inventory(work / "inventory.yml")
@@ -268,6 +290,8 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     flow.setup = Runner(flow).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
     yield flow
     lab.core.delete_collection_namespaced_pod("default", label_selector=f"app.kubernetes.io/part-of={PART_OF}")
+    back = Runner(flow).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
+    assert back.returncode == 0, back.summary()
 
 
 @pytest.fixture(scope="module")
@@ -296,8 +320,10 @@ def held(flow: Flow, failed: Step) -> Step:
 
 
 @pytest.fixture(scope="module")
-def check_run(flow: Flow, held: Step) -> Step:
-    """`site.yml --check` to all-1g.10gb, with a pod holding four GPUs."""
+def check_run(flow: Flow, failed: Step, request: pytest.FixtureRequest) -> Step:
+    """`site.yml --check` to all-1g.10gb, with a pod holding four GPUs (after `held` under `make test-full`; MIG is
+    off and the labels say failed either way)."""
+    after_full_steps(request, "held")
     pods = {"whole-a": start_pod(flow.lab, gpu_pod("whole-a", flow.node, GPU, 4))}
     runner = Runner(flow)
     check = runner.run("--check", gpu_mig_config="all-1g.10gb")
@@ -322,9 +348,10 @@ def all_1g(flow: Flow, check_run: Step) -> Step:
 
 
 @pytest.fixture(scope="module")
-def mixed(flow: Flow, all_1g: Step) -> tuple[Step, dict[str, set[int]]]:
-    """all-1g.10gb -> lab-mixed, with two pods of 28 MIG devices each: the plugin's preferred allocation puts
-    each on one NVLink island (returned: pod name -> its GPUs). Only GPUs 4-7 change."""
+def mixed(flow: Flow, cut_short: Step) -> tuple[Step, dict[str, set[int]]]:
+    """`make test-full` only, after the cut-short run (which leaves all-1g.10gb): all-1g.10gb -> lab-mixed, with two
+    pods of 28 MIG devices each: the plugin's preferred allocation puts each on one NVLink island (returned: pod
+    name -> its GPUs). Only GPUs 4-7 change."""
     lab, node = flow.lab, flow.node
     gpus = layout(lab, node)
     pods, where = {}, {}
@@ -337,8 +364,8 @@ def mixed(flow: Flow, all_1g: Step) -> tuple[Step, dict[str, set[int]]]:
 
 @pytest.fixture(scope="module")
 def none_again(flow: Flow, mixed: tuple[Step, dict[str, set[int]]]) -> tuple[Step, dict[str, set[int]]]:
-    """lab-mixed -> all-disabled, with a pod on four whole GPUs (4-7, the only whole ones) beside the MIG pod that
-    stayed on 0-3. Only GPUs 0-3 change."""
+    """`make test-full` only: lab-mixed -> all-disabled, with a pod on four whole GPUs (4-7, the only whole ones)
+    beside the MIG pod that stayed on 0-3. Only GPUs 0-3 change."""
     lab, node = flow.lab, flow.node
     step, where = mixed
     staying = {name: uid for name, uid in step.pods_after.items() if uid is not None}
@@ -350,9 +377,12 @@ def none_again(flow: Flow, mixed: tuple[Step, dict[str, set[int]]]) -> tuple[Ste
 
 
 @pytest.fixture(scope="module")
-def dra(flow: Flow, none_again: tuple[Step, dict[str, set[int]]]) -> Iterator[tuple[Step, list[dict[str, Any]]]]:
-    """The node moved to DRA allocation with MIG off, then all-disabled -> all-1g.10gb there, with a pod whose
-    ResourceClaim holds a whole GPU. Returns the step and the DRA slice's devices after it."""
+def dra(flow: Flow, cut_short: Step, request: pytest.FixtureRequest) -> Iterator[tuple[Step, list[dict[str, Any]]]]:
+    """The node moved to DRA allocation with MIG off by one run (under `make test` from the cut-short run's
+    all-1g.10gb, turning MIG off on the way; under `make test-full` from none_again's all-disabled), then
+    all-disabled -> all-1g.10gb there, with a pod whose ResourceClaim holds a whole GPU. Returns the step and the DRA
+    slice's devices after it. The node stays in DRA allocation with all-1g.10gb until the DaemonSet part moves it."""
+    after_full_steps(request, "none_again")
     lab, node = flow.lab, flow.node
     runner = Runner(flow)
     switch = runner.run(gpu_mig_config="all-disabled", gpu_allocation_mode="dra")
@@ -373,9 +403,6 @@ def dra(flow: Flow, none_again: tuple[Step, dict[str, set[int]]]) -> Iterator[tu
     )
     yield step, devices
     objects.delete_namespaced_custom_object(*RESOURCE, "default", "resourceclaimtemplates", template)
-    # Back to device-plugin allocation with MIG off, as the module found the node.
-    back = runner.run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
-    assert back.returncode == 0, back.summary()
 
 
 def succeeded_twice(step: Step) -> None:
@@ -438,6 +465,7 @@ def test_the_lab_gpu_reset_double_refuses_while_the_plugin_has_nvml_open(flow: F
     assert reset.stderr.strip() == f"Unable to reset GPU {failed.layout[0]['uuid']}: In use by another client"
 
 
+@pytest.mark.full
 def test_a_mode_change_another_nvml_client_holds_is_reset_or_rolled_back(held: Step) -> None:
     assert held.first.returncode != 0
     out = held.first.output
@@ -483,12 +511,43 @@ def test_all_1g_10gb_fences_the_node_from_the_eviction_until_after_the_write(flo
     assert flow.lab.node_exec(flow.node, "test", "-e", RUN_RECORD, check=False).returncode == 1
 
 
-# --- all-1g.10gb -> lab-mixed: GPUs 4-7 change, 0-3 keep their MIG devices -----------------------------------
+# --- a run cut short (an unreachable node, a killed controller) after the write ---------------------------------
+@pytest.fixture(scope="module")
+def cut_short(flow: Flow, all_1g: Step) -> Step:
+    """What a run to all-1g.10gb leaves when the node drops out of it after the write: the layout is all-1g.10gb
+    already, the plugin stopped, the fence taint on the Node and the run's record on the node. The next run to the
+    same config (the read finds nothing to change) must undo them before it labels the node success."""
+    lab, node = flow.lab, flow.node
+    record = {"fence_taint": FENCE_TAINT, "stopped_unit": f"{SERVICE}.service", "paused": False}
+    lab.node_exec(node, "sh", "-c", f"cat > {RUN_RECORD}", input_text=json.dumps(record) + "\n")
+    lab.node_exec(node, "systemctl", "stop", SERVICE)
+    taints = [t.to_dict() for t in lab.node(node).spec.taints or []]
+    taints.append({"key": FENCE_TAINT, "effect": "NoSchedule"})
+    lab.core.patch_node(node, {"spec": {"taints": [{k: v for k, v in t.items() if v is not None} for t in taints]}})
+    return Runner(flow).step("all-1g.10gb", {}, {GPU: 0, MIG_1G: 56})
+
+
+def test_a_run_cut_short_is_undone_by_the_next_before_it_labels_success(flow: Flow, cut_short: Step) -> None:
+    succeeded_twice(cut_short)
+    assert cut_short.plugin_active == "active"
+    assert fence_taints(flow.lab, flow.node) == []
+    assert flow.lab.node_exec(flow.node, "test", "-e", RUN_RECORD, check=False).returncode == 1
+    assert summary(cut_short.layout) == [SEVEN] * 8
+    assert cut_short.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
+    # Before the read, and so before any label: the record is read first thing in the role.
+    started = task_position(cut_short.first, "Start the daemon the run left stopped")
+    read = task_position(cut_short.first, "Read the node's MIG layout against the config", "ok")
+    assert None not in (started, read) and started < read, cut_short.first.summary()
+
+
+# --- all-1g.10gb -> lab-mixed (make test-full): GPUs 4-7 change, 0-3 keep their MIG devices -------------------------
+@pytest.mark.full
 def test_each_mig_pod_has_an_island(mixed: tuple[Step, dict[str, set[int]]]) -> None:
     _step, where = mixed
     assert sorted(sorted(gpus) for gpus in where.values()) == [[0, 1, 2, 3], [4, 5, 6, 7]], where
 
 
+@pytest.mark.full
 def test_lab_mixed_changes_only_gpus_4_to_7(mixed: tuple[Step, dict[str, set[int]]]) -> None:
     step, _where = mixed
     succeeded_twice(step)
@@ -497,6 +556,7 @@ def test_lab_mixed_changes_only_gpus_4_to_7(mixed: tuple[Step, dict[str, set[int
     assert step.labels == {"nvidia.com/mig.config": "lab-mixed", "nvidia.com/mig.config.state": "success"}
 
 
+@pytest.mark.full
 def test_lab_mixed_keeps_the_pod_on_0_to_3_and_evicts_the_one_on_4_to_7(
     mixed: tuple[Step, dict[str, set[int]]],
 ) -> None:
@@ -509,7 +569,8 @@ def test_lab_mixed_keeps_the_pod_on_0_to_3_and_evicts_the_one_on_4_to_7(
     evicted_before_the_write(step)
 
 
-# --- lab-mixed -> all-disabled: GPUs 0-3 change, 4-7 stay whole -----------------------------------------------
+# --- lab-mixed -> all-disabled (make test-full): GPUs 0-3 change, 4-7 stay whole ---------------------------------
+@pytest.mark.full
 def test_none_again_turns_mig_off(none_again: tuple[Step, dict[str, set[int]]]) -> None:
     step, _where = none_again
     succeeded_twice(step)
@@ -518,6 +579,7 @@ def test_none_again_turns_mig_off(none_again: tuple[Step, dict[str, set[int]]]) 
     assert step.labels == {"nvidia.com/mig.config": "all-disabled", "nvidia.com/mig.config.state": "success"}
 
 
+@pytest.mark.full
 def test_none_again_keeps_the_pod_on_4_to_7_and_evicts_the_one_on_0_to_3(
     none_again: tuple[Step, dict[str, set[int]]],
 ) -> None:
@@ -527,34 +589,6 @@ def test_none_again_keeps_the_pod_on_4_to_7_and_evicts_the_one_on_0_to_3(
     evicted = [name for name in where if name != "whole-b"]
     assert evicted and all(step.pods_after[name] is None for name in evicted), step.pods_after
     evicted_before_the_write(step)
-
-
-# --- a run cut short (an unreachable node, a killed controller) after the write ---------------------------------
-@pytest.fixture(scope="module")
-def cut_short(flow: Flow, none_again: tuple[Step, dict[str, set[int]]]) -> Step:
-    """What a run to all-disabled leaves when the node drops out of it after the write: the layout is all-disabled
-    already, the plugin stopped, the fence taint on the Node and the run's record on the node. The next run to the
-    same config (the read finds nothing to change) must undo them before it labels the node success."""
-    lab, node = flow.lab, flow.node
-    record = {"fence_taint": FENCE_TAINT, "stopped_unit": f"{SERVICE}.service", "paused": False}
-    lab.node_exec(node, "sh", "-c", f"cat > {RUN_RECORD}", input_text=json.dumps(record) + "\n")
-    lab.node_exec(node, "systemctl", "stop", SERVICE)
-    taints = [t.to_dict() for t in lab.node(node).spec.taints or []]
-    taints.append({"key": FENCE_TAINT, "effect": "NoSchedule"})
-    lab.core.patch_node(node, {"spec": {"taints": [{k: v for k, v in t.items() if v is not None} for t in taints]}})
-    return Runner(flow).step("all-disabled", {}, {GPU: 8, MIG_1G: 0})
-
-
-def test_a_run_cut_short_is_undone_by_the_next_before_it_labels_success(flow: Flow, cut_short: Step) -> None:
-    succeeded_twice(cut_short)
-    assert cut_short.plugin_active == "active"
-    assert fence_taints(flow.lab, flow.node) == []
-    assert flow.lab.node_exec(flow.node, "test", "-e", RUN_RECORD, check=False).returncode == 1
-    assert cut_short.labels == {"nvidia.com/mig.config": "all-disabled", "nvidia.com/mig.config.state": "success"}
-    # Before the read, and so before any label: the record is read first thing in the role.
-    started = task_position(cut_short.first, "Start the daemon the run left stopped")
-    read = task_position(cut_short.first, "Read the node's MIG layout against the config", "ok")
-    assert None not in (started, read) and started < read, cut_short.first.summary()
 
 
 # --- DRA: all-disabled -> all-1g.10gb --------------------------------------------------------------------
@@ -575,7 +609,7 @@ def test_dra_evicts_the_pod_whose_claim_holds_a_gpu_that_changes(dra: tuple[Step
     evicted_before_the_write(step)
 
 
-# --- the DaemonSet deployment: all-disabled -> all-1g.10gb, failing half-way, then for real ---------------------------
+# --- the DaemonSet deployment: all-disabled -> all-1g.10gb (failing half-way first under make test-full) ------------
 @dataclass
 class DaemonsetStep:
     """One site.yml run to a config under the DaemonSet deployment (twice where the first succeeds)."""
@@ -593,9 +627,10 @@ class DaemonsetStep:
 
 
 @pytest.fixture(scope="module")
-def ds_flow(flow: Flow, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
-    """The node moved to the DaemonSet deployment of the plugin (device-plugin allocation, MIG off): the flow's
-    variables plus the image, which the role imports into the node's containerd. Moved back to systemd afterwards."""
+def ds_flow(flow: Flow, dra: tuple[Step, list[dict[str, Any]]], tmp_path_factory: pytest.TempPathFactory) -> Flow:
+    """The node moved from the DRA step's state (DRA allocation, all-1g.10gb) to the DaemonSet deployment of the
+    plugin (device-plugin allocation, MIG off) by one run: the flow's variables plus the image, which the role imports
+    into the node's containerd. The flow's own teardown moves the node back to systemd at the end of the module."""
     work = tmp_path_factory.mktemp("site-mig-daemonset")
     archive = work / "gpu-device-plugin.oci.tar"
     image = build_plugin_archive(archive)
@@ -612,10 +647,7 @@ def ds_flow(flow: Flow, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fl
     )
     ds = Flow(flow.lab, flow.node, flow.inventory, ds_vars)
     ds.setup = Runner(ds).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
-    yield ds
-    # Back to the systemd deployment with MIG off (from all-1g.10gb: the pause path once more, turning MIG off).
-    back = Runner(flow).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
-    assert back.returncode == 0, back.summary()
+    return ds
 
 
 def ds_step(
@@ -648,13 +680,16 @@ def ds_step(
 
 @pytest.fixture(scope="module")
 def ds_failed(ds_flow: Flow) -> DaemonsetStep:
-    """all-disabled -> all-1g.10gb under the DaemonSet deployment, with a fault injected half-way into the write."""
+    """`make test-full` only: all-disabled -> all-1g.10gb under the DaemonSet deployment, with a fault injected
+    half-way into the write."""
     return ds_step(ds_flow, "all-1g.10gb", {}, {GPU: 8, MIG_1G: 0}, twice=False, nvidia_mig_environment=FAULT)
 
 
 @pytest.fixture(scope="module")
-def ds_all_1g(ds_flow: Flow, ds_failed: DaemonsetStep) -> DaemonsetStep:
-    """all-disabled -> all-1g.10gb under the DaemonSet deployment, with a pod holding four GPUs."""
+def ds_all_1g(ds_flow: Flow, request: pytest.FixtureRequest) -> DaemonsetStep:
+    """all-disabled -> all-1g.10gb under the DaemonSet deployment, with a pod holding four GPUs (after ds_failed under
+    `make test-full`, which leaves MIG off too)."""
+    after_full_steps(request, "ds_failed")
     pods = {"ds-whole": start_pod(ds_flow.lab, gpu_pod("ds-whole", ds_flow.node, GPU, 4))}
     return ds_step(ds_flow, "all-1g.10gb", pods, {GPU: 0, MIG_1G: 56}, twice=True)
 
@@ -671,6 +706,7 @@ def paused_around_the_write(run: PlaybookRun) -> None:
     assert paused < gone < written < resumed, run.summary()
 
 
+@pytest.mark.full
 def test_daemonset_deployment_a_failure_half_way_is_rolled_back_and_the_plugin_pod_comes_back(
     ds_failed: DaemonsetStep,
 ) -> None:
