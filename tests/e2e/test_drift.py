@@ -1,6 +1,6 @@
-"""Drift is always seen: on a converged lab node, the things the roles manage are changed one per role at a time,
-and the next `site.yml` must report a change by each drifted role and repair it, and the run after it must report
-none.
+"""Drift is always seen: on a converged lab node, the things the roles manage are changed, several at a time,
+and the next `site.yml` must report a change by each drifted role and repair them all, and the run after it must
+report none.
 
 The node is the lab's first one, converged once for this module by `site.yml --limit NODE` in the default
 deployment (the device plugin as a systemd service, device_plugin allocation). What "converged" means is read from
@@ -8,14 +8,29 @@ the node itself and from the API server right after that, with no help from Ansi
 file's type, mode, owner and content, the toolkit's and the plugin's packages with their dpkg state and the apt
 hold, the units' enabled and active states, the plugin's virtual environment (its distributions, its interpreter
 links, whether the daemon imports) and health endpoint, containerd's config as TOML reads it, the node's GPU
-labels, taint and the nvidia RuntimeClass. The cases run in rounds of at most one per role (``rounds``): a role meets
-one drift per run, so no repair of one drift can hide the miss of another by the same role. Each round then
+labels, taint and the nvidia RuntimeClass. Each round
 
 1. changes, for each of its cases, one thing on the node, as a person or a half-finished job would, and checks
    that the observed state changed with it (so the case can see its own drift);
 2. runs `site.yml`, which must succeed with a change reported by each drifted role and bring the observed state
    back to the converged one (each thing repaired, and nothing else disturbed);
 3. runs `site.yml` again, which must report changed == 0.
+
+How the cases are grouped into rounds:
+
+- `make test` runs the cases packed (``packed``): as few rounds as hold every case with no two in one round that
+  ``conflict``: that change one thing (their ``keep`` paths equal, or one in the other, as the keyring directory
+  and the key in it; or one unit, the dpkg database, one API object, named in ``touches``), or of which one's
+  repair writes or starts what the other changed whatever its state (``repair_also``: the device plugin's restart
+  handler starts a stopped service, cdi.yml writes the CDI specification for any drift of the refresh units,
+  container_toolkit's key record creates the state directory device_plugin keeps). Several drifts of one role share
+  a run, so a role's change report alone could come from another of its drifts; what catches a role that misses
+  one is step 2: the observed state must equal the converged one, and no other drift in the round can have put
+  that thing back. Five rounds today: as many as the largest set of cases that all conflict with one another (the
+  CDI specification's content and mode, its directory removed, the refresh path unit stopped, and disabled).
+- `make test-full` (GPUOPS_TEST_FULL=1) adds the rounds of at most one case per role (``per_role``, 21 rounds
+  today, marked full): a role meets one drift per run, so its change report is that drift's, and no repair of one drift
+  can hide the miss of another by the same role, whatever ``conflict`` says.
 
 A drift the roles miss is put back by the test itself, so that the cases after it start from a converged node.
 
@@ -280,22 +295,48 @@ def interrupted_install(lab: Lab, node: str) -> None:
     lab.node_exec(node, "sh", "-ec", script)
 
 
+def runtime_class_back(lab: Lab, node: str) -> None:
+    """The RuntimeClass as device_plugin creates it, where it is gone."""
+    api = client.NodeV1Api(lab.api)
+    try:
+        api.read_runtime_class("nvidia")
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+        api.create_runtime_class(
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "handler": "nvidia",
+                "metadata": {"name": "nvidia", "labels": {"app.kubernetes.io/managed-by": "gpuops.k8s"}},
+            }
+        )
+
+
 @dataclass
 class Case:
     role: str
     thing: str
     drift: Drift
     keep: tuple[str, ...] = ()
-    # Puts back what `keep` cannot (packages, units, API objects); run only where the role did not.
+    # Puts back what `keep` cannot (packages, units, API objects). Run for every case of a round that left a drift,
+    # where the role may have put this one back already: it must leave a thing that is back as it is.
     undo: Drift | None = None
+    # What the drift changes that `keep` does not name: a unit, the package database, an API object, or a path it
+    # changes with the one it keeps (see `conflict`).
+    touches: tuple[str, ...] = ()
+    # What the role's repair of this drift writes or starts whatever its state, besides the drifted thing: a
+    # handler's restart, a task that writes its file without asking first, a directory it creates on the way. A
+    # drift of one of these in the same run would be repaired even by a role that missed it (see `conflict`).
+    repair_also: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
         return f"{self.role}.{self.thing}"
 
 
-def mode_case(role: str, thing: str, path: str, mode: str) -> Case:
-    return Case(role, thing, shell(f"chmod {mode} {path}"), keep=(path,))
+def mode_case(role: str, thing: str, path: str, mode: str, repair_also: tuple[str, ...] = ()) -> Case:
+    return Case(role, thing, shell(f"chmod {mode} {path}"), keep=(path,), repair_also=repair_also)
 
 
 def install_packages(*pairs: str) -> Drift:
@@ -308,11 +349,39 @@ def install_packages(*pairs: str) -> Drift:
 
 TOOLKIT_PINS = tuple(f"{name}={TOOLKIT_VERSION}" for name in TOOLKIT_PACKAGES)
 
+# The things the cases share that are not paths (`Case.touches`, `Case.repair_also`).
+# dpkg's one database: apt refuses to act while a drift has broken its dependencies (the older libnvidia-container1),
+# and container_toolkit's one install task puts all four toolkit packages back at their version.
+DPKG = "the dpkg database"
+CDI_REFRESH_PATH_UNIT = "unit nvidia-cdi-refresh.path"
+CDI_REFRESH_SERVICE_UNIT = "unit nvidia-cdi-refresh.service"
+PLUGIN_ACTIVE = "unit gpuops-device-plugin.service: active"
+PLUGIN_ENABLED = "unit gpuops-device-plugin.service: enabled"
+RUNTIME_CLASS = "API: RuntimeClass nvidia"
+# gpu_node_labels patches the node's labels and taint in one request.
+NODE_LABELS = "API: the node's labels and taint"
+# container_toolkit's key record (tasks/key_record.yml, after a key is fetched) creates the state directory it shares
+# with device_plugin, with its mode.
+KEY_RECORD_REPAIR = (STATE_DIR,)
+# cdi.yml, included for any drift of the specification, its directory or NVIDIA's refresh units, writes the
+# specification without asking first.
+CDI_REPAIR = (CDI_SPEC,)
+# The device plugin's restart handler: a new config, unit, dependency or daemon restarts the service.
+PLUGIN_RESTART = (PLUGIN_ACTIVE,)
+# A new unit file is enabled and started as well (systemd_install.yml, 'Enable and start the service').
+PLUGIN_UNIT_REPAIR = (PLUGIN_ACTIVE, PLUGIN_ENABLED)
+
 CASES = [
     # container_toolkit: the repository, the hold, the packages.
     mode_case("container_toolkit", "keyring-dir-mode", "/etc/apt/keyrings", "0700"),
-    Case("container_toolkit", "keyring-content", shell(f": > {KEYRING}"), keep=(KEYRING,)),
-    mode_case("container_toolkit", "keyring-mode", KEYRING, "0600"),
+    Case(
+        "container_toolkit",
+        "keyring-content",
+        shell(f": > {KEYRING}"),
+        keep=(KEYRING,),
+        repair_also=KEY_RECORD_REPAIR,
+    ),
+    mode_case("container_toolkit", "keyring-mode", KEYRING, "0600", repair_also=KEY_RECORD_REPAIR),
     Case(
         "container_toolkit",
         "sources-content",
@@ -339,12 +408,14 @@ CASES = [
         "package-removed",
         shell("dpkg -r nvidia-container-toolkit >/dev/null"),
         undo=install_packages(*TOOLKIT_PINS),
+        touches=(DPKG,),
     ),
     Case(
         "container_toolkit",
         "package-other-version",
         other_libnvidia_container1,
         undo=install_packages(*TOOLKIT_PINS),
+        touches=(DPKG,),
     ),
     # container_toolkit: the runtime's mode, the CDI specification and its refresh units.
     Case(
@@ -359,33 +430,48 @@ CASES = [
         "cdi-spec-content",
         edit(CDI_SPEC, lambda t: re.sub(r"/dev/nvidia0\b", "/dev/nvidia9", t)),
         keep=(CDI_SPEC,),
+        repair_also=CDI_REPAIR,
     ),
-    mode_case("container_toolkit", "cdi-spec-mode", CDI_SPEC, "0600"),
-    mode_case("container_toolkit", "cdi-dir-mode", CDI_DIR, "0700"),
-    Case("container_toolkit", "cdi-dir-removed", shell(f"rm -rf {CDI_DIR}"), keep=(CDI_DIR,)),
+    mode_case("container_toolkit", "cdi-spec-mode", CDI_SPEC, "0600", repair_also=CDI_REPAIR),
+    mode_case("container_toolkit", "cdi-dir-mode", CDI_DIR, "0700", repair_also=CDI_REPAIR),
+    Case(
+        "container_toolkit",
+        "cdi-dir-removed",
+        shell(f"rm -rf {CDI_DIR}"),
+        keep=(CDI_DIR,),
+        touches=(CDI_SPEC,),
+        repair_also=CDI_REPAIR,
+    ),
     Case(
         "container_toolkit",
         "cdi-refresh-env-output",
         shell(f"echo NVIDIA_CTK_CDI_OUTPUT_FILE_PATH=/etc/cdi/elsewhere.yaml >> {CDI_REFRESH_ENV}"),
         keep=(CDI_REFRESH_ENV,),
+        repair_also=CDI_REPAIR,
     ),
     Case(
         "container_toolkit",
         "cdi-refresh-path-stopped",
         shell("systemctl stop nvidia-cdi-refresh.path"),
         undo=shell("systemctl start nvidia-cdi-refresh.path"),
+        touches=(CDI_REFRESH_PATH_UNIT,),
+        repair_also=CDI_REPAIR,
     ),
     Case(
         "container_toolkit",
         "cdi-refresh-path-disabled",
         shell("systemctl disable -q nvidia-cdi-refresh.path"),
         undo=shell("systemctl enable -q nvidia-cdi-refresh.path"),
+        touches=(CDI_REFRESH_PATH_UNIT,),
+        repair_also=CDI_REPAIR,
     ),
     Case(
         "container_toolkit",
         "cdi-refresh-service-disabled",
         shell("systemctl disable -q nvidia-cdi-refresh.service"),
         undo=shell("systemctl enable -q nvidia-cdi-refresh.service"),
+        touches=(CDI_REFRESH_SERVICE_UNIT,),
+        repair_also=CDI_REPAIR,
     ),
     # nvidia_runtime: containerd's config.
     Case(
@@ -430,39 +516,48 @@ CASES = [
         "config-content",
         edit(PLUGIN_CONFIG, lambda t: t.replace("migStrategy: none", "migStrategy: single")),
         keep=(PLUGIN_CONFIG,),
+        repair_also=PLUGIN_RESTART,
     ),
-    mode_case("device_plugin", "config-mode", PLUGIN_CONFIG, "0600"),
+    mode_case("device_plugin", "config-mode", PLUGIN_CONFIG, "0600", repair_also=PLUGIN_RESTART),
     mode_case("device_plugin", "config-dir-mode", PLUGIN_CONFIG_DIR, "0700"),
     Case(
         "device_plugin",
         "unit-content",
         edit(PLUGIN_UNIT, lambda t: t.replace("NoNewPrivileges=yes\n", "")),
         keep=(PLUGIN_UNIT,),
+        repair_also=PLUGIN_UNIT_REPAIR,
     ),
-    mode_case("device_plugin", "unit-mode", PLUGIN_UNIT, "0600"),
+    mode_case("device_plugin", "unit-mode", PLUGIN_UNIT, "0600", repair_also=PLUGIN_UNIT_REPAIR),
+    # The service's one task enables and starts it: either repair puts the other state back as well.
     Case(
         "device_plugin",
         "service-stopped",
         shell("systemctl stop gpuops-device-plugin"),
         undo=shell("systemctl start gpuops-device-plugin"),
+        touches=(PLUGIN_ACTIVE,),
+        repair_also=(PLUGIN_ENABLED,),
     ),
     Case(
         "device_plugin",
         "service-disabled",
         shell("systemctl disable -q gpuops-device-plugin"),
         undo=shell("systemctl enable -q gpuops-device-plugin"),
+        touches=(PLUGIN_ENABLED,),
+        repair_also=(PLUGIN_ACTIVE,),
     ),
     Case(
         "device_plugin",
         "venv-dependency-removed",
         shell(f"{VENV}/bin/pip uninstall -q -y prometheus-client"),
         keep=(VENV,),
+        repair_also=PLUGIN_RESTART,
     ),
     Case(
         "device_plugin",
         "venv-daemon-removed",
         shell(f"{VENV}/bin/pip uninstall -q -y gpu-device-plugin"),
         keep=(VENV,),
+        repair_also=PLUGIN_RESTART,
     ),
     Case(
         "device_plugin",
@@ -470,12 +565,19 @@ CASES = [
         shell(f"rm {VENV}/bin/python {VENV}/bin/python3 {VENV}/bin/python3.*"),
         keep=(VENV,),
     ),
-    Case("device_plugin", "install-interrupted", interrupted_install, keep=(PLUGIN_DIR,)),
+    Case(
+        "device_plugin",
+        "install-interrupted",
+        interrupted_install,
+        keep=(PLUGIN_DIR,),
+        repair_also=PLUGIN_RESTART,
+    ),
     Case(
         "device_plugin",
         "os-package-removed",
         shell("DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq python3-venv >/dev/null"),
         undo=install_packages("python3-venv"),
+        touches=(DPKG,),
     ),
     Case(
         "device_plugin",
@@ -490,22 +592,17 @@ CASES = [
         "device_plugin",
         "runtimeclass-removed",
         lambda lab, node: client.NodeV1Api(lab.api).delete_runtime_class("nvidia"),
-        undo=lambda lab, node: client.NodeV1Api(lab.api).create_runtime_class(
-            {
-                "apiVersion": "node.k8s.io/v1",
-                "kind": "RuntimeClass",
-                "handler": "nvidia",
-                "metadata": {"name": "nvidia", "labels": {"app.kubernetes.io/managed-by": "gpuops.k8s"}},
-            }
-        ),
+        undo=runtime_class_back,
+        touches=(RUNTIME_CLASS,),
     ),
     # gpu_node_labels, through the API.
     Case(
         "gpu_node_labels",
         "label-removed",
         api_patch_node(lambda found: {"metadata": {"labels": {"nvidia.com/gpu.product": None}}}),
+        touches=(NODE_LABELS,),
     ),
-    Case("gpu_node_labels", "taint-removed", api_patch_node(without_gpu_taint)),
+    Case("gpu_node_labels", "taint-removed", api_patch_node(without_gpu_taint), touches=(NODE_LABELS,)),
 ]
 
 
@@ -535,10 +632,10 @@ def put_back(lab: Lab, converged: Converged, case: Case) -> None:
             )
 
 
-def rounds(cases: list[Case]) -> list[tuple[Case, ...]]:
-    """The cases in rounds of at most one per role, in their order: a role meets one drift per run, so no repair
-    of one drift can hide the miss of another by the same role, and a round costs two runs of site.yml whatever
-    the number of roles it drifts."""
+def per_role(cases: list[Case]) -> list[tuple[Case, ...]]:
+    """The cases in rounds of at most one per role, in their order (`make test-full`): a role meets one drift per
+    run, so no repair of one drift can hide the miss of another by the same role, and a round costs two runs of
+    site.yml whatever the number of roles it drifts."""
     by_role: dict[str, list[Case]] = {}
     for case in cases:
         by_role.setdefault(case.role, []).append(case)
@@ -548,10 +645,69 @@ def rounds(cases: list[Case]) -> list[tuple[Case, ...]]:
     ]
 
 
-ROUNDS = rounds(CASES)
+def related(one: str, other: str) -> bool:
+    """The same thing, or paths of which one is in the other (a directory and a file under it)."""
+    return one == other or other.startswith(one.rstrip("/") + "/") or one.startswith(other.rstrip("/") + "/")
 
 
-@pytest.mark.parametrize("drifts", ROUNDS, ids=["+".join(case.id for case in drifts) for drifts in ROUNDS])
+def conflict(one: Case, other: Case) -> bool:
+    """Whether two drifts must not meet in one run: they change one thing (`keep` paths equal or one in the other,
+    or a `touches` in common), or the repair of one writes what the other changed (`repair_also`, named exactly),
+    which would put it back even where its role missed it."""
+    things = (*one.keep, *one.touches)
+    others = (*other.keep, *other.touches)
+    return (
+        any(related(a, b) for a in things for b in others)
+        or any(a in others for a in one.repair_also)
+        or any(b in things for b in other.repair_also)
+    )
+
+
+def packed(cases: list[Case]) -> list[tuple[Case, ...]]:
+    """The cases in as few rounds as a greedy colouring of `conflict` finds (DSatur: the case with the most rounds
+    closed to it first), each round in the cases' order (`make test`). Several drifts of one role may meet in a
+    run; none that touch one thing, or that one's repair would put back."""
+    closed: dict[int, set[int]] = {
+        i: {j for j, other in enumerate(cases) if j != i and conflict(case, other)} for i, case in enumerate(cases)
+    }
+    round_of: dict[int, int] = {}
+    while len(round_of) < len(cases):
+        saturation = {i: len({round_of[j] for j in closed[i] if j in round_of}) for i in closed if i not in round_of}
+        pick = max(saturation, key=lambda i: (saturation[i], len(closed[i]), -i))
+        taken = {round_of[j] for j in closed[pick] if j in round_of}
+        round_of[pick] = next(r for r in range(len(cases)) if r not in taken)
+    return [tuple(case for i, case in enumerate(cases) if round_of[i] == r) for r in range(max(round_of.values()) + 1)]
+
+
+def round_id(drifts: tuple[Case, ...]) -> str:
+    """role.thing,thing+role.thing: the round's cases by role."""
+    by_role: dict[str, list[str]] = {}
+    for case in drifts:
+        by_role.setdefault(case.role, []).append(case.thing)
+    return "+".join(f"{role}.{','.join(things)}" for role, things in by_role.items())
+
+
+PACKED = packed(CASES)
+PER_ROLE = per_role(CASES)
+ROUNDS = [pytest.param(drifts, id=f"packed-{round_id(drifts)}") for drifts in PACKED] + [
+    pytest.param(drifts, id=f"per-role-{round_id(drifts)}", marks=pytest.mark.full) for drifts in PER_ROLE
+]
+
+
+def test_the_rounds_hold_every_case_once_and_packed_no_two_that_conflict() -> None:
+    """Both ways of grouping the cases run each case once; a packed round holds no two cases that `conflict`,
+    a per-role round no two of one role."""
+    for grouping in (PACKED, PER_ROLE):
+        assert sorted(case.id for drifts in grouping for case in drifts) == sorted(case.id for case in CASES)
+    for drifts in PACKED:
+        clashes = [(a.id, b.id) for i, a in enumerate(drifts) for b in drifts[i + 1 :] if conflict(a, b)]
+        assert clashes == [], clashes
+    for drifts in PER_ROLE:
+        roles = [case.role for case in drifts]
+        assert len(roles) == len(set(roles)), roles
+
+
+@pytest.mark.parametrize("drifts", ROUNDS)
 def test_drift_is_repaired_and_the_next_run_changes_nothing(
     lab: Lab, converged: Converged, drifts: tuple[Case, ...]
 ) -> None:
