@@ -10,6 +10,7 @@ NVML, the node's mock libnvidia-ml.so.1 (docs/mock-nvml.md), found under the nod
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,18 +46,25 @@ class DaemonsetNode:
 
 
 _prepared: DaemonsetNode | None = None
+_archive: tuple[Path, str] | None = None
 
 
 def build_plugin_archive(path: Path) -> str:
-    """The plugin image, built (or reused: it is cached by content) and saved as an OCI archive."""
-    built = subprocess.run(
-        [str(REPO / "files" / "device_plugin" / "build-image.sh"), "--save", str(path)],
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=1800,
-    )
-    return built.stdout.strip().splitlines()[-1]
+    """The plugin image, built (or reused: it is cached by content) and saved as an OCI archive at ``path``.
+    build-image.sh runs once per session; a later call copies the archive it saved."""
+    global _archive
+    if _archive is None:
+        built = subprocess.run(
+            [str(REPO / "files" / "device_plugin" / "build-image.sh"), "--save", str(path)],
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=1800,
+        )
+        _archive = (path, built.stdout.strip().splitlines()[-1])
+    elif _archive[0] != path:
+        shutil.copyfile(_archive[0], path)
+    return _archive[1]
 
 
 def daemonset_node(lab: Lab, work: Path) -> DaemonsetNode:

@@ -8,7 +8,10 @@ only stand-ins, everything else is the real product: the
 roles install the container toolkit from a signed (local) repository, configure the node's containerd,
 install the plugin into a venv with a hardened unit, and label and taint the node through the API.
 
-One lab, one check run and one real run are shared by every test of this module, in order.
+One lab, one check run and one real run are shared by every test of this module, in order. That a second run
+changes nothing is proven in `make test` by test_failing_sudo_stops_that_host_only, whose play goes through the whole
+of site.yml on the converged node (it must report no change there); `make test-full` also runs it on its own
+(test_second_run_changes_nothing).
 """
 
 from __future__ import annotations
@@ -358,7 +361,10 @@ def test_kubelet_restart_plugin_registers_again(lab: Lab, flow: SiteFlow) -> Non
     lab.wait_until(f"{GPU}=8 after the restart", lambda: lab.allocatable(flow.node).get(GPU) == "8", timeout=60)
 
 
+@pytest.mark.full
 def test_second_run_changes_nothing(flow: SiteFlow) -> None:
+    """The converged node's second run alone (make test-full): make test proves the same through
+    test_failing_sudo_stops_that_host_only, a whole site.yml run on this node that must change nothing."""
     second = run_playbook("site.yml", flow.inventory, extra_vars=flow.extra_vars, limit=flow.node)
     assert second.returncode == 0, second.summary()
     assert second.recap[flow.node]["changed"] == 0, second.changed_tasks()
@@ -441,7 +447,8 @@ def test_failing_sudo_stops_that_host_only(lab: Lab, flow: SiteFlow) -> None:
     assert run.recap[other]["failed"] == 1, run.summary()
     assert run.recap[other]["ok"] == 0
     assert f"fatal: [{other}]: FAILED! => " in run.output and "Missing sudo password" in run.output
-    # The converged node went through the whole play and is still converged.
+    # The converged node went through the whole play and is still converged: make test's proof that a second
+    # site.yml run changes nothing (test_second_run_changes_nothing runs it alone under make test-full).
     assert run.recap[flow.node]["failed"] == 0 and run.recap[flow.node]["unreachable"] == 0, run.summary()
     assert run.recap[flow.node]["changed"] == 0, run.changed_tasks()
     assert "Traceback" not in run.output

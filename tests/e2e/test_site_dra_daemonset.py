@@ -5,14 +5,22 @@ gpu_allocation_mode=dra: the DRA driver's DaemonSet pod reads the node's 8 simul
 node's mock libnvidia-ml.so.1, docs/mock-nvml.md, with the spec the only stand-ins), found under the node's
 root mounted read-only at /driver-root, publishes them in a ResourceSlice, and writes per-claim CDI specs
 whose device nodes are the node's own. An XID and a GPU off the bus show in the slice; a claim's container
-sees the device nodes of exactly its GPUs. At the end the node goes back to the device plugin's DaemonSet,
-as test_upgrade_driver.py expects it.
+sees the device nodes of exactly its GPUs.
+
+Then playbooks/upgrade_driver.yml on the node while it is a DRA node (test_upgrade_driver.py runs it on the device
+plugin's DaemonSet): the playbook waits for what that node publishes, its ResourceSlice's devices, not for
+nvidia.com/gpu. A loaded driver that changes (a test double: the version file read before and after the driver stage
+is /proc/sys/kernel/random/uuid, which reads differently each time) restarts the node's DRA driver pod. Where the wait
+fails, the play fails with a sentence that names the node left cordoned.
+
+At the end the node goes back to the device plugin's DaemonSet, as test_upgrade_driver.py expects it.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -267,3 +275,79 @@ def test_the_dra_pods_account_may_write_only_its_own_nodes_slices(
     finally:
         account.close()
         admin.delete_cluster_custom_object(*RESOURCE, "resourceslices", theirs)
+
+
+# --- upgrade_driver.yml on the DRA node ------------------------------------------------------------------
+@dataclass
+class DraUpgrade:
+    node: str
+    run: PlaybookRun
+    pod_before: str
+    pod_after: str
+    published_after: int
+    stuck: PlaybookRun
+    stuck_unschedulable: bool
+
+
+@pytest.fixture(scope="module")
+def dra_upgrade(lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]) -> Iterator[DraUpgrade]:
+    """playbooks/upgrade_driver.yml on the node while it is a DRA node: once with a loaded driver that changes, once
+    waiting for another driver's slices, which never come."""
+    ds, to_dra = dra_ds
+    assert to_dra.returncode == 0, to_dra.summary()
+    node = ds.node
+    try:
+        lab.wait_until(f"8 GPUs published for {node}", lambda: len(published(lab, node)) == 8, timeout=180)
+        before = ready_pod(lab, node, DAEMONSET).metadata.uid
+        run = run_with(
+            ds,
+            "upgrade_driver.yml",
+            "-e",
+            "nvidia_driver_branch=535",
+            "-e",
+            "__upgrade_driver_version_file=/proc/sys/kernel/random/uuid",
+            gpuops_upgrade_ready_timeout=120,
+            **DRA_VARS,
+        )
+        after = node_pod(lab, node, DAEMONSET)
+        published_after = len(published(lab, node))
+        # The wait looks for another driver's slices, which never come: the play must say the node stays cordoned.
+        stuck = run_with(
+            ds,
+            "upgrade_driver.yml",
+            "-e",
+            "nvidia_driver_branch=535",
+            gpuops_upgrade_ready_timeout=20,
+            device_plugin_dra_driver_name="gpu.example.invalid",
+            **DRA_VARS,
+        )
+        stuck_unschedulable = bool(lab.node(node).spec.unschedulable)
+        yield DraUpgrade(
+            node=node,
+            run=run,
+            pod_before=before,
+            pod_after=after.metadata.uid if after else "",
+            published_after=published_after,
+            stuck=stuck,
+            stuck_unschedulable=stuck_unschedulable,
+        )
+    finally:
+        lab.core.patch_node(node, {"spec": {"unschedulable": False}})
+
+
+def test_dra_node_upgrade_restarts_the_driver_and_waits_for_its_slices(lab: Lab, dra_upgrade: DraUpgrade) -> None:
+    run = dra_upgrade.run
+    assert run.returncode == 0, run.summary()
+    assert run.recap[dra_upgrade.node]["failed"] == 0
+    assert "the device plugin is restarted to see it" in " ".join(run.output.split())
+    assert dra_upgrade.pod_after, "no DRA driver pod on the node after the upgrade"
+    assert dra_upgrade.pod_after != dra_upgrade.pod_before, "the DRA driver's pod was not replaced"
+    assert dra_upgrade.published_after == 8
+    assert "Wait until the node publishes its GPUs in its ResourceSlices" in run.output, run.summary()
+
+
+def test_dra_node_whose_wait_fails_is_named_as_left_cordoned(dra_upgrade: DraUpgrade) -> None:
+    stuck = dra_upgrade.stuck
+    assert stuck.returncode != 0, stuck.summary()
+    assert dra_upgrade.stuck_unschedulable
+    assert f"{dra_upgrade.node} is left cordoned" in " ".join(stuck.output.split()), stuck.summary()

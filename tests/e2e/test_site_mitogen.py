@@ -2,13 +2,13 @@
 lab inventory's SSH login as an unprivileged user with sudo, against the lab's real API server, kubelet and
 containerd.
 
-The node is the lab's first, which test_site.py and test_site_drain.py converge the same way (the plugin in systemd
-mode, the same variables) before this module runs; run alone, the module finds it fresh and converges it from
-nothing. Under Mitogen, three runs: one that removes the device plugin from the node (device_plugin_state=absent),
-one that installs it again (the package copied and unpacked, the virtual environment built by pip, the config and
-unit written, the service started: the writing paths through Mitogen's file transfer and sudo), and one that must
-change nothing. The node leaves the module as it came: converged, advertising its 8 GPUs.
-"""
+The node is the lab's first, which test_site.py converges the same way (the plugin in systemd mode, the same
+variables) and the modules after it leave so before this module runs; run alone, the module finds it fresh and
+converges it from nothing. Under Mitogen, three runs: one that removes the device plugin from the node
+(device_plugin_state=absent), one that installs it again (the package copied and unpacked, the virtual environment
+built by pip, the config and unit written, the service started: the writing paths through Mitogen's file transfer
+and sudo), and one that must change nothing. The node leaves the module as it came: converged, advertising its 8
+GPUs."""
 
 from __future__ import annotations
 

@@ -8,11 +8,7 @@ ready on the other node, then evicts it; at no time are both replicas down. The 
 NVIDIA PCI device on the lab node and says so; the loaded driver did not change, so the plugin keeps
 running; the node advertises its 8 GPUs, and is schedulable again at the end.
 
-Then the same node as a DRA node (the DRA driver's DaemonSet): the playbook waits for what that node
-publishes, its ResourceSlice's devices, not for nvidia.com/gpu. A loaded driver that changes (a test double:
-the version file read before and after the driver stage is /proc/sys/kernel/random/uuid, which reads
-differently each time) restarts the node's DRA driver pod. Where the wait fails, the play fails with a
-sentence that names the node left cordoned.
+The same playbook on the node as a DRA node runs in test_site_dra_daemonset.py, while the node is one.
 """
 
 from __future__ import annotations
@@ -26,9 +22,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from conftest import PAUSE_IMAGE, Lab
-from daemonset_checks import node_pod, ready_pod, run_with
 from daemonset_node import GPU, NAMESPACE, POD_SELECTOR, DaemonsetNode, daemonset_node
-from dra_objects import published
 from kubernetes import client
 from playbook_run import PlaybookRun, run_playbook
 
@@ -221,84 +215,3 @@ def test_node_schedulable_with_its_gpus_at_the_end(lab: Lab, upgrade: Upgrade) -
     assert not node.spec.unschedulable
     assert node.status.allocatable[GPU] == "8"
     assert not [t for t in node.spec.taints or [] if t.key == "node.kubernetes.io/unschedulable"]
-
-
-DRA_DAEMONSET = "gpuops-dra-plugin"
-DRA_VARS = {"gpu_allocation_mode": "dra", "device_plugin_dra_daemonset_node_credentials": True}
-
-
-@dataclass
-class DraUpgrade:
-    node: str
-    run: PlaybookRun
-    pod_before: str
-    pod_after: str
-    published_after: int
-    stuck: PlaybookRun
-    stuck_unschedulable: bool
-
-
-@pytest.fixture(scope="module")
-def dra_upgrade(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraUpgrade]:
-    ds: DaemonsetNode = daemonset_node(lab, tmp_path_factory.mktemp("site-daemonset"))
-    node = ds.node
-    to_dra = ds.run_site(**DRA_VARS)
-    assert to_dra.returncode == 0, to_dra.summary()
-    try:
-        lab.wait_until(f"8 GPUs published for {node}", lambda: len(published(lab, node)) == 8, timeout=180)
-        before = ready_pod(lab, node, DRA_DAEMONSET).metadata.uid
-        run = run_with(
-            ds,
-            "upgrade_driver.yml",
-            "-e",
-            "nvidia_driver_branch=535",
-            "-e",
-            "__upgrade_driver_version_file=/proc/sys/kernel/random/uuid",
-            gpuops_upgrade_ready_timeout=120,
-            **DRA_VARS,
-        )
-        after = node_pod(lab, node, DRA_DAEMONSET)
-        published_after = len(published(lab, node))
-        # The wait looks for another driver's slices, which never come: the play must say the node stays cordoned.
-        stuck = run_with(
-            ds,
-            "upgrade_driver.yml",
-            "-e",
-            "nvidia_driver_branch=535",
-            gpuops_upgrade_ready_timeout=20,
-            device_plugin_dra_driver_name="gpu.example.invalid",
-            **DRA_VARS,
-        )
-        stuck_unschedulable = bool(lab.node(node).spec.unschedulable)
-        yield DraUpgrade(
-            node=node,
-            run=run,
-            pod_before=before,
-            pod_after=after.metadata.uid if after else "",
-            published_after=published_after,
-            stuck=stuck,
-            stuck_unschedulable=stuck_unschedulable,
-        )
-    finally:
-        set_unschedulable(lab, node, False)
-        back = ds.run_site()
-        assert back.returncode == 0, back.summary()
-        lab.wait_until(f"{GPU}=8 from the plugin's DaemonSet again", lambda: lab.allocatable(node).get(GPU) == "8")
-
-
-def test_dra_node_upgrade_restarts_the_driver_and_waits_for_its_slices(lab: Lab, dra_upgrade: DraUpgrade) -> None:
-    run = dra_upgrade.run
-    assert run.returncode == 0, run.summary()
-    assert run.recap[dra_upgrade.node]["failed"] == 0
-    assert "the device plugin is restarted to see it" in " ".join(run.output.split())
-    assert dra_upgrade.pod_after, "no DRA driver pod on the node after the upgrade"
-    assert dra_upgrade.pod_after != dra_upgrade.pod_before, "the DRA driver's pod was not replaced"
-    assert dra_upgrade.published_after == 8
-    assert "Wait until the node publishes its GPUs in its ResourceSlices" in run.output, run.summary()
-
-
-def test_dra_node_whose_wait_fails_is_named_as_left_cordoned(dra_upgrade: DraUpgrade) -> None:
-    stuck = dra_upgrade.stuck
-    assert stuck.returncode != 0, stuck.summary()
-    assert dra_upgrade.stuck_unschedulable
-    assert f"{dra_upgrade.node} is left cordoned" in " ".join(stuck.output.split()), stuck.summary()
