@@ -4,7 +4,8 @@
 - the daemon's dependencies as the role installs them on a node, the ranges its pyproject.toml declares and the
   versions its tests run with (the lower bounds, which have wheels for Python 3.9);
 - the example systemd unit shipped with the daemon and the unit the role writes with its defaults;
-- the example inventory and the README: an unprivileged user with sudo, never root."""
+- the example inventory and the README: an unprivileged user with sudo, never root;
+- the README's table of what `make test-full` adds and the tests that add it."""
 
 from __future__ import annotations
 
@@ -168,3 +169,24 @@ def test_the_xid_classes_page_is_the_table() -> None:
         if line.startswith("| ") and cells[0].isdigit():
             rows[int(cells[0])] = (cells[3].strip("`"), cells[2].strip("`"), cells[1])
     assert rows == classes.TABLE
+
+
+def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
+    # Every e2e module with tests marked full, and every molecule scenario that reads gpuops_test_full, has its row
+    # in the README's table of what `make test-full` adds; and the table names nothing that adds nothing.
+    readme = (REPO / "README.md").read_text()
+    table = re.search(r"What it adds to `make test`:\n\n(\|.*?)\n\n", readme, re.S)
+    assert table, "the README has no table of what make test-full adds"
+    rows = set(re.findall(r"^\| (`[^|]+`|molecule `\w+`) \|", table.group(1), re.M))
+    marked = {
+        f"`tests/e2e/{path.name}`"
+        for path in (REPO / "tests" / "e2e").glob("test_*.py")
+        if "pytest.mark.full" in path.read_text()
+    }
+    scenarios = {
+        f"molecule `{path.parent.name}`"
+        for path in (REPO / "molecule").glob("*/molecule.yml")
+        if "gpuops_test_full" in "".join(p.read_text() for p in path.parent.rglob("*.yml"))
+    }
+    assert rows == marked | scenarios
+    assert "test-full:" in (REPO / "Makefile").read_text()
