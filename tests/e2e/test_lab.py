@@ -213,6 +213,7 @@ def node_with_gpus(lab: Lab, tmp_path) -> str:
     return node
 
 
+@pytest.mark.full
 @pytest.mark.last_in_session
 def test_taking_another_instance_down_leaves_this_lab_alone(lab: Lab, tmp_path) -> None:
     """`lab.py down` of a second lab instance touches none of this lab's node containers, cgroups or

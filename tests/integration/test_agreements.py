@@ -172,21 +172,27 @@ def test_the_xid_classes_page_is_the_table() -> None:
 
 
 def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
-    # Every e2e module with tests marked full, and every molecule scenario that reads gpuops_test_full, has its row
-    # in the README's table of what `make test-full` adds; and the table names nothing that adds nothing.
+    # Every e2e or integration module with tests marked full or cases for GPUOPS_TEST_FULL, every molecule scenario
+    # that reads gpuops_test_full, and the demo when only make test-full runs it, has its row in the README's table
+    # of what `make test-full` adds; and the table names nothing that adds nothing.
     readme = (REPO / "README.md").read_text()
     table = re.search(r"What it adds to `make test`:\n\n(\|.*?)\n\n", readme, re.S)
     assert table, "the README has no table of what make test-full adds"
-    rows = set(re.findall(r"^\| (`[^|]+`|molecule `\w+`) \|", table.group(1), re.M))
+    rows = set(re.findall(r"^\| (`[^|]+`|molecule `\w+`|the demo) \|", table.group(1), re.M))
     marked = {
-        f"`tests/e2e/{path.name}`"
-        for path in (REPO / "tests" / "e2e").glob("test_*.py")
-        if "pytest.mark.full" in path.read_text()
+        f"`tests/{path.parent.name}/{path.name}`"
+        for tier in ("e2e", "integration")
+        for path in (REPO / "tests" / tier).glob("test_*.py")
+        if re.search(r"pytest\.mark\.full\b|\"GPUOPS_TEST_FULL\"\)", path.read_text())
     }
     scenarios = {
         f"molecule `{path.parent.name}`"
         for path in (REPO / "molecule").glob("*/molecule.yml")
         if "gpuops_test_full" in "".join(p.read_text() for p in path.parent.rglob("*.yml"))
     }
-    assert rows == marked | scenarios
-    assert "test-full:" in (REPO / "Makefile").read_text()
+    makefile = (REPO / "Makefile").read_text()
+    tiers = re.search(r"^TIERS := (.*)$", makefile, re.M).group(1).split()
+    full_tiers = re.search(r"^FULL_TIERS := \$\(TIERS\) (.*)$", makefile, re.M).group(1).split()
+    demo = {"the demo"} if "demo-test" in full_tiers and "demo-test" not in tiers else set()
+    assert rows == marked | scenarios | demo
+    assert "test-full:" in makefile

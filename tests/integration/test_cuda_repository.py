@@ -10,7 +10,8 @@ from its own variable, the file flipped between the mirror and NVIDIA's servers 
 
 The whole driver role from the same mirror (which holds a stand-in for the driver's package) shows the CUDA
 repository's files are part of the driver role's one read: a converged node costs one module run, and a source or a
-key that drifted is repaired by the next run.
+key that drifted is repaired by the next run (under `make test` the key replaced; under `make test-full` also the source
+edited and the key's mode).
 """
 
 from __future__ import annotations
@@ -301,6 +302,9 @@ def test_the_driver_role_reads_the_cuda_repository_once_and_repairs_its_drift(no
         ("the key's mode", f"chmod 0600 {KEY}"),
         ("the key replaced", f"echo 'not the key' > {KEY}"),
     ]
+    if os.environ.get("GPUOPS_TEST_FULL") != "1":
+        # make test: the key replaced (the repair fetches and checks the key again); make test-full: each drift.
+        drifts = drifts[2:]
     for what, change in drifts:
         assert play.sh(change).returncode == 0, what
         repaired, _runs = driver_run(play, url, fingerprint)
