@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make test's builds started early: right after the setup tier, at low priority, while lint, sanity and units
-# (mostly one process at a time on 2 cores) leave a core idle. Builds what the integration tier needs first:
+# make test's builds started early: with the first tier, at low priority, while setup (downloads), lint, sanity and
+# units (mostly one process at a time on 2 cores) leave a core idle. Builds what the integration tier needs first:
 # Kubernetes, containerd 2.1/2.4/1.7 and NVIDIA's device plugin. Each build script takes its own lock and
 # caches its output, so the tier that needs a build waits for this one, or builds it itself if this one
 # failed (its error is then the tier's). Warm, every call returns at once.

@@ -18,8 +18,9 @@ table() {
   done
   printf '  %-14s %8s\n' total "$(awk -v s="$total" 'BEGIN { printf "%.1f", s / 60 }')"
 }
-# The builds the integration tier needs first start in the background after the setup tier (scripts/build-early.sh),
-# at low priority, and are waited for (or stopped, after a failure) before the table.
+# The builds the integration tier needs first start in the background with the first tier (scripts/build-early.sh:
+# they need only Go, which the machine has), at low priority, and are waited for (or stopped, after a failure)
+# before the table.
 early_pid='' early_log=$(mktemp)
 early_builds() {
   if [ -n "$early_pid" ]; then
@@ -30,6 +31,8 @@ early_builds() {
   fi
   rm -f "$early_log"
 }
+setsid nice -n 15 scripts/build-early.sh "$early_log" &
+early_pid=$!
 for tier in "$@"; do
   begin=$(date +%s)
   # shellcheck disable=SC2086 # MAKE may carry its own arguments
@@ -44,10 +47,6 @@ for tier in "$@"; do
     exit "$rc"
   fi
   results+=(passed)
-  if [ "$tier" = setup ] && [ -z "$early_pid" ]; then
-    setsid nice -n 15 scripts/build-early.sh "$early_log" &
-    early_pid=$!
-  fi
 done
 early_builds wait
 table
