@@ -173,8 +173,9 @@ def test_the_xid_classes_page_is_the_table() -> None:
 
 def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
     # Every e2e or integration module with tests marked full or cases for GPUOPS_TEST_FULL, every molecule scenario
-    # that reads gpuops_test_full, and the demo when only make test-full runs it, has its row in the README's table
-    # of what `make test-full` adds; and the table names nothing that adds nothing.
+    # that reads gpuops_test_full or that only make test-full runs (scripts/molecule.sh), and the demo when only
+    # make test-full runs it, has its row in the README's table of what `make test-full` adds; and the table names
+    # nothing that adds nothing.
     readme = (REPO / "README.md").read_text()
     table = re.search(r"What it adds to `make test`:\n\n(\|.*?)\n\n", readme, re.S)
     assert table, "the README has no table of what make test-full adds"
@@ -190,6 +191,8 @@ def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
         for path in (REPO / "molecule").glob("*/molecule.yml")
         if "gpuops_test_full" in "".join(p.read_text() for p in path.parent.rglob("*.yml"))
     }
+    full_only = re.search(r"^full_only=\((.*)\)$", (REPO / "scripts" / "molecule.sh").read_text(), re.M).group(1)
+    scenarios |= {f"molecule `{name}`" for name in full_only.split()}
     makefile = (REPO / "Makefile").read_text()
     tiers = re.search(r"^TIERS := (.*)$", makefile, re.M).group(1).split()
     full_tiers = re.search(r"^FULL_TIERS := \$\(TIERS\) (.*)$", makefile, re.M).group(1).split()
