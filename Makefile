@@ -17,7 +17,9 @@ PLUGIN_DIR := files/device_plugin
 
 .PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
 
-TIERS := setup lint sanity units integration daemon daemon-py39 daemon-image molecule e2e test-awx demo-modules
+# molecule runs before integration: the integration tier's builds (scripts/build-early.sh, started with the first
+# tier at low priority) use the CPU molecule leaves while apt and systemd work in its containers.
+TIERS := setup lint sanity units molecule integration daemon daemon-py39 daemon-image e2e test-awx demo-modules
 # make test-full also runs the README's first command on a lab of its own (the e2e tier runs site.yml and
 # validate.yml on the same lab nodes in make test).
 FULL_TIERS := $(TIERS) demo-test

@@ -54,7 +54,7 @@ if ! src=$(cd "$work" && GOFLAGS=-mod=mod "$go" mod download -json "$module@$ver
 fi
 cp -r "$src" "$work/src"
 chmod -R u+w "$work/src"
-if ! (cd "$work/src" && GOFLAGS=-mod=mod CGO_ENABLED=0 timeout 1800 "$go" build -p 1 -trimpath \
+if ! (cd "$work/src" && GOGC=${GPUOPS_BUILD_GOGC:-400} GOFLAGS=-mod=mod CGO_ENABLED=0 timeout 1800 "$go" build -p 1 -trimpath \
   -tags 'no_btrfs no_devmapper no_zfs no_aufs' -o "$bin" ./cmd/containerd) >"$dest/build.log" 2>&1; then
   echo "build-containerd: go build failed; see $dest/build.log" >&2
   tail -20 "$dest/build.log" >&2
