@@ -18,9 +18,9 @@ labels, taint and the nvidia RuntimeClass. Each round
 
 How the cases are grouped into rounds:
 
-- `make test` runs the cases packed (``packed``): as few rounds as hold every case with no two in one round that
-  ``conflict``: that change one thing (their ``keep`` paths equal, or one in the other, as the keyring directory
-  and the key in it; or one unit, the dpkg database, one API object, named in ``touches``), or of which one's
+- The core (the tests not marked full) runs the cases packed (``packed``): as few rounds as hold every case with no
+  two in one round that ``conflict``: that change one thing (their ``keep`` paths equal, or one in the other, as the
+  keyring directory and the key in it; or one unit, the dpkg database, one API object, named in ``touches``), or of which one's
   repair writes or starts what the other changed whatever its state (``repair_also``: the device plugin's restart
   handler starts a stopped service, cdi.yml writes the CDI specification for any drift of the refresh units,
   container_toolkit's key record creates the state directory device_plugin keeps). Several drifts of one role share
@@ -59,7 +59,10 @@ from conftest import Lab
 from kubernetes import client
 from playbook_run import PlaybookRun, inventory_hostvars, lab_inventory, run_playbook
 
-pytestmark = pytest.mark.last_in_session
+# The whole module runs under make test-full (make test's budget on 2 cores leaves no room for its converges): the
+# packed rounds and then the rounds of one case per role. make test keeps the driver's drift repaired in molecule
+# `default` and a second run changing nothing after each converge in the other e2e modules.
+pytestmark = [pytest.mark.last_in_session, pytest.mark.full]
 
 GPU = "nvidia.com/gpu"
 TOOLKIT_PACKAGES = (
@@ -665,8 +668,8 @@ def conflict(one: Case, other: Case) -> bool:
 
 def packed(cases: list[Case]) -> list[tuple[Case, ...]]:
     """The cases in as few rounds as a greedy colouring of `conflict` finds (DSatur: the case with the most rounds
-    closed to it first), each round in the cases' order (`make test`). Several drifts of one role may meet in a
-    run; none that touch one thing, or that one's repair would put back."""
+    closed to it first), each round in the cases' order (the core, not marked full). Several drifts of one role may
+    meet in a run; none that touch one thing, or that one's repair would put back."""
     closed: dict[int, set[int]] = {
         i: {j for j, other in enumerate(cases) if j != i and conflict(case, other)} for i, case in enumerate(cases)
     }

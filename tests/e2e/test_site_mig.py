@@ -8,9 +8,9 @@ them, the plugin (migStrategy mixed) and the DRA driver serve their MIG devices,
 specification the nvidia runtime gives pods, and site.yml's discovery reads them for the labels (the module runs
 with gpuops_simulate_from empty, where the other modules read the spec: the spec does not change with MIG).
 
-`make test` runs one chain of steps, each path once, in device-plugin allocation under the systemd deployment:
-MIG off (all-disabled, the setup); all-1g.10gb failing half-way (a fault injected into the mock library) and rolled
-back; `--check` to all-1g.10gb, which evicts and writes nothing; none -> all-1g.10gb, where the pod on four GPUs is
+The core (the tests not marked full) runs one chain of steps, each path once, in device-plugin allocation under the
+systemd deployment: MIG off (all-disabled, the setup); all-1g.10gb failing half-way (a fault injected into the mock
+library) and rolled back; `--check` to all-1g.10gb, which evicts and writes nothing; none -> all-1g.10gb, where the pod on four GPUs is
 evicted before the write and the node is fenced (a taint) from before the eviction until after it; a run to
 all-1g.10gb cut short after the write (the daemon stopped, the fence left), undone by the next run before it labels
 success. Then in DRA allocation: the node moved to DRA with MIG off, then none -> all-1g.10gb, where the DRA
@@ -51,6 +51,12 @@ from daemonset_node import DAEMONSET, build_plugin_archive
 from dra_objects import RESOURCE, claim_template, pod_manifest, published
 from kubernetes import client
 from playbook_run import PlaybookRun, lab_inventory, run_playbook
+
+# The whole module runs under make test-full: make test's budget on 2 cores leaves no room for its converges. The
+# nvidia_mig module's layouts, rollback and second runs are in the integration tier (test_nvidia_mig.py) and the fence
+# and eviction against a real kube-apiserver in test_nvidia_mig_fence_api.py. Within make test-full, the tests not
+# marked full are the core and those marked full the config-name matrix (the docstring above).
+pytestmark = pytest.mark.full
 
 GPU = "nvidia.com/gpu"
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -262,7 +268,8 @@ class Runner:
 
 def after_full_steps(request: pytest.FixtureRequest, *steps: str) -> None:
     """Under `make test-full`, the exhaustive STEPS (fixtures that only full tests use) that come before a step of the
-    chain run first, so that the step starts from what they left in either mode; under `make test` they do not run."""
+    chain run first, so that the step starts from what they left in either mode; in the core (not marked full) they
+    do not run."""
     if full_suite():
         for step in steps:
             request.getfixturevalue(step)
@@ -378,7 +385,7 @@ def none_again(flow: Flow, mixed: tuple[Step, dict[str, set[int]]]) -> tuple[Ste
 
 @pytest.fixture(scope="module")
 def dra(flow: Flow, cut_short: Step, request: pytest.FixtureRequest) -> Iterator[tuple[Step, list[dict[str, Any]]]]:
-    """The node moved to DRA allocation with MIG off by one run (under `make test` from the cut-short run's
+    """The node moved to DRA allocation with MIG off by one run (in the core (not marked full) from the cut-short run's
     all-1g.10gb, turning MIG off on the way; under `make test-full` from none_again's all-disabled), then
     all-disabled -> all-1g.10gb there, with a pod whose ResourceClaim holds a whole GPU. Returns the step and the DRA
     slice's devices after it. The node stays in DRA allocation with all-1g.10gb until the DaemonSet part moves it."""
