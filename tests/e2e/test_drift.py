@@ -20,14 +20,14 @@ How the cases are grouped into rounds:
 
 - The core (the tests not marked full) runs the cases packed (``packed``): as few rounds as hold every case with no
   two in one round that ``conflict``: that change one thing (their ``keep`` paths equal, or one in the other, as the
-  keyring directory and the key in it; or one unit, the dpkg database, one API object, named in ``touches``), or of which one's
-  repair writes or starts what the other changed whatever its state (``repair_also``: the device plugin's restart
-  handler starts a stopped service, cdi.yml writes the CDI specification for any drift of the refresh units,
-  container_toolkit's key record creates the state directory device_plugin keeps). Several drifts of one role share
-  a run, so a role's change report alone could come from another of its drifts; what catches a role that misses
-  one is step 2: the observed state must equal the converged one, and no other drift in the round can have put
-  that thing back. Five rounds today: as many as the largest set of cases that all conflict with one another (the
-  CDI specification's content and mode, its directory removed, the refresh path unit stopped, and disabled).
+  keyring directory and the key in it; or one unit, the dpkg database, one API object, named in ``touches``), or of
+  which one's repair writes or starts what the other changed whatever its state (``repair_also``: the device plugin's
+  restart handler starts a stopped service, cdi.yml writes the CDI specification for any drift of the refresh units,
+  container_toolkit's key record creates the state directory device_plugin keeps). Several drifts of one role share a
+  run, so a role's change report alone could come from another of its drifts; what catches a role that misses one is
+  step 2: the observed state must equal the converged one, and no other drift in the round can have put that thing back.
+  Five rounds today: as many as the largest set of cases that all conflict with one another (the CDI specification's
+  content and mode, its directory removed, the refresh path unit stopped, and disabled).
 - `make test-full` (GPUOPS_TEST_FULL=1) adds the rounds of at most one case per role (``per_role``, 21 rounds
   today, marked full): a role meets one drift per run, so its change report is that drift's, and no repair of one drift
   can hide the miss of another by the same role, whatever ``conflict`` says.

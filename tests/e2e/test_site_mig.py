@@ -10,16 +10,15 @@ with gpuops_simulate_from empty, where the other modules read the spec: the spec
 
 The core (the tests not marked full) runs one chain of steps, each path once, in device-plugin allocation under the
 systemd deployment: MIG off (all-disabled, the setup); all-1g.10gb failing half-way (a fault injected into the mock
-library) and rolled back; `--check` to all-1g.10gb, which evicts and writes nothing; none -> all-1g.10gb, where the pod on four GPUs is
-evicted before the write and the node is fenced (a taint) from before the eviction until after it; a run to
-all-1g.10gb cut short after the write (the daemon stopped, the fence left), undone by the next run before it labels
-success. Then in DRA allocation: the node moved to DRA with MIG off, then none -> all-1g.10gb, where the DRA
-driver's slice follows the layout and the pod whose ResourceClaim holds a GPU is evicted. Last, the DaemonSet
-deployment of the plugin (its image imported by the role, as in test_site_daemonset.py): none -> all-1g.10gb with a
-pod on four GPUs, found by gpu-pods in the plugin's pod and evicted, the plugin's pod stepping aside for the mode
-change (the pause label, which the DaemonSet's node affinity excludes) and a new one serving the new devices; the
-label never stays. At each step the node's allocatable MIG devices (or its DRA slice) and its labels follow, and a
-second run changes nothing.
+library) and rolled back; `--check` to all-1g.10gb, which evicts and writes nothing; none -> all-1g.10gb, where the pod
+on four GPUs is evicted before the write and the node is fenced (a taint) from before the eviction until after it; a run
+to all-1g.10gb cut short after the write (the daemon stopped, the fence left), undone by the next run before it labels
+success. Then in DRA allocation: the node moved to DRA with MIG off, then none -> all-1g.10gb, where the DRA driver's
+slice follows the layout and the pod whose ResourceClaim holds a GPU is evicted. Last, the DaemonSet deployment of the
+plugin (its image imported by the role, as in test_site_daemonset.py): none -> all-1g.10gb with a pod on four GPUs,
+found by gpu-pods in the plugin's pod and evicted, the plugin's pod stepping aside for the mode change (the pause label,
+which the DaemonSet's node affinity excludes) and a new one serving the new devices; the label never stays. At each step
+the node's allocatable MIG devices (or its DRA slice) and its labels follow, and a second run changes nothing.
 
 `make test-full` (GPUOPS_TEST_FULL=1) adds, each at the point of the chain whose state it needs: all-1g.10gb while
 an NVML client the collection does not own holds the mode change pending (the lab's GPU reset double refuses the
