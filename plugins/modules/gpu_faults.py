@@ -22,10 +22,10 @@ description:
     last time and the newest lines. journalctl is read in pages, at most O(kernel_log_max_entries) entries a run.
   - A kernel line names the GPU by PCI bus; the module maps it to the GPU's UUID and index through the
     health file, else through NVML (C(pynvml)), else only the bus is known.
-  - It changes nothing on the node but its own place in the kernel log, and that only with
-    O(advance_cursor=true) and never in check mode. Moving on never forgets an XID that asks for more than
-    O(acted_class) on the GPUs of O(acted_gpus); such XIDs are kept with the place and returned by every later run
-    until a run acted on them.
+  - It changes nothing on the node but its own place in the kernel log, and that only with O(advance_cursor=true),
+    and the daemon's notices of O(clear_daemon_faults); never in check mode. Moving on never forgets an XID that asks
+    for more than O(acted_class) on the GPUs of O(acted_gpus); such XIDs are kept with the place and returned by every
+    later run until a run acted on them.
 author:
   - gpuops.k8s maintainers (@gpuops)
 options:
@@ -65,6 +65,21 @@ options:
     type: list
     elements: str
     default: []
+  clear_daemon_faults:
+    description:
+      - Tell the collection's daemon that an action cleared faults, so that it does not carry them over from its health
+        file at its next start (it keeps a GPU's fault across a restart until the GPU recovers). The faults are those
+        of O(acted_class) or below on O(acted_gpus) (empty means every GPU). A fault of a higher class is always carried
+        over.
+      - C(now), once the action is done (a GPU reset, while the daemon is stopped), covers the faults last changed up
+        to now.
+      - C(after_reboot), just before the node reboots, covers the faults of a health file written in the current
+        boot, at a start in a later boot; a daemon started again in this boot carries them over.
+      - The notices, the newest 8, are kept in the file beside O(health_file) named like it with C(.cleared),
+        written atomically. In check mode nothing is written.
+    type: str
+    choices: [none, now, after_reboot]
+    default: none
   kernel_log:
     description:
       - Whether to read the kernel log at all. Off, only the health file is read.
@@ -105,10 +120,11 @@ options:
 attributes:
   check_mode:
     support: full
-    description: In check mode the module reads as usual and never writes its place in the kernel log.
+    description: In check mode the module reads as usual and never writes its place in the kernel log or a notice.
   diff_mode:
     support: none
-    description: The only thing it writes is its place in the kernel log, which has nothing to show.
+    description: The only things it writes are its place in the kernel log and the daemon's notices, which have
+      nothing to show.
   platform:
     platforms: posix
     support: full
@@ -145,6 +161,13 @@ EXAMPLES = r"""
     acted_gpus: [GPU-6f1c0a3e-0000-4000-8000-000000000001]
     classes:
       63: reset
+
+- name: With the daemon stopped and GPU 1 reset, tell the daemon the reset cleared its faults
+  gpuops.k8s.gpu_faults:
+    kernel_log: false
+    acted_class: reset
+    acted_gpus: [GPU-6f1c0a3e-0000-4000-8000-000000000001]
+    clear_daemon_faults: now
 """
 
 RETURN = r"""
@@ -232,6 +255,16 @@ since:
   returned: always
   type: str
   sample: "2026-11-26T08:46:00.123456Z"
+cleared:
+  description:
+    - The notice of O(clear_daemon_faults) (written, or that would be in check mode); null without one.
+    - C(class) and C(gpus) are what it covers; C(time) (C(now)) or C(boot) (C(after_reboot)) when it holds.
+  returned: always
+  type: dict
+  sample:
+    class: reset
+    gpus: [GPU-6f1c0a3e-0000-4000-8000-000000000001]
+    time: "2026-11-26T08:47:10.000000Z"
 cursor:
   description: The journal cursor of the last kernel log entry read (the kept place after O(advance_cursor)); null when
     none was read.
@@ -298,6 +331,10 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
 pynvml = installed_pynvml()
 
 CURSOR_FILE = "gpu-faults.cursor"
+# The daemon's notices of faults a remediation cleared: beside the health file, its name and this.
+CLEARED_SUFFIX = ".cleared"
+KEPT_NOTICES = 8
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 # journalctl is read in pages of this many entries, each one command, so no run holds more than a page of output.
 PAGE_ENTRIES = 5000
 # Kept per GPU, XID and class: the newest few lines as the driver wrote them.
@@ -583,20 +620,58 @@ def not_acted_on(records, acted_class, acted_gpus):
     return kept
 
 
-def write_cursor(module, state_dir, cursor, time, pending):
-    """Keep the place atomically (a temporary file in the same directory, then a rename)."""
+def write_json(module, path, data, what):
+    """Write a JSON file atomically (a temporary file flushed in the same directory, then a rename)."""
+    directory = os.path.dirname(path)
     try:
-        if not os.path.isdir(state_dir):
-            os.makedirs(state_dir, 0o755)
-        fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=".gpu-faults-")
+        if not os.path.isdir(directory):
+            os.makedirs(directory, 0o755)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpu-faults-")
         with os.fdopen(fd, "w") as handle:
-            json.dump({"cursor": cursor, "time": time, "pending": pending}, handle, sort_keys=True)
+            json.dump(data, handle, sort_keys=True)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
-        raise FaultsError(f"cannot keep the kernel log place in {state_dir}: {exc.strerror}.") from None
-    module.atomic_move(tmp, os.path.join(state_dir, CURSOR_FILE))
+        raise FaultsError(f"cannot keep {what} in {directory}: {exc.strerror}.") from None
+    module.atomic_move(tmp, path)
+
+
+def write_cursor(module, state_dir, cursor, time, pending):
+    """Keep the place atomically."""
+    data = {"cursor": cursor, "time": time, "pending": pending}
+    write_json(module, os.path.join(state_dir, CURSOR_FILE), data, "the kernel log place")
+
+
+def cleared_notice(kind, acted_class, acted_gpus, now):
+    """The daemon's notice that an action cleared faults (see the daemon's faults.py, which reads it)."""
+    notice = {"class": acted_class, "gpus": sorted(set(acted_gpus or []))}
+    if kind == "after_reboot":
+        try:
+            with open(BOOT_ID_FILE, encoding="ascii") as handle:
+                boot = handle.read().strip()
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise FaultsError(f"cannot read the boot ID from {BOOT_ID_FILE}: {reason}.") from None
+        if not boot:
+            raise FaultsError(f"{BOOT_ID_FILE} is empty: a reboot's notice needs the boot ID.")
+        notice["boot"] = boot
+    else:
+        notice["time"] = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return notice
+
+
+def add_cleared_notice(module, health_file, notice):
+    """Keep the notice with the newest ones before it; notices that cannot be read are replaced."""
+    path = health_file + CLEARED_SUFFIX
+    try:
+        with open(path, encoding="utf-8") as handle:
+            old = json.load(handle).get("notices")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    notices = [n for n in old if isinstance(n, dict)] if isinstance(old, list) else []
+    notices = [*notices, notice][-KEPT_NOTICES:]
+    write_json(module, path, {"version": 1, "notices": notices}, "the daemon's notices")
 
 
 def journalctl_argv(command):
@@ -738,12 +813,24 @@ def run_module(module):
             changed = bool(last) and (last != kept.get("cursor") or pending != (kept.get("pending") or []))
             if changed and not module.check_mode:
                 write_cursor(module, params["state_dir"], last, last_time, pending)
+        notice = None
+        if params["clear_daemon_faults"] != "none":
+            notice = cleared_notice(
+                params["clear_daemon_faults"],
+                params["acted_class"],
+                params["acted_gpus"],
+                datetime.datetime.now(datetime.timezone.utc),
+            )
+            changed = True
+            if not module.check_mode:
+                add_cleared_notice(module, params["health_file"], notice)
     except FaultsError as exc:
         module.fail_json(msg=str(exc))
     for note in notes:
         module.warn(note[0].upper() + note[1:] + ".")
     module.exit_json(
         changed=changed,
+        cleared=notice,
         gpus=gpus,
         node_class=_xid_classes.highest(g["class"] for g in gpus),
         since=kept.get("time") if kept.get("cursor") else None,
@@ -771,6 +858,7 @@ def main():
             advance_cursor=dict(type="bool", default=False),
             acted_class=dict(type="str", default="none", choices=list(_xid_classes.CLASSES)),
             acted_gpus=dict(type="list", elements="str", default=[]),
+            clear_daemon_faults=dict(type="str", default="none", choices=["none", "now", "after_reboot"]),
             kernel_log=dict(type="bool", default=True),
             kernel_log_command=dict(
                 type="list", elements="str", default=["journalctl", "_TRANSPORT=kernel", "-o", "json", "--no-pager"]
@@ -783,6 +871,8 @@ def main():
     )
     if module.params["kernel_log_max_entries"] < 1:
         module.fail_json(msg="kernel_log_max_entries must be 1 or more.")
+    if module.params["clear_daemon_faults"] != "none" and module.params["acted_class"] == "none":
+        module.fail_json(msg="clear_daemon_faults needs acted_class, the class of the action that cleared the faults.")
     run_or_fail(module, "gpu_faults", run_module)
 
 

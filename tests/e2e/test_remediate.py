@@ -472,7 +472,7 @@ def test_a_node_that_does_not_come_back_in_time_stays_out_and_the_next_run_conti
     assert (
         f"{node} is left cordoned and tainted ({TAINT}=reboot) and holds a remediation slot: it did not come back from"
         " its reboot within 0 s (" in words
-    )
+    ), late.summary()
     assert remediation(lab, node) == (True, "reboot")
     lab.wait_until(f"{node} restarted", lambda: container_restarts(node) == starts + 1, timeout=120)
 

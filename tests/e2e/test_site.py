@@ -48,10 +48,13 @@ CDI_SPEC = "/var/run/cdi/nvidia.yaml"
 LOGIN_HOME = "/home/gpuops"
 # What a check run may touch on the node without writing anything of the product: Ansible's own
 # temporary files (~/.ansible/tmp of the login user and of root, whose creation also touches their home
-# directories), logs and caches, and the mounts and volumes the lab owns (-xdev skips those).
+# directories), logs and caches, the mounts and volumes the lab owns (-xdev skips those), and /var/backups, where
+# Debian's dpkg-db-backup.timer writes its daily copy of the package database (on a node image started for the
+# first time it fires at boot, during the check run; a package the run installed shows in dpkg-query instead).
 SNAPSHOT = (
     "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/tmp"
-    f" -o -path /var/log -o -path /var/cache -o -path /root/.ansible -o -path {LOGIN_HOME}/.ansible \\) -prune"
+    " -o -path /var/log -o -path /var/cache -o -path /var/backups"
+    f" -o -path /root/.ansible -o -path {LOGIN_HOME}/.ansible \\) -prune"
     f" -o -newer /run/gpuops-check-mark ! -path /root ! -path {LOGIN_HOME} -print"
 )
 

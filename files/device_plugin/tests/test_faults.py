@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import threading
@@ -631,6 +632,89 @@ def test_a_restart_keeps_the_faults_of_the_gpus_that_still_exist_until_they_reco
         assert wait_until(lambda: all(r["healthy"] and r["class"] == "none" for r in read_health(path)["gpus"]))
     finally:
         daemon.stop()
+
+
+def test_a_fault_a_remediation_cleared_is_not_carried_over_and_a_worse_one_is(node, monkeypatch, caplog):
+    path = str(node.tmp / "gpu-health.json")
+    boot = node.tmp / "boot_id"
+    boot.write_text("boot-a\n")
+    monkeypatch.setattr(faults, "BOOT_ID_FILE", str(boot))
+    caplog.set_level(logging.INFO, logger=faults.__name__)
+    daemon = start(node, health_file=path)
+    try:
+        # GPU 1 to reboot, GPU 2 to reset, GPU 4 to replace (XID 54: auxiliary power), GPU 6 to reset.
+        edit(node, g1={"xid": 79}, g2={"xid": 48}, g4={"xid": 54}, g6={"xid": 48})
+        assert wait_until(
+            lambda: [gpu_row(path, i)["class"] for i in (1, 2, 4, 6)] == ["reboot", "reset", "replace", "reset"]
+        )
+    finally:
+        daemon.stop()
+    assert read_health(path)["boot"] == "boot-a"
+    edit(node)
+    reset_done = faults.iso(time.time())
+    notices = {
+        "version": 1,
+        "notices": [
+            # GPU 2 and GPU 4 were reset while the daemon was stopped; GPU 6's reset was before its fault.
+            {"class": "reset", "gpus": [H100[2], H100[4]], "time": reset_done},
+            {"class": "reset", "gpus": [H100[6]], "time": "2020-01-01T00:00:00.000000Z"},
+            # The node is about to reboot, in boot-a.
+            {"class": "reboot", "gpus": [], "boot": "boot-a"},
+        ],
+    }
+    with open(path + ".cleared", "w", encoding="utf-8") as handle:
+        json.dump(notices, handle)
+
+    def classes() -> list[str]:
+        return [gpu_row(path, i)["class"] for i in range(8)]
+
+    # Started again in the same boot (the reboot has not happened): only the reset's notice holds.
+    daemon = start(node, health_file=path)
+    try:
+        assert wait_until(lambda: classes() == ["none", "reboot", "none", "none", "replace", "none", "reset", "none"])
+        assert not gpu_row(path, 1)["healthy"] and gpu_row(path, 2)["healthy"]
+    finally:
+        daemon.stop()
+    # After the reboot: the reboot's notice clears everything up to reboot; the GPU to replace stays.
+    boot.write_text("boot-b\n")
+    daemon = start(node, health_file=path)
+    try:
+        assert wait_until(lambda: classes() == ["none", "none", "none", "none", "replace", "none", "none", "none"])
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[1]) == "Healthy")
+        assert read_health(path)["boot"] == "boot-b"
+    finally:
+        daemon.stop()
+    cleared = [r for r in caplog.records if r.getMessage() == "GPU faults a remediation cleared are not carried over"]
+    assert [sorted(g["device"] for g in r.gpus) for r in cleared] == [
+        sorted([H100[2]]),
+        sorted([H100[1], H100[6]]),
+    ]
+    # The reboot's notice held once: started again in boot-b, the file is boot-b's and GPU 4 still carried.
+    daemon = start(node, health_file=path)
+    try:
+        assert classes()[4] == "replace"
+    finally:
+        daemon.stop()
+
+
+def test_notices_that_cannot_be_read_clear_nothing(node, caplog):
+    path = str(node.tmp / "gpu-health.json")
+    daemon = start(node, health_file=path)
+    try:
+        edit(node, g1={"xid": 79})
+        assert wait_until(lambda: gpu_row(path, 1)["class"] == "reboot")
+    finally:
+        daemon.stop()
+    edit(node)
+    for text in ("{", json.dumps({"notices": [{"class": "reboot", "gpus": "all", "time": "later"}, 7]})):
+        with open(path + ".cleared", "w", encoding="utf-8") as handle:
+            handle.write(text)
+        daemon = start(node, health_file=path)
+        try:
+            assert gpu_row(path, 1)["class"] == "reboot"
+        finally:
+            daemon.stop()
+    assert any(r.getMessage().startswith("cannot read the remediation's notices") for r in caplog.records)
 
 
 def test_the_health_file_is_flushed_to_disk_and_a_killed_writers_leftover_is_removed(node, monkeypatch):

@@ -50,6 +50,8 @@ NODE_PROC_DRIVER = "/etc/gpuops-lab/proc-driver"
 # A TEST DOUBLE of `nvidia-smi --gpu-reset -i UUID`, for the nvidia_mig role's nvidia_mig_gpu_reset_command and the
 # gpu_remediation role's gpu_remediation_reset_command.
 GPU_RESET = "/usr/local/sbin/gpuops-lab-gpu-reset"
+# The lab node's own boot ID (tests/e2e/node/boot-id.sh).
+LAB_BOOT_ID = "/run/gpuops-lab-boot-id"
 DEVICES_UNIT = "gpuops-lab-nvidia-devices.service"
 # At boot a host with NVIDIA's driver gets its CDI specification (on tmpfs, /var/run/cdi) written again by the
 # toolkit's nvidia-cdi-refresh.service, whose conditions need the driver (nvidia-smi, nvidia.ko in modules.dep); a
@@ -466,6 +468,11 @@ def inventory_text(cfg: LabConfig, count: int) -> str:
         "        # reset by a TEST DOUBLE that calls the mock library's reset hook.",
         f'        nvidia_mig_gpu_reset_command: ["{GPU_RESET}", "{{uuid}}"]',
         f'        gpu_remediation_reset_command: ["{GPU_RESET}", "{{uuid}}"]',
+        "        # A node's boot ID is the lab's own (gpuops-lab-boot-id.service binds it over the kernel's); the",
+        "        # daemon's ProtectKernelTunables gives it a /proc/sys of its own, where the same file is bound again,",
+        "        # so that the health file names the boot the node is in (docs/remediation.md: a reboot's notice).",
+        "        device_plugin_service_extra:",
+        f'          - "BindReadOnlyPaths=-{LAB_BOOT_ID}:/proc/sys/kernel/random/boot_id"',
     ]
     return "".join(f"{line}\n" for line in lines)
 

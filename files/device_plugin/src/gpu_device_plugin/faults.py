@@ -25,7 +25,12 @@ health.HealthTracker) are compared with what was last shown; on a change:
 At start the daemon reads the health file it wrote before (a restart, an upgrade) and carries the
 faulty GPUs' classes over, for the GPUs that still exist, until they recover as the recovery policy
 says: a restart does not forget a fault. Temporary files a killed daemon left beside the file are
-removed.
+removed. A fault a remediation cleared is not carried over: the gpuops.k8s.gpu_faults module leaves
+notices in the file beside the health file (its name and `.cleared`), each naming a class, the GPUs
+(none: all) and when it holds: `time`, for a GPU reset done while the daemon was stopped (the faults
+last changed up to then), or `boot`, for a reboot (the faults of a health file written in that boot,
+once the node runs another one; the file says the boot it was written in). Faults of a higher class
+are carried over whatever a notice says.
 
 A failure to write the file is logged and counted too: faults are shown where they can be, and the
 daemon's job for the kubelet never depends on them."""
@@ -60,6 +65,8 @@ log = logging.getLogger(__name__)
 
 CONDITION_TYPE = "GPUHealthy"
 HEALTH_FILE_VERSION = 1
+CLEARED_SUFFIX = ".cleared"  # the remediation's notices, beside the health file
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 # A POST that fails is tried this many times in all, pausing WEBHOOK_RETRY_SECONDS, then twice that, ...
 WEBHOOK_ATTEMPTS = 3
 WEBHOOK_RETRY_SECONDS = 1.0
@@ -71,6 +78,15 @@ CONDITION_REFRESH_SECONDS = 300.0
 CONDITION_RETRY_SECONDS = 1.0
 CONDITION_RETRY_MAX_SECONDS = 30.0
 MESSAGE_LIMIT = 1024
+
+
+def current_boot_id() -> str:
+    """The kernel's boot ID; empty where it cannot be read (a notice bound to a boot then never holds)."""
+    try:
+        with open(BOOT_ID_FILE, encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, ValueError):
+        return ""
 
 
 class NodeConditions(Protocol):
@@ -137,8 +153,10 @@ class FaultReporter:
         metrics: Metrics,
         conditions: Optional[NodeConditions] = None,
         wall_clock: Callable[[], float] = lambda: datetime.datetime.now(datetime.timezone.utc).timestamp(),
+        boot_id: Optional[str] = None,
     ) -> None:
         self.config = config
+        self.boot_id = current_boot_id() if boot_id is None else boot_id
         self.state = state
         self.metrics = metrics
         self.conditions = conditions
@@ -236,6 +254,7 @@ class FaultReporter:
         document = {
             "version": HEALTH_FILE_VERSION,
             "node": self.node_name,
+            "boot": self.boot_id,
             "updated": iso(self._now()),
             "gpus": [{k: v for k, v in row.items() if k != "xid"} for row in rows],
         }
@@ -290,7 +309,8 @@ class FaultReporter:
                 extra={"path": path},
             )
             return
-        carried = []
+        notices = self._cleared_notices(path)
+        carried, cleared = [], []
         for row in rows:
             if not isinstance(row, dict) or row.get("healthy") is not False:
                 continue
@@ -298,6 +318,9 @@ class FaultReporter:
             if not isinstance(uuid, str) or name not in xid_classes.CLASSES or name == "none":
                 continue
             if not isinstance(index, int) or isinstance(index, bool):
+                continue
+            if any(self._clears(notice, document, row) for notice in notices):
+                cleared.append({"device": uuid, "class": name})
                 continue
             xids = []
             for item in row.get("xids") or []:
@@ -310,8 +333,47 @@ class FaultReporter:
             if self.state.tracker.restore(uuid, str(name), reason, last, xids, from_iso(row.get("updated"))):
                 self._carried[uuid] = {"index": index, "pci": str(row.get("pci") or "")}
                 carried.append({"device": uuid, "class": name})
+        if cleared:
+            log.info("GPU faults a remediation cleared are not carried over", extra={"path": path, "gpus": cleared})
         if carried:
             log.warning("GPU faults carried over from before the start", extra={"path": path, "gpus": carried})
+
+    @staticmethod
+    def _cleared_notices(path: str) -> list[dict[str, Any]]:
+        """The remediation's notices beside the health file; none when there is no such file or it cannot be
+        read (logged): the faults are then carried over."""
+        notices_path = path + CLEARED_SUFFIX
+        try:
+            with open(notices_path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "cannot read the remediation's notices %s: every fault is carried over",
+                notices_path,
+                extra={"path": notices_path, "reason": str(exc)},
+            )
+            return []
+        notices = document.get("notices") if isinstance(document, dict) else None
+        return [n for n in notices if isinstance(n, dict)] if isinstance(notices, list) else []
+
+    def _clears(self, notice: dict[str, Any], document: dict[str, Any], row: dict[str, Any]) -> bool:
+        """Whether a remediation's notice covers a fault of the health file: its class is the notice's or
+        below, on a GPU it names (none named: every GPU), and the notice holds (a reset's, for a fault last
+        changed up to its time; a reboot's, for a file written in its boot, now that the node runs another)."""
+        name, gpus = notice.get("class"), notice.get("gpus")
+        if name not in xid_classes.CLASSES or not isinstance(gpus, list):
+            return False
+        if xid_classes.rank(str(row.get("class"))) > xid_classes.rank(name):
+            return False
+        if gpus and row.get("uuid") not in gpus and row.get("pci") not in gpus:
+            return False
+        boot = notice.get("boot")
+        if isinstance(boot, str) and boot:
+            return document.get("boot") == boot and bool(self.boot_id) and self.boot_id != boot
+        until, updated = from_iso(notice.get("time")), from_iso(row.get("updated"))
+        return until is not None and updated is not None and updated <= until
 
     # -- /metrics ------------------------------------------------------------------------------
     def _gauge(self, rows: list[dict[str, Any]]) -> None:

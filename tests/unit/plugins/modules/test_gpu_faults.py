@@ -446,3 +446,40 @@ def test_a_damaged_place_is_read_as_none_and_said(args, tmp_path):
     assert result["kernel_log"]["notes"] == [
         f"the kept place {place} could not be read, so the kernel log was read as if none was kept"
     ]
+
+
+def test_a_notice_tells_the_daemon_what_an_action_cleared_and_is_never_written_in_check_mode(args, tmp_path):
+    notices = tmp_path / "gpu-health.json.cleared"
+    boot = tmp_path / "boot_id"
+    boot.write_text("6c7c6013a8674f2f9f2d8e7c1a1c1e1a\n")
+    reset = dict(args, kernel_log=False, acted_class="reset", acted_gpus=[UUID1, UUID1], clear_daemon_faults="now")
+    checked = run_module(gpu_faults.main, dict(reset, _ansible_check_mode=True))
+    assert checked["changed"] is True and checked["cleared"]["gpus"] == [UUID1]
+    assert not notices.exists()
+    done = run_module(gpu_faults.main, reset)
+    assert done["changed"] is True
+    assert done["cleared"]["class"] == "reset" and done["cleared"]["time"].endswith("Z")
+    assert json.loads(notices.read_text()) == {"version": 1, "notices": [done["cleared"]]}
+    # A reboot's notice names the boot it leaves; the newest 8 notices are kept.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpu_faults, "BOOT_ID_FILE", str(boot))
+        for _ in range(8):
+            rebooting = run_module(
+                gpu_faults.main, dict(args, kernel_log=False, acted_class="reboot", clear_daemon_faults="after_reboot")
+            )
+    assert rebooting["cleared"] == {"class": "reboot", "gpus": [], "boot": "6c7c6013a8674f2f9f2d8e7c1a1c1e1a"}
+    kept = json.loads(notices.read_text())["notices"]
+    assert len(kept) == 8 and kept == [rebooting["cleared"]] * 8
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".gpu-faults-")] == []
+
+
+def test_a_notice_needs_the_class_of_the_action_and_a_boot_id(args, tmp_path):
+    result = fail_module(gpu_faults.main, dict(args, kernel_log=False, clear_daemon_faults="now"))
+    assert result["msg"] == "clear_daemon_faults needs acted_class, the class of the action that cleared the faults."
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpu_faults, "BOOT_ID_FILE", str(tmp_path / "no-boot-id"))
+        result = fail_module(
+            gpu_faults.main, dict(args, kernel_log=False, acted_class="reboot", clear_daemon_faults="after_reboot")
+        )
+    assert result["msg"] == f"cannot read the boot ID from {tmp_path / 'no-boot-id'}: No such file or directory."
+    assert not (tmp_path / "gpu-health.json.cleared").exists()
