@@ -463,7 +463,7 @@ def test_a_notice_tells_the_daemon_what_an_action_cleared_and_is_never_written_i
     # A reboot's notice names the boot it leaves; the newest 8 notices are kept.
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gpu_faults, "BOOT_ID_FILE", str(boot))
-        for _ in range(8):
+        for _attempt in range(8):
             rebooting = run_module(
                 gpu_faults.main, dict(args, kernel_log=False, acted_class="reboot", clear_daemon_faults="after_reboot")
             )
