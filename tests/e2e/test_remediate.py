@@ -53,6 +53,8 @@ HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
 RECORD = "/var/lib/gpuops/gpu-remediation.json"
 PART_OF = "test-remediate"
 NAMESPACE = "default"
+# The lab's TEST DOUBLE of DCGM's host engine (tests/e2e/gpuops_lab/inventory.py): a service that holds NVML open.
+DCGM = "nvidia-dcgm.service"
 
 
 @dataclass
@@ -164,6 +166,13 @@ def record(lab: Lab, node: str) -> dict:
     return json.loads(done.stdout) if done.returncode == 0 else {}
 
 
+def holds_nvml(lab: Lab, node: str, unit: str) -> bool:
+    """Whether the unit's process holds the mock library's client lock (/proc/locks names the holder's PID)."""
+    pid = lab.node_exec(node, "systemctl", "show", "-p", "MainPID", "--value", unit).stdout.strip()
+    locks = [line.split() for line in lab.node_exec(node, "cat", "/proc/locks").stdout.splitlines()]
+    return pid not in ("", "0") and any(len(fields) > 4 and fields[4] == pid for fields in locks)
+
+
 def boot_id(lab: Lab, node: str) -> str:
     return lab.node_exec(node, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
 
@@ -263,6 +272,7 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
             for gpu in data["gpus"]:
                 gpu.pop("xid", None)
             write_in_place(spec, yaml.safe_dump(data, sort_keys=False))
+            lab.node_exec(node, "systemctl", "stop", DCGM, check=False)
             lab.core.patch_node(node, {"spec": {"unschedulable": False}})
             taints = [t for t in lab.node(node).spec.taints or [] if t.key != TAINT]
             lab.core.patch_node(node, {"spec": {"taints": [lab.api.sanitize_for_serialization(t) for t in taints]}})
@@ -419,6 +429,9 @@ def test_the_next_run_resets_the_gpu_and_evicts_only_its_pod(flow: Flow) -> None
     on_node = lab.core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}").items
     others = {p.metadata.name: p.metadata.uid for p in on_node if p.metadata.name != "victim"}
     assert "bystander" in others and len(others) >= 2, others  # the bystander and the app's replacement(s)
+    # DCGM's host engine (the lab's double) holds NVML open on the node: the reset works only once the run stops it.
+    lab.node_exec(node, "systemctl", "start", DCGM)
+    lab.wait_until(f"{DCGM} holding NVML on {node}", lambda: holds_nvml(lab, node, DCGM), timeout=30)
     watch = NodeWatch(lab, node)
     watch.start()
     # As Event-Driven Ansible runs it for the node an alert names: limited to that node.
@@ -432,6 +445,10 @@ def test_the_next_run_resets_the_gpu_and_evicts_only_its_pod(flow: Flow) -> None
     assert summary(run).startswith(f"Remediation slots: 1 of 1 in use (gpu_remediation_max_nodes 1): {node} (reset).")
     assert watch.taint_seen == "reset" and watch.back_at is not None
     assert f"changed: [{node}] => (item={flow.victim_gpu})" in run.output  # the reset command, for that GPU only
+    stopped_and_started = [f"changed: [{node}] => (item={DCGM})"]
+    assert task_lines(run, "Stop the node's other services that keep GPUs open") == stopped_and_started
+    assert task_lines(run, "Start the node's other services again") == stopped_and_started
+    assert holds_nvml(lab, node, DCGM), f"{DCGM} is running again after the reset"
     assert pod_uid(lab, "victim") is None
     for name, uid in others.items():  # the pods on the node's other GPUs keep running
         assert pod_uid(lab, name) == uid, name

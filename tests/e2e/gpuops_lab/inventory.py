@@ -58,6 +58,9 @@ DEVICES_UNIT = "gpuops-lab-nvidia-devices.service"
 # lab node has neither, so this unit runs the same command with the same settings in its place, where the toolkit
 # has its refresh enabled: a lab node rebooted (docs/lab.md, "Rebooting a node") runs GPU pods again.
 CDI_REFRESH_UNIT = "gpuops-lab-cdi-refresh.service"
+# A TEST DOUBLE of DCGM's host engine, which keeps NVML open and so keeps a GPU from its reset: installed on every node,
+# started only by the tests that need an NVML client the remediation must stop (tests/e2e/test_remediate.py).
+DCGM_DOUBLE_UNIT = "nvidia-dcgm.service"
 # Debian's python3-pynvml depends on `libnvidia-ml1 | ... | libnvidia-ml.so.1`; without a package that
 # provides libnvidia-ml.so.1, apt would install Debian's libnvidia-ml1 (NVIDIA's real library, 535) over the
 # mock. An empty package of this name provides it, at the spec's driver version.
@@ -188,6 +191,14 @@ mkdir -p /etc/systemd/system/multi-user.target.wants
 ln -sfn ../{DEVICES_UNIT} /etc/systemd/system/multi-user.target.wants/{DEVICES_UNIT}
 ln -sfn ../{CDI_REFRESH_UNIT} /etc/systemd/system/multi-user.target.wants/{CDI_REFRESH_UNIT}
 sh /etc/gpuops-lab/nvidia-devices.sh
+cat >/etc/systemd/system/{DCGM_DOUBLE_UNIT} <<'UNIT'
+[Unit]
+Description=TEST DOUBLE of DCGM's host engine (tests/e2e/lab.py): holds the node's NVML open, as nv-hostengine does
+
+[Service]
+ExecStart=/usr/bin/python3 -c "import ctypes, time; assert ctypes.CDLL('libnvidia-ml.so.1').nvmlInit_v2() == 0; \\
+  time.sleep(1e9)"
+UNIT
 cat >{GPU_RESET}.new <<'RESET'
 {_GPU_RESET_SCRIPT}RESET
 chmod 0755 {GPU_RESET}.new
