@@ -445,6 +445,10 @@ def test_the_next_run_resets_the_gpu_and_evicts_only_its_pod(flow: Flow) -> None
     assert summary(run).startswith(f"Remediation slots: 1 of 1 in use (gpu_remediation_max_nodes 1): {node} (reset).")
     assert watch.taint_seen == "reset" and watch.back_at is not None
     assert f"changed: [{node}] => (item={flow.victim_gpu})" in run.output  # the reset command, for that GPU only
+    # The node has no NVSwitch (read only because a GPU needs a reset): one GPU may be reset alone.
+    assert task_lines(run, "Read the node's GPUs and NVSwitches, to know whether one GPU can be reset alone") == [
+        f"ok: [{node}]"
+    ]
     stopped_and_started = [f"changed: [{node}] => (item={DCGM})"]
     assert task_lines(run, "Stop the node's other services that keep GPUs open") == stopped_and_started
     assert task_lines(run, "Start the node's other services again") == stopped_and_started
