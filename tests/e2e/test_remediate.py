@@ -173,6 +173,15 @@ def holds_nvml(lab: Lab, node: str, unit: str) -> bool:
     return pid not in ("", "0") and any(len(fields) > 4 and fields[4] == pid for fields in locks)
 
 
+def persistence_mode(lab: Lab, node: str, uuid: str) -> int:
+    """The GPU's persistence mode as NVML on the node answers it (the mock library keeps it for the node)."""
+    code = (
+        "import pynvml as n; n.nvmlInit(); "
+        f"print(n.nvmlDeviceGetPersistenceMode(n.nvmlDeviceGetHandleByUUID({uuid!r})))"
+    )
+    return int(lab.node_exec(node, "python3", "-c", code).stdout)
+
+
 def boot_id(lab: Lab, node: str) -> str:
     return lab.node_exec(node, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
 
@@ -432,6 +441,8 @@ def test_the_next_run_resets_the_gpu_and_evicts_only_its_pod(flow: Flow) -> None
     # DCGM's host engine (the lab's double) holds NVML open on the node: the reset works only once the run stops it.
     lab.node_exec(node, "systemctl", "start", DCGM)
     lab.wait_until(f"{DCGM} holding NVML on {node}", lambda: holds_nvml(lab, node, DCGM), timeout=30)
+    # The GPU is in persistence mode (the spec's default), in which it is not reset.
+    assert persistence_mode(lab, node, flow.victim_gpu) == 1
     watch = NodeWatch(lab, node)
     watch.start()
     # As Event-Driven Ansible runs it for the node an alert names: limited to that node.
@@ -453,6 +464,10 @@ def test_the_next_run_resets_the_gpu_and_evicts_only_its_pod(flow: Flow) -> None
     assert task_lines(run, "Stop the node's other services that keep GPUs open") == stopped_and_started
     assert task_lines(run, "Start the node's other services again") == stopped_and_started
     assert holds_nvml(lab, node, DCGM), f"{DCGM} is running again after the reset"
+    off_and_on = [f"changed: [{node}] => (item={flow.victim_gpu})"]  # that GPU only
+    assert task_lines(run, "Turn persistence mode off on the GPUs to reset") == off_and_on
+    assert task_lines(run, "Turn persistence mode on again where it was") == off_and_on
+    assert persistence_mode(lab, node, flow.victim_gpu) == 1
     assert pod_uid(lab, "victim") is None
     for name, uid in others.items():  # the pods on the node's other GPUs keep running
         assert pod_uid(lab, name) == uid, name

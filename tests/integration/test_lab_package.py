@@ -172,6 +172,10 @@ def test_ssh_inventory(tmp_path: Path) -> None:
     # The lab has no nvidia-smi: the nvidia_mig and gpu_remediation roles reset GPUs with the lab's test double.
     assert variables["nvidia_mig_gpu_reset_command"] == ["/usr/local/sbin/gpuops-lab-gpu-reset", "{uuid}"]
     assert variables["gpu_remediation_reset_command"] == ["/usr/local/sbin/gpuops-lab-gpu-reset", "{uuid}"]
+    # And set a GPU's persistence mode, off for its reset, with another.
+    persistence = ["/usr/local/sbin/gpuops-lab-persistence-mode", "{uuid}", "{mode}"]
+    assert variables["nvidia_mig_persistence_command"] == persistence
+    assert variables["gpu_remediation_persistence_command"] == persistence
 
 
 def test_mig_capabilities_are_numbered_as_the_driver_numbers_them() -> None:

@@ -10,6 +10,7 @@ nvidia_gpu_info module), and the mock library's layout file (what clients change
 from __future__ import annotations
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,10 @@ import yaml
 from adhoc import ansible_environment, run_module
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
+# The lab's TEST DOUBLES of `nvidia-smi --gpu-reset -i UUID` and `nvidia-smi -i UUID -pm MODE` (on the mock library).
+from gpuops_lab.inventory import _GPU_RESET_SCRIPT, _PERSISTENCE_MODE_SCRIPT  # noqa: E402
+
 SPEC = os.path.join(REPO, "tests", "fixtures", "simulated", "h100x8.yaml")
 UUIDS = [f"GPU-6f1c0a3e-0000-4000-8000-00000000000{n}" for n in range(1, 9)]
 
@@ -155,6 +160,47 @@ class Node:
         done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, check=True)
         return int(done.stdout)
 
+    def set_persistence_mode(self, uuid, mode):
+        """`nvidia-smi -i UUID -pm MODE` as NVML does it, in a process of its own."""
+        code = (
+            "import pynvml as nvml\n"
+            "nvml.nvmlInit()\n"
+            f"nvml.nvmlDeviceSetPersistenceMode(nvml.nvmlDeviceGetHandleByUUID({uuid!r}), {mode})\n"
+        )
+        subprocess.run([sys.executable, "-c", code], env=self.env, check=True)
+
+    def persistence_modes(self):
+        code = (
+            "import json, pynvml as nvml\n"
+            "nvml.nvmlInit()\n"
+            "handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]\n"
+            "print(json.dumps([nvml.nvmlDeviceGetPersistenceMode(handle) for handle in handles]))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)
+
+    def reset_tasks(self, tmp_path, uuids):
+        """The role's reset.yml run by ansible-playbook on this machine for UUIDS, the GPUs reset and their persistence
+        mode set by the lab's doubles; (rc, {task name: its result})."""
+        doubles = {}
+        for name, text in (("gpu-reset", _GPU_RESET_SCRIPT), ("persistence-mode", _PERSISTENCE_MODE_SCRIPT)):
+            doubles[name] = tmp_path / name
+            doubles[name].write_text(text)
+        role = {"name": "gpuops.k8s.nvidia_mig", "tasks_from": "reset"}
+        play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{"ansible.builtin.include_role": role}]}]
+        (tmp_path / "reset.yml").write_text(yaml.safe_dump(play))
+        extra = {
+            "__nvidia_mig_reset_uuids": uuids,
+            "nvidia_mig_gpu_reset_command": [sys.executable, str(doubles["gpu-reset"]), "{uuid}"],
+            "nvidia_mig_persistence_command": [sys.executable, str(doubles["persistence-mode"]), "{uuid}", "{mode}"],
+            "ansible_python_interpreter": sys.executable,
+        }
+        playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+        argv = [playbook, "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(tmp_path / "reset.yml")]
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=300, check=False)
+        tasks = json.loads(done.stdout)["plays"][0]["tasks"]
+        return done.returncode, {t["task"]["name"].split(" : ")[-1]: t["hosts"]["localhost"] for t in tasks}
+
 
 @pytest.fixture
 def node(tmp_path, library_dir, ansible_env):
@@ -261,6 +307,10 @@ def test_a_mode_change_while_another_process_has_nvml_waits_for_a_gpu_reset(node
         assert node.reset_gpu(UUIDS[0]) != 0  # the reset itself waits while the other process has the GPU
     finally:
         other.communicate(timeout=30)
+    # Nor while a GPU is in persistence mode (the spec's GPUs are), as nvidia-smi says: "In use by another client".
+    assert node.reset_gpu(UUIDS[0]) == 19  # NVML_ERROR_IN_USE
+    for uuid in UUIDS:
+        node.set_persistence_mode(uuid, 0)
     assert [node.reset_gpu(uuid) for uuid in UUIDS] == [0] * 8
     assert [(mode, names) for mode, names, _u in node.seen()] == [("enabled", [])] * 8
     result = node.apply("all-1g.10gb")
@@ -429,3 +479,32 @@ def test_without_a_driver_and_without_the_config_file_one_sentence_each(node):
     assert result["msg"].startswith(
         f"MIG config file {node.config_file} has no MIG config named all-7g (it has all-1g.10gb, "
     )
+
+
+def test_the_roles_reset_turns_persistence_mode_off_for_the_reset_and_on_again_whatever_it_did(node, tmp_path):
+    """The spec's GPUs are in persistence mode, in which a GPU is not reset; another process had NVML open when the
+    MIG mode was set, so every GPU waits for its reset."""
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys, pynvml; pynvml.nvmlInit(); print('ready', flush=True); sys.stdin.read()"],
+        env=node.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        assert node.apply("all-1g.10gb")["reset_required"] == UUIDS
+        # While it still has NVML open, the reset fails: persistence mode is back on all the same.
+        rc, tasks = node.reset_tasks(tmp_path, UUIDS[:1])
+        assert rc != 0
+        assert tasks["Reset the GPUs whose MIG mode change is pending"]["failed"] is True
+        assert tasks["Turn persistence mode on again where it was"]["changed"] is True
+    finally:
+        other.communicate(timeout=30)
+    assert node.persistence_modes() == [1] * 8
+    rc, tasks = node.reset_tasks(tmp_path, UUIDS[:2])
+    assert rc == 0, tasks
+    for name in ("Turn persistence mode off on the GPUs to reset", "Turn persistence mode on again where it was"):
+        assert [item["item"] for item in tasks[name]["results"]] == UUIDS[:2], name
+    assert [mode for mode, _names, _u in node.seen()] == ["enabled"] * 2 + ["disabled"] * 6
+    assert node.persistence_modes() == [1] * 8

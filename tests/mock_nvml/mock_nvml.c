@@ -209,6 +209,7 @@ typedef struct {
     unsigned int domain, bus, device, function, pci_device_id, pci_subsystem_id;
     unsigned long long memory_mib;
     int cc_major, cc_minor, numa_node, persistence, minor_number;
+    int spec_persistence; /* the spec's persistence mode; `persistence` is the one in place */
     int mig_mode; /* the spec's: 0 disabled, 1 enabled, -1 unsupported */
     int architecture, brand;
     int lost;
@@ -244,9 +245,17 @@ typedef struct {
     mock_mig_t mig;
 } mock_layout_entry_t;
 
+/* A GPU's persistence mode as a client set it (nvmlDeviceSetPersistenceMode), over the spec's. */
+typedef struct {
+    char uuid[TEXT];
+    int mode;
+} mock_persistence_t;
+
 typedef struct {
     int count;
     mock_layout_entry_t entry[MAX_GPUS];
+    int persistence_count;
+    mock_persistence_t persistence[MAX_GPUS];
 } mock_layout_t;
 
 struct file_stamp {
@@ -535,7 +544,7 @@ static int parse_state(FILE *file, mock_state_t *out)
         } else if (strcmp(key, "numa_node") == 0) {
             gpu->numa_node = atoi(value);
         } else if (strcmp(key, "persistence_mode") == 0) {
-            gpu->persistence = atoi(value);
+            gpu->persistence = gpu->spec_persistence = atoi(value);
         } else if (strcmp(key, "minor_number") == 0) {
             gpu->minor_number = atoi(value);
         } else if (strcmp(key, "mig_mode") == 0) {
@@ -646,16 +655,23 @@ static void merge_layouts(void)
         else
             seed_layout(gpu, &gpu->mig);
         set_handles(gpu);
+        gpu->persistence = gpu->spec_persistence;
+        for (int p = 0; p < layout.persistence_count; p++)
+            if (strcmp(layout.persistence[p].uuid, gpu->uuid) == 0)
+                gpu->persistence = layout.persistence[p].mode;
     }
 }
 
 /* layout file: "format gpuops-mock-nvml-mig 1", then per GPU
  *   gpu UUID SEED CURRENT PENDING SERIAL
  *   gi ID PROFILE START SIZE
- *   ci GI_ID CI_ID PROFILE START SIZE MEMORY_MIB UUID NAME                                               */
+ *   ci GI_ID CI_ID PROFILE START SIZE MEMORY_MIB UUID NAME
+ * and per GPU whose persistence mode a client set
+ *   persistence UUID MODE                                                                                  */
 static int parse_layout(FILE *file, mock_layout_t *out)
 {
     out->count = 0;
+    out->persistence_count = 0;
     char line[512];
     mock_layout_entry_t *entry = NULL;
     int version_seen = 0;
@@ -666,6 +682,12 @@ static int parse_layout(FILE *file, mock_layout_t *out)
             continue;
         } else if (strcmp(line, "format gpuops-mock-nvml-mig 1") == 0) {
             version_seen = 1;
+        } else if (strncmp(line, "persistence ", 12) == 0) {
+            if (out->persistence_count >= MAX_GPUS)
+                return -1;
+            mock_persistence_t *kept = &out->persistence[out->persistence_count++];
+            if (sscanf(line + 12, "%95s %d", kept->uuid, &kept->mode) != 2 || (kept->mode != 0 && kept->mode != 1))
+                return -1;
         } else if (strncmp(line, "gpu ", 4) == 0) {
             if (out->count >= MAX_GPUS)
                 return -1;
@@ -697,12 +719,13 @@ static void read_layout(void)
     FILE *file = fopen(layout_path, "re");
     if (file == NULL) {
         layout.count = 0;
+        layout.persistence_count = 0;
         return;
     }
     int parsed = parse_layout(file, &fresh);
     fclose(file);
     if (parsed == 0)
-        memcpy(&layout, &fresh, offsetof(mock_layout_t, entry) + (size_t)fresh.count * sizeof fresh.entry[0]);
+        memcpy(&layout, &fresh, sizeof layout);
 }
 
 /* Re-read the state and the layout when either file changed; keep every event generation that did not
@@ -808,7 +831,8 @@ static void write_mig(FILE *out, const char *uuid, const char *seed, const mock_
 }
 
 /* Puts GPU `gpu`'s new layout in place for every process: the layout file with that GPU's entry replaced
- * (entries of GPUs the state no longer has are dropped), renamed over the old one. Ends the change. */
+ * (entries of GPUs the state no longer has are dropped), renamed over the old one; `gpu` NULL writes the
+ * layouts as they are, with the persistence modes `layout` holds. Ends the change. */
 static nvmlReturn_t layout_commit(mock_gpu_t *gpu, const mock_mig_t *next)
 {
     char temp[PATH_MAX + 32];
@@ -823,7 +847,7 @@ static nvmlReturn_t layout_commit(mock_gpu_t *gpu, const mock_mig_t *next)
     fprintf(out, "format gpuops-mock-nvml-mig 1\n");
     for (int i = 0; i < state.count; i++) {
         const mock_gpu_t *other = &state.gpu[i];
-        if (other == gpu) {
+        if (gpu != NULL && other == gpu) {
             write_mig(out, gpu->uuid, gpu->mig_seed, next);
         } else {
             const mock_layout_entry_t *kept = layout_entry(&layout, other->uuid);
@@ -831,6 +855,10 @@ static nvmlReturn_t layout_commit(mock_gpu_t *gpu, const mock_mig_t *next)
                 write_mig(out, kept->uuid, kept->seed, &kept->mig);
         }
     }
+    for (int p = 0; p < layout.persistence_count; p++) /* of GPUs the state still has */
+        for (int i = 0; i < state.count; i++)
+            if (strcmp(layout.persistence[p].uuid, state.gpu[i].uuid) == 0)
+                fprintf(out, "persistence %s %d\n", layout.persistence[p].uuid, layout.persistence[p].mode);
     int failed = fflush(out) != 0;
     failed |= fclose(out) != 0;
     if (failed || rename(temp, layout_path) != 0) {
@@ -1403,6 +1431,36 @@ EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, uns
     (void)scope;
     ENTER("nvmlDeviceGetCpuAffinityWithinScope");
     return nvmlDeviceGetCpuAffinity(device, size, set);
+}
+
+/* Kept for every process on the node, in the layout file: a GPU in persistence mode cannot be reset
+ * (gpuopsMockNvmlResetGpu), as a driver in persistence mode keeps the GPU open. */
+EXPORT nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, int mode)
+{
+    ENTER("nvmlDeviceSetPersistenceMode");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_device(device, &gpu);
+    if (rc)
+        return rc;
+    if ((mode != 0 && mode != 1) || as_mig(device))
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    rc = layout_begin();
+    if (rc)
+        return end(rc);
+    mock_persistence_t *kept = NULL;
+    for (int p = 0; p < layout.persistence_count; p++)
+        if (strcmp(layout.persistence[p].uuid, gpu->uuid) == 0)
+            kept = &layout.persistence[p];
+    if (kept == NULL) {
+        if (layout.persistence_count >= MAX_GPUS) {
+            layout_end();
+            return end(NVML_ERROR_UNKNOWN);
+        }
+        kept = &layout.persistence[layout.persistence_count++];
+        copy_text(kept->uuid, sizeof kept->uuid, gpu->uuid);
+    }
+    kept->mode = mode;
+    return end(layout_commit(NULL, NULL));
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode)
@@ -2765,8 +2823,8 @@ EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t instance)
 /*
  * gpuopsMockNvmlResetGpu(uuid, force): what `nvidia-smi --gpu-reset` does to a GPU's MIG state: the
  * pending MIG mode becomes current and every GPU instance is gone. Like that reset, it answers
- * NVML_ERROR_IN_USE while another process has NVML initialised, unless `force` (a reboot). Needs no
- * nvmlInit; NVML_ERROR_NOT_FOUND for a UUID the state does not have.
+ * NVML_ERROR_IN_USE while another process has NVML initialised or the GPU is in persistence mode, unless
+ * `force` (a reboot). Needs no nvmlInit; NVML_ERROR_NOT_FOUND for a UUID the state does not have.
  */
 EXPORT nvmlReturn_t gpuopsMockNvmlResetGpu(const char *uuid, unsigned int force)
 {
@@ -2782,7 +2840,7 @@ EXPORT nvmlReturn_t gpuopsMockNvmlResetGpu(const char *uuid, unsigned int force)
             gpu = &state.gpu[i];
     if (gpu == NULL)
         return end(NVML_ERROR_NOT_FOUND);
-    if (!force && other_clients())
+    if (!force && (other_clients() || gpu->persistence))
         return end(NVML_ERROR_IN_USE);
     nvmlReturn_t rc = layout_begin();
     if (rc)

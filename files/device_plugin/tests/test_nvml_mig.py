@@ -50,12 +50,13 @@ H100_MEMORY_SM[0] = (81152, 132)
 
 
 def one_gpu_spec(path: str, name: str = H100, **gpu: Any) -> str:
-    """A spec of one GPU of the product `name` (the first GPU of h100x8, renamed)."""
+    """A spec of one GPU of the product `name` (the first GPU of h100x8, renamed); persistence mode off unless
+    `gpu` says otherwise, as a GPU in persistence mode is not reset (the MIG mode tests reset it)."""
     spec = fixture("h100x8.yaml")
     first = spec["gpus"][0]
     first.pop("nvlink_peers")
     memory, capability = PRODUCTS[name]
-    first.update(name=name, memory_mib=memory, compute_capability=capability, **gpu)
+    first.update(name=name, memory_mib=memory, compute_capability=capability, **{"persistence_mode": False, **gpu})
     spec["gpus"] = [first]
     write_spec(path, spec)
     return path
@@ -530,3 +531,28 @@ def test_a_failure_injected_half_way_through_a_layout_leaves_what_came_before(li
     )
     assert failing == 999
     assert len(mig_devices(nvml, gpu)) == 3
+
+
+def test_a_gpu_in_persistence_mode_is_not_reset_until_persistence_mode_is_turned_off(tmp_path):
+    mock = MockNvml(one_gpu_spec(str(tmp_path / "gpus.yaml"), persistence_mode=True), str(tmp_path / "state"))
+    nvml = mock.pynvml
+    nvml.nvmlInit()
+    try:
+        gpu = nvml.nvmlDeviceGetHandleByIndex(0)
+        uuid = nvml.nvmlDeviceGetUUID(gpu)
+        assert nvml.nvmlDeviceGetPersistenceMode(gpu) == 1
+        # As nvidia-smi --gpu-reset answers then: "In use by another client".
+        assert mock.reset_gpu(uuid) == nvml.NVML_ERROR_IN_USE
+        nvml.nvmlDeviceSetPersistenceMode(gpu, 0)
+        # Every process on the node sees it.
+        seen = "print(json.dumps(nvml.nvmlDeviceGetPersistenceMode(nvml.nvmlDeviceGetHandleByIndex(0))))\n"
+        assert run_client(mock, seen) == 0
+        assert mock.reset_gpu(uuid) == nvml.NVML_SUCCESS
+        nvml.nvmlDeviceSetPersistenceMode(gpu, 1)
+        assert run_client(mock, seen) == 1
+        assert mock.reset_gpu(uuid) == nvml.NVML_ERROR_IN_USE
+        assert mock.reset_gpu(uuid, force=True) == nvml.NVML_SUCCESS  # a reboot resets it whatever its mode
+        assert code(nvml, nvml.nvmlDeviceSetPersistenceMode, gpu, 2) == nvml.NVML_ERROR_INVALID_ARGUMENT
+    finally:
+        nvml.nvmlShutdown()
+        mock.close()

@@ -50,6 +50,9 @@ NODE_PROC_DRIVER = "/etc/gpuops-lab/proc-driver"
 # A TEST DOUBLE of `nvidia-smi --gpu-reset -i UUID`, for the nvidia_mig role's nvidia_mig_gpu_reset_command and the
 # gpu_remediation role's gpu_remediation_reset_command.
 GPU_RESET = "/usr/local/sbin/gpuops-lab-gpu-reset"
+# A TEST DOUBLE of `nvidia-smi -i UUID -pm MODE`, for the same roles' nvidia_mig_persistence_command and
+# gpu_remediation_persistence_command: a GPU in persistence mode is not reset.
+PERSISTENCE_MODE = "/usr/local/sbin/gpuops-lab-persistence-mode"
 # The lab node's own boot ID (tests/e2e/node/boot-id.sh).
 LAB_BOOT_ID = "/run/gpuops-lab-boot-id"
 DEVICES_UNIT = "gpuops-lab-nvidia-devices.service"
@@ -99,6 +102,28 @@ code = nvml.gpuopsMockNvmlResetGpu(sys.argv[1].encode(), 0)
 if code != 0:
     sys.exit("Unable to reset GPU " + sys.argv[1] + ": " + nvml.nvmlErrorString(code).decode())
 print("GPU " + sys.argv[1] + " was successfully reset.")
+"""
+
+# The lab's persistence-mode switch: a TEST DOUBLE of `nvidia-smi -i UUID -pm MODE` (the lab has no nvidia-smi),
+# through NVML's nvmlDeviceSetPersistenceMode on the mock libnvidia-ml.so.1, which keeps it for every process on the
+# node and refuses a GPU's reset while it is on (docs/mock-nvml.md, "Persistence mode").
+_PERSISTENCE_MODE_SCRIPT = f"""#!/usr/bin/env python3
+# TEST DOUBLE of nvidia-smi -i UUID -pm MODE, written by tests/e2e/lab.py (labs only): sets a GPU's persistence mode
+# on the lab's mock libnvidia-ml.so.1.
+import sys
+
+import pynvml
+
+if len(sys.argv) != 3 or sys.argv[2] not in ("0", "1"):
+    sys.exit("usage: {PERSISTENCE_MODE} GPU-UUID 0|1")
+pynvml.nvmlInit()
+try:
+    pynvml.nvmlDeviceSetPersistenceMode(pynvml.nvmlDeviceGetHandleByUUID(sys.argv[1]), int(sys.argv[2]))
+except pynvml.NVMLError as error:
+    sys.exit("Unable to set persistence mode of GPU " + sys.argv[1] + ": " + str(error))
+finally:
+    pynvml.nvmlShutdown()
+print(("Enabled" if sys.argv[2] == "1" else "Disabled") + " persistence mode for GPU " + sys.argv[1] + ".")
 """
 
 # The CUDA driver library a driver installs beside NVML: the build's empty libcuda.so.1 (a TEST DOUBLE that
@@ -203,6 +228,10 @@ cat >{GPU_RESET}.new <<'RESET'
 {_GPU_RESET_SCRIPT}RESET
 chmod 0755 {GPU_RESET}.new
 mv -f {GPU_RESET}.new {GPU_RESET}
+cat >{PERSISTENCE_MODE}.new <<'PERSISTENCE'
+{_PERSISTENCE_MODE_SCRIPT}PERSISTENCE
+chmod 0755 {PERSISTENCE_MODE}.new
+mv -f {PERSISTENCE_MODE}.new {PERSISTENCE_MODE}
 """
 
 
@@ -476,9 +505,12 @@ def inventory_text(cfg: LabConfig, count: int) -> str:
         "        # DRA nodes (gpu_allocation_mode: dra) reach the API server with the kubelet's own credentials.",
         "        device_plugin_dra_kubeconfig: /etc/gpuops-lab/kubelet.kubeconfig",
         "        # The lab has no nvidia-smi: a GPU whose MIG mode change is pending, or that remediate.yml resets, is",
-        "        # reset by a TEST DOUBLE that calls the mock library's reset hook.",
+        "        # reset by a TEST DOUBLE that calls the mock library's reset hook; another sets a GPU's persistence",
+        "        # mode, which is turned off for the reset (the hook refuses a GPU in persistence mode).",
         f'        nvidia_mig_gpu_reset_command: ["{GPU_RESET}", "{{uuid}}"]',
         f'        gpu_remediation_reset_command: ["{GPU_RESET}", "{{uuid}}"]',
+        f'        nvidia_mig_persistence_command: ["{PERSISTENCE_MODE}", "{{uuid}}", "{{mode}}"]',
+        f'        gpu_remediation_persistence_command: ["{PERSISTENCE_MODE}", "{{uuid}}", "{{mode}}"]',
         "        # A node's boot ID is the lab's own (gpuops-lab-boot-id.service binds it over the kernel's); the",
         "        # daemon's ProtectKernelTunables gives it a /proc/sys of its own, where the same file is bound again,",
         "        # so that the health file names the boot the node is in (docs/remediation.md: a reboot's notice).",
