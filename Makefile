@@ -17,21 +17,27 @@ PLUGIN_DIR := files/device_plugin
 
 .PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
 
-# molecule runs before integration: the integration tier's builds (scripts/build-early.sh, started with the first
-# tier at low priority) use the CPU molecule leaves while apt and systemd work in its containers.
-TIERS := setup lint sanity units molecule integration daemon daemon-py39 daemon-image e2e test-awx demo-modules
-# make test-full also runs the README's first command on a lab of its own (the e2e tier runs site.yml and
-# validate.yml on the same lab nodes in make test).
+# make test: setup first and alone, then two lanes side by side, each lane's tiers in order (scripts/make-test.sh).
+# A tier waits much of its time (apt in molecule's containers, the lab's pods, the integration tier's API servers), so
+# two lanes fill the two cores that one tier at a time leaves idle. The e2e tier (lab instance 0) and test-awx (lab
+# instance 1) have labs of their own. The integration tier's builds (scripts/build-early.sh, started with setup at
+# low priority) use the CPU that setup, lint and molecule's apt leave.
+FIRST_TIERS := setup
+LANE1_TIERS := lint sanity units integration daemon daemon-py39 test-awx demo-modules
+LANE2_TIERS := molecule daemon-image e2e
+TIERS := $(FIRST_TIERS) $(LANE1_TIERS) $(LANE2_TIERS)
+# make test-full also runs the README's first command, after the e2e tier in its lane: the demo's lab is instance 0,
+# the e2e tier's (which runs site.yml and validate.yml on the same lab nodes in make test).
 FULL_TIERS := $(TIERS) demo-test
 
-# Every tier in order, then a table of each tier's minutes (scripts/make-test.sh).
+# The tiers in their lanes, then a table of each tier's lane, start and minutes (scripts/make-test.sh).
 test:
-	@MAKE="$(MAKE)" scripts/make-test.sh $(TIERS)
+	@MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS)"
 
 # The same tiers with every exhaustive case as well (GPUOPS_TEST_FULL=1): each drift one by one, every MIG
 # config name, the molecule cases one by one (README, "Test tiers"). Run before resolving an issue that touches them.
 test-full:
-	@GPUOPS_TEST_FULL=1 MAKE="$(MAKE)" scripts/make-test.sh $(FULL_TIERS)
+	@GPUOPS_TEST_FULL=1 MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS) demo-test"
 
 setup:
 	@scripts/bootstrap.sh

@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# What `make test` runs: each tier as its own make target, in order, stopping at the first that fails, and
-# at the end (also after a failure) a table of each tier's minutes, so the 90-minute CI budget is visible.
-#   scripts/make-test.sh TIER...      (MAKE: the make to call, as the Makefile passes it)
+# What `make test` runs: the first group of tiers in order, alone (setup: the tools every tier needs), then each
+# further group as a lane, the lanes side by side, each lane's tiers in order. A lane stops at its first tier that
+# fails; the other lanes go on, so that one run says every failure. At the end (also after a failure) a table of
+# each tier's lane, start and minutes, and the run's wall-clock total, so the 90-minute CI budget is visible.
+# Every line a tier prints is prefixed with its name ("[e2e] ..."), as lanes print side by side.
+#   scripts/make-test.sh "FIRST TIERS" "LANE 1 TIERS" "LANE 2 TIERS"...   (MAKE: the make to call, as the Makefile
+#                                                                          passes it)
+# Why lanes: a tier waits much of its time (apt in molecule's containers, the lab's kubelets and pods, the API
+# servers of the integration tier), so one tier at a time leaves the two cores idle for a third of the run
+# (docs/performance.md gives the figures).
 set -uo pipefail
 make=${MAKE:-make}
 name='make test'
 [ "${GPUOPS_TEST_FULL:-0}" = 1 ] && name='make test-full'
-names=() minutes=() results=()
+results=$(mktemp)
 start_all=$(date +%s)
+minutes() { awk -v s="$1" 'BEGIN { printf "%.1f", s / 60 }'; }
 table() {
   local total=$(( $(date +%s) - start_all ))
   printf '\n%s, minutes per tier:\n' "$name"
-  printf '  %-14s %8s  %s\n' tier minutes result
-  local i
-  for i in "${!names[@]}"; do
-    printf '  %-14s %8s  %s\n' "${names[$i]}" "${minutes[$i]}" "${results[$i]}"
-  done
-  printf '  %-14s %8s\n' total "$(awk -v s="$total" 'BEGIN { printf "%.1f", s / 60 }')"
+  printf '  %-14s %5s %8s %8s  %s\n' tier lane start minutes result
+  local tier lane begin took rc
+  while read -r tier lane begin took rc; do
+    printf '  %-14s %5s %8s %8s  %s\n' "$tier" "$lane" "$(minutes "$begin")" "$(minutes "$took")" \
+      "$([ "$rc" = 0 ] && echo passed || echo "failed ($rc)")"
+  done < <(sort -s -n -k3 "$results")
+  printf '  %-14s %5s %8s %8s\n' total '' '' "$(minutes "$total")"
 }
 # The builds the integration tier needs first start in the background with the first tier (scripts/build-early.sh:
 # they need only Go, which the machine has), at low priority, and are waited for (or stopped, after a failure)
@@ -31,23 +40,47 @@ early_builds() {
   fi
   rm -f "$early_log"
 }
-setsid nice -n 15 scripts/build-early.sh "$early_log" &
-early_pid=$!
-for tier in "$@"; do
+# One tier: its output prefixed with its name, its figures appended to the results. Returns the tier's status.
+run_tier() {
+  local tier=$1 lane=$2 begin rc
   begin=$(date +%s)
   # shellcheck disable=SC2086 # MAKE may carry its own arguments
-  $make --no-print-directory "$tier"
-  rc=$?
-  names+=("$tier")
-  minutes+=("$(awk -v s="$(( $(date +%s) - begin ))" 'BEGIN { printf "%.1f", s / 60 }')")
-  if [ "$rc" -ne 0 ]; then
-    results+=("failed ($rc)")
-    early_builds stop
-    table
-    exit "$rc"
-  fi
-  results+=(passed)
-done
-early_builds wait
+  $make --no-print-directory "$tier" 2>&1 | awk -v p="[$tier] " '{ print p $0; fflush() }'
+  rc=${PIPESTATUS[0]}
+  echo "$tier $lane $((begin - start_all)) $(( $(date +%s) - begin )) $rc" >>"$results"
+  return "$rc"
+}
+run_lane() {
+  local lane=$1 tier
+  shift
+  for tier in "$@"; do
+    run_tier "$tier" "$lane" || return 1
+  done
+}
+setsid nice -n 15 scripts/build-early.sh "$early_log" &
+early_pid=$!
+failed=0
+# shellcheck disable=SC2086 # a group is a list of tier names
+run_lane - $1 || failed=1
+shift
+pids=()
+if [ "$failed" = 0 ]; then
+  lane=0
+  for group in "$@"; do
+    lane=$((lane + 1))
+    # shellcheck disable=SC2086
+    run_lane "$lane" $group &
+    pids+=("$!")
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || failed=1
+  done
+fi
+if [ "$failed" = 0 ]; then early_builds wait; else early_builds stop; fi
 table
+rm -f "$results"
+if [ "$failed" != 0 ]; then
+  echo "$name: a tier failed (above)"
+  exit 1
+fi
 echo "$name: every tier passed"

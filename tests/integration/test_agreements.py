@@ -194,7 +194,12 @@ def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
     full_only = re.search(r"^full_only=\((.*)\)$", (REPO / "scripts" / "molecule.sh").read_text(), re.M).group(1)
     scenarios |= {f"molecule `{name}`" for name in full_only.split()}
     makefile = (REPO / "Makefile").read_text()
-    tiers = re.search(r"^TIERS := (.*)$", makefile, re.M).group(1).split()
+    tiers = [
+        tier
+        for group in ("FIRST_TIERS", "LANE1_TIERS", "LANE2_TIERS")
+        for tier in re.search(rf"^{group} := (.*)$", makefile, re.M).group(1).split()
+    ]
+    assert re.search(r"^TIERS := \$\(FIRST_TIERS\) \$\(LANE1_TIERS\) \$\(LANE2_TIERS\)$", makefile, re.M)
     full_tiers = re.search(r"^FULL_TIERS := \$\(TIERS\) (.*)$", makefile, re.M).group(1).split()
     demo = {"the demo"} if "demo-test" in full_tiers and "demo-test" not in tiers else set()
     assert rows == marked | scenarios | demo
