@@ -45,7 +45,8 @@ run_tier() {
   local tier=$1 lane=$2 begin rc
   begin=$(date +%s)
   # shellcheck disable=SC2086 # MAKE may carry its own arguments
-  $make --no-print-directory "$tier" 2>&1 | awk -v p="[$tier] " '{ print p $0; fflush() }'
+  # sed -u: each line as it comes (mawk would hold a quiet tier's lines in its input buffer).
+  $make --no-print-directory "$tier" 2>&1 | sed -u "s/^/[$tier] /"
   rc=${PIPESTATUS[0]}
   echo "$tier $lane $((begin - start_all)) $(( $(date +%s) - begin )) $rc" >>"$results"
   return "$rc"

@@ -36,13 +36,13 @@ KEEP = ("kubelet_internal_checkpoint", "DEPRECATION")
 class Endpoint:
     """The kubelet's side of one registered plugin."""
 
-    def __init__(self, double: KubeletDouble, request: api_pb2.RegisterRequest) -> None:
+    def __init__(self, double: KubeletDouble, request: api_pb2.RegisterRequest, timeout: float = 5.0) -> None:
         self.double = double
         self.resource = request.resource_name
         self.socket = os.path.join(double.directory, request.endpoint)
         self.channel = grpc.insecure_channel("unix:" + self.socket)
         self.stub = api_pb2_grpc.DevicePluginStub(self.channel)
-        self.options = self.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        self.options = self.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=timeout)
         self.devices: Optional[list[dict[str, Any]]] = None
         self.updates = 0
         self.stream_ended: Optional[str] = None
@@ -89,12 +89,20 @@ class KubeletDouble(api_pb2_grpc.RegistrationServicer):
     def Register(self, request: api_pb2.RegisterRequest, context: Any) -> api_pb2.Empty:
         if request.version != "v1beta1":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported version {request.version!r}")
+        # As the kubelet (devicemanager's Register, connectClient, PluginConnected): the plugin is dialled and asked
+        # its options within the Register call's own deadline, and a plugin that stopped waiting is not registered.
+        remaining = context.time_remaining()
         try:
-            endpoint = Endpoint(self, request)
+            endpoint = Endpoint(self, request, timeout=5.0 if remaining is None else max(min(remaining, 5.0), 0.01))
         except grpc.RpcError as exc:
             with self.cond:
                 self.register_errors.append(f"{request.resource_name}: {exc.code().name}")
             context.abort(grpc.StatusCode.UNKNOWN, f"cannot dial the plugin at {request.endpoint}")
+        if not context.is_active():
+            endpoint.close()
+            with self.cond:
+                self.register_errors.append(f"{request.resource_name}: the plugin stopped waiting")
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the plugin stopped waiting for its registration")
         with self.cond:
             old = self.endpoints.get(request.resource_name)
             self.endpoints[request.resource_name] = endpoint

@@ -256,7 +256,8 @@ def test_the_kubelet_double_standalone_writes_its_report(tmp_path):
                 return None
             return data["resources"].get(GPU, {}).get("devices"), data
 
-        assert wait_until(lambda: (devices() or (None,))[0], timeout=10)
+        # A Register that ran past its deadline on a busy machine is retried (registration.py's backoff).
+        assert wait_until(lambda: (devices() or (None,))[0], timeout=30)
         found, data = devices()
         assert found == [{"id": "GPU-7e570000-0000-4000-8000-0000000000f4", "health": "Healthy", "numa": []}]
         assert data["registrations"] == [
@@ -306,3 +307,39 @@ def test_readyz_answers_200_only_once_registered_with_the_kubelet_while_healthz_
         assert wait_until(lambda: _get(base + "/readyz")[0] == 200)
     finally:
         daemon.stop()
+
+
+def test_the_kubelet_double_does_not_register_a_plugin_that_stopped_waiting(tmp_path):
+    """As the kubelet (devicemanager: Register dials the plugin and asks its options within the Register call's own
+    context): a plugin whose options come after its Register deadline is not registered, so its retry is the only
+    registration."""
+    import tempfile
+    import time
+    from concurrent import futures
+
+    import grpc
+    from gpu_device_plugin.api import api_pb2, api_pb2_grpc
+
+    class SlowPlugin(api_pb2_grpc.DevicePluginServicer):
+        def GetDevicePluginOptions(self, request, context):
+            time.sleep(1.0)
+            return api_pb2.DevicePluginOptions()
+
+    plugin_dir = tempfile.mkdtemp(prefix="gdp-")
+    kubelet = KubeletDouble(os.path.join(plugin_dir, "kubelet.sock"))
+    kubelet.start()
+    plugin = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_DevicePluginServicer_to_server(SlowPlugin(), plugin)
+    plugin.add_insecure_port("unix:" + os.path.join(plugin_dir, "slow.sock"))
+    plugin.start()
+    try:
+        request = api_pb2.RegisterRequest(version="v1beta1", endpoint="slow.sock", resource_name="example.com/slow")
+        with grpc.insecure_channel("unix:" + kubelet.socket_path) as channel, pytest.raises(grpc.RpcError) as raised:
+            api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=0.3)
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert wait_until(lambda: kubelet.register_errors, timeout=5)
+        assert kubelet.registrations == [] and "example.com/slow" not in kubelet.endpoints
+    finally:
+        plugin.stop(grace=None)
+        kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
