@@ -160,6 +160,20 @@ class Node:
         done = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, check=True)
         return int(done.stdout)
 
+    def other_client(self):
+        """Another process with NVML initialised on this node (a monitoring agent), until its stdin is closed
+        (communicate())."""
+        code = "import sys, pynvml; pynvml.nvmlInit(); print('ready', flush=True); sys.stdin.read()"
+        other = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert other.stdout.readline().strip() == "ready"
+        return other
+
     def set_persistence_mode(self, uuid, mode):
         """`nvidia-smi -i UUID -pm MODE` as NVML does it, in a process of its own."""
         code = (
@@ -287,15 +301,8 @@ def test_check_mode_from_no_mig_writes_nothing_and_says_the_profiles_were_not_ch
 
 
 def test_a_mode_change_while_another_process_has_nvml_waits_for_a_gpu_reset(node):
-    other = subprocess.Popen(
-        [sys.executable, "-c", "import sys, pynvml; pynvml.nvmlInit(); print('ready', flush=True); sys.stdin.read()"],
-        env=node.env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    other = node.other_client()
     try:
-        assert other.stdout.readline().strip() == "ready"
         result = node.apply("all-1g.10gb")
         assert result["changed"] is True
         assert result["reset_required"] == UUIDS
@@ -484,15 +491,8 @@ def test_without_a_driver_and_without_the_config_file_one_sentence_each(node):
 def test_the_roles_reset_turns_persistence_mode_off_for_the_reset_and_on_again_whatever_it_did(node, tmp_path):
     """The spec's GPUs are in persistence mode, in which a GPU is not reset; another process had NVML open when the
     MIG mode was set, so every GPU waits for its reset."""
-    other = subprocess.Popen(
-        [sys.executable, "-c", "import sys, pynvml; pynvml.nvmlInit(); print('ready', flush=True); sys.stdin.read()"],
-        env=node.env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    other = node.other_client()
     try:
-        assert other.stdout.readline().strip() == "ready"
         assert node.apply("all-1g.10gb")["reset_required"] == UUIDS
         # While it still has NVML open, the reset fails: persistence mode is back on all the same.
         rc, tasks = node.reset_tasks(tmp_path, UUIDS[:1])
