@@ -116,8 +116,11 @@ _value:
           C(reboot_done) (a reboot this remediation asked for has happened already), C(since), C(reasons),
           C(refused) (why the node is left untouched, where its report has a class outside C(none), C(device),
           C(reset), C(reboot), C(replace) or a GPU UUID not of NVML's shape),
-          C(record) (the node-local record, parsed; C({}) where there is none or it is unreadable) and C(message),
-          one paragraph for the play's output.
+          C(record) (the node-local record, parsed; C({}) where there is none or it is unreadable),
+          C(capacity) (the GPU resources the Node advertised when its remediation began, C(nvidia.com/...) name to
+          count as the Node's status.capacity gives it: read from the Node for a remediation that starts, kept from
+          the record for one that continues, so that a layout the remediation lost is not taken for the Node's) and
+          C(message), one paragraph for the play's output.
       type: list
       elements: dict
     summary:
@@ -141,6 +144,10 @@ _DURATION = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)
 _UNIT_SECONDS = (7 * 86400, 86400, 3600, 60, 1)
 # A GPU's UUID as NVML gives it: GPU-<uuid>, MIG-<uuid> or MIG-GPU-<uuid>/<GPU instance>/<compute instance>.
 _UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z-]{0,70}(?:/\d{1,4}/\d{1,4})?")
+# The extended resources of NVIDIA's devices a Node advertises (nvidia.com/gpu, nvidia.com/mig-1g.10gb, ...), and a
+# count as the Node's status gives it.
+_RESOURCE = re.compile(r"nvidia\.com/[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+_COUNT = re.compile(r"\d{1,9}")
 
 
 def _rank(name):
@@ -274,6 +281,21 @@ def _faults_text(gpus):
     return "; ".join(f"{_gpu_name(g)}: {g['class']}, {g['reason'] or 'no reason given'}" for g in shown)
 
 
+def _capacity(resources):
+    """The GPU resources of a Node's status.capacity (or of a record that kept them): name -> count, each checked;
+    None where the value is not such a mapping."""
+    if not isinstance(resources, dict):
+        return None
+    kept = {}
+    for name, count in resources.items():
+        if not (isinstance(name, str) and name.startswith("nvidia.com/")):
+            continue
+        if not (_RESOURCE.fullmatch(name) and isinstance(count, str) and _COUNT.fullmatch(count)):
+            return None
+        kept[name] = count
+    return kept
+
+
 def _check_input(nodes, cluster):
     if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
         raise AnsibleFilterError("remediation_plan: the input must be a list of what the role read on each node.")
@@ -345,6 +367,7 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key, run_id=
         "reasons": reasons,
         "faults": _faults_text(gpus),
         "record": record,
+        "capacity": _capacity(((cluster_node or {}).get("status") or {}).get("capacity")) or {},
     }
     if refused:
         plan.update(gpus=[], refused=refused)
@@ -373,6 +396,10 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key, run_id=
                 acting.append(
                     by_uuid.get(uuid) or {"uuid": uuid, "index": None, "pci": None, "class": value, "reason": ""}
                 )
+        # What the Node advertised when the remediation began: a reset or a reboot half done may have lost some of it.
+        kept = _capacity(current.get("capacity"))
+        if kept is not None:
+            plan["capacity"] = kept
         plan["class"] = _highest([value, fault_class])
         if plan["class"] != value:
             reasons.append(f"the node's faults now ask for {plan['class']}, more than the {value} it was under")

@@ -199,6 +199,27 @@ def write_in_place(path: Path, text: str) -> None:
         handle.write(text)
 
 
+def write_xid(spec: Path, index: int, xid: int | None) -> str:
+    """Write (or clear) GPU INDEX's XID in a node's simulated spec, in place: the mock library delivers it to the
+    daemon as an NVML XID event. Returns the GPU's UUID."""
+    data = yaml.safe_load(spec.read_text())
+    gpu = data["gpus"][index]
+    if xid is None:
+        gpu.pop("xid", None)
+    else:
+        gpu["xid"] = xid
+    write_in_place(spec, yaml.safe_dump(data, sort_keys=False))
+    return gpu["uuid"]
+
+
+def container_restarts(node: str) -> int:
+    """How many times podman started the node's container again (its restart policy: a reboot in the node)."""
+    out = subprocess.run(
+        ["podman", "inspect", "--format", "{{.RestartCount}}", node], check=True, capture_output=True, text=True
+    ).stdout
+    return int(out.strip())
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "last_in_session: run after every other test of the session")
     config.addinivalue_line("markers", "full: exhaustive; runs under `make test-full` (GPUOPS_TEST_FULL=1) only")

@@ -21,17 +21,26 @@ In order, one playbook run each (the state of one test is the start of the next)
 6. A node that does not come back from its reboot in time (gpu_remediation_reboot_timeout=0 for the run) is left
    cordoned and tainted, holding its slot; the next run continues it (no second reboot) and gives it back.
 
+Under `make test-full`, last: an alert storm for both nodes through ansible-rulebook (the shipped rulebook, the real
+remediate.yml) while a person runs remediate.yml by hand, with a watch on the Nodes' taints.
+
 The breaker's decision on larger fleets (3 of 4 nodes failing with a limit of 1, percentages, a node that never came
 back) is unit-tested on the filter that makes it (tests/unit/plugins/filter/test_remediation_plan.py).
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import re
+import signal
 import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,9 +48,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, run_lab, write_in_place
+from conftest import PAUSE_IMAGE, Lab, container_restarts, run_lab, write_in_place, write_xid
 from kubernetes import client
-from playbook_run import PlaybookRun, lab_inventory, run_playbook
+from playbook_run import COLLECTIONS, PlaybookRun, lab_inventory, run_playbook
 
 # It runs at the end of the session (after test_drift and test_lab's last test): it reboots, taints and cordons the
 # lab's nodes, and the modules before it expect a lab no playbook has touched (test_site's check-mode run first).
@@ -125,14 +134,7 @@ def ready(pod: client.V1Pod) -> bool:
 
 def set_xid(flow: Flow, node: str, index: int, xid: int | None) -> str:
     """Write (or clear) GPU `index`'s XID in the node's spec, in place; returns the GPU's UUID."""
-    spec = yaml.safe_load(flow.specs[node].read_text())
-    gpu = spec["gpus"][index]
-    if xid is None:
-        gpu.pop("xid", None)
-    else:
-        gpu["xid"] = xid
-    write_in_place(flow.specs[node], yaml.safe_dump(spec, sort_keys=False))
-    return gpu["uuid"]
+    return write_xid(flow.specs[node], index, xid)
 
 
 def gpu_index(flow: Flow, node: str, gpu_uuid: str) -> int:
@@ -184,14 +186,6 @@ def persistence_mode(lab: Lab, node: str, uuid: str) -> int:
 
 def boot_id(lab: Lab, node: str) -> str:
     return lab.node_exec(node, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
-
-
-def container_restarts(node: str) -> int:
-    """How many times podman started the node's container again (its restart policy: a reboot in the node)."""
-    out = subprocess.run(
-        ["podman", "inspect", "--format", "{{.RestartCount}}", node], check=True, capture_output=True, text=True
-    ).stdout
-    return int(out.strip())
 
 
 def messages(run: PlaybookRun) -> list[str]:
@@ -525,3 +519,221 @@ def test_a_node_that_does_not_come_back_in_time_stays_out_and_the_next_run_conti
     assert container_restarts(node) == starts + 1  # not rebooted a second time
     assert remediation(lab, node) == (False, None)
     assert health(lab, node)[fallen]["healthy"]
+
+
+# --- an alert storm for both nodes and a run by hand at once (make test-full) ---------------------------------------
+EDA_TOKEN = "gpuops-e2e-storm-token"
+STORM = 20  # alerts per node, sent as fast as the source takes them
+REPO = Path(__file__).resolve().parents[2]
+
+
+class TaintWatch(threading.Thread):
+    """A watch on the API server's Nodes (every event, in resourceVersion order): each node's remediation taint as it
+    changes, and the most nodes seen under remediation at one moment."""
+
+    def __init__(self, lab: Lab, nodes: tuple[str, ...]) -> None:
+        super().__init__(daemon=True)
+        self.lab, self.nodes = lab, nodes
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.state: dict[str, str | None] = {}
+        self.changes: list[tuple[float, dict[str, str | None]]] = []
+        self.most = 0
+        self.error: BaseException | None = None
+
+    def taint_of(self, node: client.V1Node) -> str | None:
+        values = [t.value for t in node.spec.taints or [] if t.key == TAINT]
+        return values[0] if values else None
+
+    def record(self, node: client.V1Node) -> None:
+        name = node.metadata.name
+        if name not in self.nodes or self.state.get(name, "unset") == (taint := self.taint_of(node)):
+            return
+        self.state[name] = taint
+        self.changes.append((time.monotonic(), dict(self.state)))
+        self.most = max(self.most, sum(1 for value in self.state.values() if value))
+
+    def run(self) -> None:
+        from kubernetes import watch
+
+        try:
+            listed = self.lab.core.list_node()
+            for node in listed.items:
+                self.record(node)
+            version = listed.metadata.resource_version
+            self.ready.set()
+            while not self.stop.is_set():
+                stream = watch.Watch()
+                for event in stream.stream(self.lab.core.list_node, resource_version=version, timeout_seconds=5):
+                    version = event["object"].metadata.resource_version
+                    self.record(event["object"])
+                    if self.stop.is_set():
+                        stream.stop()
+        except Exception as error:  # the test reports it
+            self.error = error
+            self.ready.set()
+
+
+def eda_environment() -> tuple[Path, dict[str, str]]:
+    """ansible-rulebook's environment (scripts/eda-env.sh, cached) and the JDK its rule engine runs on."""
+    done = subprocess.run([str(REPO / "scripts/eda-env.sh")], capture_output=True, text=True, timeout=1800, check=True)
+    venv = Path(done.stdout.strip().splitlines()[-1])
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
+    env = dict(
+        os.environ,
+        PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        JAVA_HOME=f"/usr/lib/jvm/java-17-openjdk-{arch}",
+        ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
+        ANSIBLE_NOCOLOR="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return venv, env
+
+
+def post_alert(port: int, node: str, index: int, gpu: str, xid: int, klass: str) -> int:
+    body = json.dumps({"node": node, "gpu": index, "uuid": gpu, "xid": xid, "class": klass}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/alerts", data=body, method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {EDA_TOKEN}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:  # not listening yet
+        return 0
+
+
+def fresh_nodes(flow: Flow) -> None:
+    """Both nodes as a person leaves them after replacing a GPU: no remediation taint or cordon, no XID, no record of
+    past remediations and the daemon started afresh (no fault carried over)."""
+    lab = flow.lab
+    for node in (flow.node1, flow.node2):
+        data = yaml.safe_load(flow.specs[node].read_text())
+        for gpu in data["gpus"]:
+            gpu.pop("xid", None)
+        write_in_place(flow.specs[node], yaml.safe_dump(data, sort_keys=False))
+        taints = [t for t in lab.node(node).spec.taints or [] if t.key != TAINT]
+        lab.core.patch_node(
+            node,
+            {
+                "spec": {"unschedulable": False, "taints": [lab.api.sanitize_for_serialization(t) for t in taints]},
+                "metadata": {"annotations": {"gpuops.k8s/gpu-remediation": None}},
+            },
+        )
+        lab.node_exec(node, "systemctl", "stop", "gpuops-device-plugin")
+        lab.node_exec(node, "rm", "-f", RECORD, HEALTH_FILE)
+        since = lab.node_exec(node, "date", "+@%s").stdout.strip()
+        lab.node_exec(node, "systemctl", "start", "gpuops-device-plugin")
+        # An XID is heard only once the daemon registered for the GPUs' events, which it logs.
+        lab.wait_until(
+            f"the daemon on {node} to watch NVML events",
+            lambda node=node, since=since: (
+                "watching NVML events"
+                in lab.node_exec(node, "journalctl", "-u", "gpuops-device-plugin", "--since", since, "-o", "cat").stdout
+            ),
+            timeout=180,
+        )
+        lab.wait_until(f"8 x {GPU} on {node}", lambda node=node: lab.allocatable(node).get(GPU) == "8", timeout=180)
+
+
+@pytest.mark.full
+def test_an_alert_storm_for_both_nodes_and_a_run_by_hand_never_have_two_nodes_under_remediation(
+    flow: Flow, tmp_path: Path
+) -> None:
+    """A reset XID on a GPU of each node; then, at once: ansible-rulebook with the shipped rulebook receives STORM
+    alerts for each node (it runs the real remediate.yml for the node, one run at a time) while a person runs
+    remediate.yml over both nodes by hand. The limit is one node (the default). A watch on the API server sees every
+    change of the Nodes' taints: never two nodes under remediation. Each node ends schedulable, or a run named it as
+    waiting for a slot."""
+    lab = flow.lab
+    nodes = (flow.node1, flow.node2)
+    fresh_nodes(flow)
+    gpus = {node: set_xid(flow, node, 6, 48) for node in nodes}  # double bit ECC error: reset
+    for node in nodes:
+        wait_class(lab, node, gpus[node], "reset")
+
+    venv, env = eda_environment()
+    port = int(
+        subprocess.check_output(
+            [
+                sys.executable,
+                "-c",
+                "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])",
+            ],
+            text=True,
+        )
+    )
+    variables = tmp_path / "vars.yml"
+    variables.write_text(
+        yaml.safe_dump({"gpu_alerts_port": port, "gpu_alerts_token": EDA_TOKEN, "gpu_alerts_node_burst": STORM})
+    )
+    log = tmp_path / "ansible-rulebook.log"
+    command = [
+        str(venv / "bin/ansible-rulebook"),
+        "--rulebook",
+        "gpuops.k8s.gpu_remediation",
+        "--inventory",
+        str(flow.inventory),
+        "--vars",
+        str(variables),
+        "--print-events",
+    ]
+    watch = TaintWatch(lab, nodes)
+    watch.start()
+    assert watch.ready.wait(60) and watch.error is None, watch.error
+    with log.open("wb") as out:
+        rulebook = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        lab.wait_until(
+            "the gpu_alerts source to answer",
+            lambda: rulebook.poll() is None and post_alert(port, nodes[0], 0, gpus[nodes[0]], 13, "none") == 200,
+            timeout=300,
+            interval=1,
+        )
+        statuses: list[int] = []
+
+        def storm() -> None:
+            for _ in range(STORM):
+                for node in nodes:
+                    statuses.append(post_alert(port, node, 6, gpus[node], 48, "reset"))
+
+        sender = threading.Thread(target=storm)
+        sender.start()
+        by_hand = remediate(flow)  # both nodes, at the same time as the rulebook's runs
+        sender.join()
+        # The rulebook's actions run one at a time in the order the alerts came: a class none alert sent last is
+        # printed once every run before it ended.
+        sentinel = set_xid(flow, nodes[1], 0, None)
+        assert post_alert(port, nodes[1], 0, sentinel, 13, "none") == 200
+        line = f"gpu_alerts: node {nodes[1]} GPU 0 ({sentinel}) XID 13 is of class none; no node action is taken."
+        lab.wait_until("the rulebook's runs to end", lambda: line in log.read_text(errors="replace"), timeout=900)
+    finally:
+        rulebook.send_signal(signal.SIGINT)
+        try:
+            rulebook.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rulebook.kill()
+    output = log.read_text(errors="replace")
+    print(f"{len(statuses)} alerts: {dict(collections.Counter(statuses))}")
+    assert statuses.count(200) >= 2 and set(statuses) <= {200, 429}, statuses  # each alert answered, none lost
+    assert "Remediation slots:" in output, output[-4000:]  # the rulebook ran remediate.yml
+    words = " ".join((by_hand.output + output).split())
+    for node in nodes:
+        cordoned, taint = remediation(lab, node)
+        # The plan's line (the breaker counted from the Nodes read) or the taint's (counted again under the Lease).
+        planned = re.search(rf"{re.escape(node)}: reset for GPU 6 \({re.escape(gpus[node])}\)[^.]*?; waits,", words)
+        assert (not cordoned and taint is None) or planned or f"{node} waits: " in words, (node, cordoned, taint)
+    # The next run (an AWX schedule's, or a person's) takes the node that waited, the watch still on.
+    later = remediate(flow)
+    watch.stop.set()
+    watch.join(timeout=30)
+    print(f"taint changes seen: {len(watch.changes)}: {watch.changes}")
+    assert later.returncode == 0, later.summary()
+    assert watch.error is None, watch.error
+    # Both nodes were under remediation at some moment, never both at once, and both are back.
+    assert {node for _, state in watch.changes for node, value in state.items() if value == "reset"} == set(nodes)
+    assert watch.most == 1, watch.changes
+    for node in nodes:
+        assert remediation(lab, node) == (False, None), node
+        assert health(lab, node)[gpus[node]]["healthy"], node

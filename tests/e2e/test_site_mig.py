@@ -13,7 +13,10 @@ systemd deployment: MIG off (all-disabled, the setup); all-1g.10gb failing half-
 library) and rolled back; `--check` to all-1g.10gb, which evicts and writes nothing; none -> all-1g.10gb, where the pod
 on four GPUs is evicted before the write and the node is fenced (a taint) from before the eviction until after it; a run
 to all-1g.10gb cut short after the write (the daemon stopped, the fence left), undone by the next run before it labels
-success. Then in DRA allocation: the node moved to DRA with MIG off, then none -> all-1g.10gb, where the DRA driver's
+success. Then remediate.yml on that node, for a reset-class XID on GPU 1 and then a reboot-class XID on GPU 2: the
+reset and the reboot take the GPUs' MIG devices (the lab node's boot does to them what a reboot does), and the node is
+given back only once the nvidia_mig role applied the layout again and the Node advertises its 56 MIG devices again.
+Then in DRA allocation: the node moved to DRA with MIG off, then none -> all-1g.10gb, where the DRA driver's
 slice follows the layout and the pod whose ResourceClaim holds a GPU is evicted. Last, the DaemonSet deployment of the
 plugin (its image imported by the role, as in test_site_daemonset.py): none -> all-1g.10gb with a pod on four GPUs,
 found by gpu-pods in the plugin's pod and evicted, the plugin's pod stepping aside for the mode change (the pause label,
@@ -35,6 +38,7 @@ The module leaves the node in device-plugin allocation with MIG off under the sy
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -44,7 +48,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, full_suite
+from conftest import PAUSE_IMAGE, Lab, container_restarts, full_suite, run_lab, write_xid
 from daemonset_checks import ready_pod
 from daemonset_node import DAEMONSET, build_plugin_archive
 from dra_objects import RESOURCE, claim_template, pod_manifest, published
@@ -354,10 +358,10 @@ def all_1g(flow: Flow, check_run: Step) -> Step:
 
 
 @pytest.fixture(scope="module")
-def mixed(flow: Flow, cut_short: Step) -> tuple[Step, dict[str, set[int]]]:
-    """`make test-full` only, after the cut-short run (which leaves all-1g.10gb): all-1g.10gb -> lab-mixed, with two
-    pods of 28 MIG devices each: the plugin's preferred allocation puts each on one NVLink island (returned: pod
-    name -> its GPUs). Only GPUs 4-7 change."""
+def mixed(flow: Flow, mig_reboot: Remediation) -> tuple[Step, dict[str, set[int]]]:
+    """`make test-full` only, after the cut-short run and the remediations (which leave all-1g.10gb): all-1g.10gb ->
+    lab-mixed, with two pods of 28 MIG devices each: the plugin's preferred allocation puts each on one NVLink island
+    (returned: pod name -> its GPUs). Only GPUs 4-7 change."""
     lab, node = flow.lab, flow.node
     gpus = layout(lab, node)
     pods, where = {}, {}
@@ -383,8 +387,10 @@ def none_again(flow: Flow, mixed: tuple[Step, dict[str, set[int]]]) -> tuple[Ste
 
 
 @pytest.fixture(scope="module")
-def dra(flow: Flow, cut_short: Step, request: pytest.FixtureRequest) -> Iterator[tuple[Step, list[dict[str, Any]]]]:
-    """The node moved to DRA allocation with MIG off by one run (in the core (not marked full) from the cut-short run's
+def dra(
+    flow: Flow, mig_reboot: Remediation, request: pytest.FixtureRequest
+) -> Iterator[tuple[Step, list[dict[str, Any]]]]:
+    """The node moved to DRA allocation with MIG off by one run (in the core (not marked full) from the remediations'
     all-1g.10gb, turning MIG off on the way; under `make test-full` from none_again's all-disabled), then
     all-disabled -> all-1g.10gb there, with a pod whose ResourceClaim holds a whole GPU. Returns the step and the DRA
     slice's devices after it. The node stays in DRA allocation with all-1g.10gb until the DaemonSet part moves it."""
@@ -544,6 +550,124 @@ def test_a_run_cut_short_is_undone_by_the_next_before_it_labels_success(flow: Fl
     started = task_position(cut_short.first, "Start the daemon the run left stopped")
     read = task_position(cut_short.first, "Read the node's MIG layout against the config", "ok")
     assert None not in (started, read) and started < read, cut_short.first.summary()
+
+
+# --- a reset and a reboot of a MIG node (remediate.yml): the layout and its resources come back --------------------
+REMEDIATION_TAINT = "nvidia.com/gpu-remediation"
+HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
+
+
+@dataclass
+class Remediation:
+    """One remediate.yml run for an XID on a GPU of the MIG node, and what the node had before and after it."""
+
+    run: PlaybookRun
+    gpu: str
+    capacity_before: dict[str, str]
+    layout: list[dict[str, Any]]
+    allocatable: dict[str, str]
+    labels: dict[str, str]
+    cordoned: bool
+    taints: list[str]
+    restarts_before: int
+    restarts_after: int
+
+
+def gpu_resources(lab: Lab, node: str) -> dict[str, str]:
+    return {k: v for k, v in (lab.node(node).status.capacity or {}).items() if k.startswith("nvidia.com/")}
+
+
+def remediate_for(flow: Flow, index: int, xid: int, klass: str) -> Remediation:
+    """An XID of class KLASS on GPU INDEX, seen by the daemon, then remediate.yml for the node as EDA runs it."""
+    lab, node = flow.lab, flow.node
+    spec = Path(run_lab("spec-path", "1").strip())
+    capacity = gpu_resources(lab, node)
+    restarts = container_restarts(node)
+    gpu = write_xid(spec, index, xid)
+    try:
+        lab.wait_until(
+            f"{gpu} of class {klass} in the health file",
+            lambda: any(
+                row["uuid"] == gpu and row["class"] == klass
+                for row in json.loads(lab.node_exec(node, "cat", HEALTH_FILE).stdout)["gpus"]
+            ),
+            timeout=60,
+            interval=0.5,
+        )
+        run = run_playbook(
+            "remediate.yml",
+            flow.inventory,
+            "-e",
+            json.dumps({"gpu_mig_config": "all-1g.10gb"}),
+            extra_vars=flow.base_vars,
+            limit=node,
+            timeout=1800,
+        )
+        print(f"remediate.yml for XID {xid} on GPU {index}: rc {run.returncode}, {run.seconds:.0f}s")
+    finally:
+        write_xid(spec, index, None)
+    lab.wait_until(f"{node} Ready", lambda: lab.node_ready(node), timeout=300)
+    spec_node = lab.node(node).spec
+    return Remediation(
+        run=run,
+        gpu=gpu,
+        capacity_before=capacity,
+        layout=layout(lab, node),
+        allocatable=lab.allocatable(node),
+        labels=mig_labels(lab, node),
+        cordoned=bool(spec_node.unschedulable),
+        taints=[t.key for t in spec_node.taints or [] if t.key in (REMEDIATION_TAINT, FENCE_TAINT)],
+        restarts_before=restarts,
+        restarts_after=container_restarts(node),
+    )
+
+
+@pytest.fixture(scope="module")
+def mig_reset(flow: Flow, cut_short: Step) -> Remediation:
+    """A reset-class XID (48, double bit ECC error) on GPU 1 of the node at all-1g.10gb: the reset takes GPU 1's seven
+    MIG devices."""
+    return remediate_for(flow, 1, 48, "reset")
+
+
+@pytest.fixture(scope="module")
+def mig_reboot(flow: Flow, mig_reset: Remediation) -> Remediation:
+    """A reboot-class XID (79, fallen off the bus) on GPU 2: the node reboots and comes up with MIG on and no MIG
+    device on any GPU, as a machine does."""
+    return remediate_for(flow, 2, 79, "reboot")
+
+
+def given_back_with_its_layout(done: Remediation) -> None:
+    assert done.run.returncode == 0, done.run.summary()
+    assert done.capacity_before[MIG_1G] == "56", done.capacity_before
+    # The nvidia_mig role wrote the layout again within the remediation, before the checks and the giving back.
+    written = task_position(done.run, "Write the MIG layout")
+    role = "TASK [gpuops.k8s.gpu_remediation : "
+    checked = done.run.output.find(
+        role + "Wait until the Node advertises the GPU resources it had before the remediation]"
+    )
+    released = done.run.output.find(role + "Remove the taint and uncordon the node]")
+    assert written is not None and 0 <= written < checked < released, done.run.summary()
+    assert summary(done.layout) == [SEVEN] * 8
+    assert resources_of(done.allocatable) == {GPU: 0, MIG_1G: 56}
+    assert done.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
+    assert not done.cordoned and done.taints == [], (done.cordoned, done.taints)
+
+
+def resources_of(allocatable: dict[str, str]) -> dict[str, int]:
+    return {name: int(allocatable.get(name, "0")) for name in (GPU, MIG_1G)}
+
+
+def test_a_reset_of_a_mig_gpu_gives_the_node_back_with_its_layout_applied_again(mig_reset: Remediation) -> None:
+    given_back_with_its_layout(mig_reset)
+    assert mig_reset.restarts_after == mig_reset.restarts_before  # a reset, not a reboot
+    # GPU 1 alone was reset (and so lost its MIG devices, which the layout's write above gave back).
+    reset = mig_reset.run.output.split("TASK [gpuops.k8s.gpu_remediation : Reset each GPU]")[1].split("\nTASK [")[0]
+    assert re.findall(r"\(item=(GPU-[^)]+)\)", reset) == [mig_reset.gpu], reset
+
+
+def test_a_reboot_of_a_mig_node_gives_it_back_with_its_layout_applied_again(mig_reboot: Remediation) -> None:
+    given_back_with_its_layout(mig_reboot)
+    assert mig_reboot.restarts_after == mig_reboot.restarts_before + 1  # the node rebooted
 
 
 # --- all-1g.10gb -> lab-mixed (make test-full): GPUs 4-7 change, 0-3 keep their MIG devices -------------------------

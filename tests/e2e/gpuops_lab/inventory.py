@@ -53,6 +53,12 @@ GPU_RESET = "/usr/local/sbin/gpuops-lab-gpu-reset"
 # A TEST DOUBLE of `nvidia-smi -i UUID -pm MODE`, for the same roles' nvidia_mig_persistence_command and
 # gpu_remediation_persistence_command: a GPU in persistence mode is not reset.
 PERSISTENCE_MODE = "/usr/local/sbin/gpuops-lab-persistence-mode"
+# At each boot of a lab node, what a reboot does to its GPUs' MIG state: a pending MIG mode becomes current and every
+# GPU instance is gone (MIG devices do not survive a reboot, the MIG mode does). The node's mock library keeps its MIG
+# layout in a file that a restart of the node's container keeps, so this unit (a TEST DOUBLE of the reboot's effect)
+# resets, as a reboot does, each GPU whose MIG mode is on or pending, through the mock's test hook with force.
+GPU_BOOT = "/usr/local/sbin/gpuops-lab-gpu-boot"
+GPU_BOOT_UNIT = "gpuops-lab-gpu-boot.service"
 # The lab node's own boot ID (tests/e2e/node/boot-id.sh).
 LAB_BOOT_ID = "/run/gpuops-lab-boot-id"
 DEVICES_UNIT = "gpuops-lab-nvidia-devices.service"
@@ -124,6 +130,38 @@ except pynvml.NVMLError as error:
 finally:
     pynvml.nvmlShutdown()
 print(("Enabled" if sys.argv[2] == "1" else "Disabled") + " persistence mode for GPU " + sys.argv[1] + ".")
+"""
+
+_GPU_BOOT_SCRIPT = f"""#!/usr/bin/env python3
+# TEST DOUBLE of what a reboot does to a GPU's MIG state, written by tests/e2e/lab.py (labs only; {GPU_BOOT_UNIT} runs
+# it at each boot of the node): each GPU whose MIG mode is on or pending is reset through the mock libnvidia-ml.so.1's
+# test hook gpuopsMockNvmlResetGpu with force (a reboot resets whoever has NVML open).
+import ctypes
+import sys
+
+import pynvml
+
+pynvml.nvmlInit()
+try:
+    gpus = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        try:
+            current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+        except pynvml.NVMLError_NotSupported:
+            continue
+        if current or pending:
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            gpus.append(uuid.decode() if isinstance(uuid, bytes) else uuid)
+finally:
+    pynvml.nvmlShutdown()
+nvml = ctypes.CDLL("libnvidia-ml.so.1")
+nvml.gpuopsMockNvmlResetGpu.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+for uuid in gpus:
+    code = nvml.gpuopsMockNvmlResetGpu(uuid.encode(), 1)
+    if code != 0:
+        sys.exit("Unable to reset GPU " + uuid + " at boot: NVML error " + str(code))
+print("MIG devices gone at boot, as after a reboot: " + (", ".join(gpus) or "no GPU in MIG mode"))
 """
 
 # The CUDA driver library a driver installs beside NVML: the build's empty libcuda.so.1 (a TEST DOUBLE that
@@ -228,6 +266,26 @@ cat >{GPU_RESET}.new <<'RESET'
 {_GPU_RESET_SCRIPT}RESET
 chmod 0755 {GPU_RESET}.new
 mv -f {GPU_RESET}.new {GPU_RESET}
+cat >{GPU_BOOT}.new <<'BOOT'
+{_GPU_BOOT_SCRIPT}BOOT
+chmod 0755 {GPU_BOOT}.new
+mv -f {GPU_BOOT}.new {GPU_BOOT}
+cat >/etc/systemd/system/{GPU_BOOT_UNIT} <<'UNIT'
+[Unit]
+Description=TEST DOUBLE of what a reboot does to this lab node's MIG devices (tests/e2e/lab.py)
+ConditionPathExists=/etc/gpuops-lab/nvidia-devices.sh
+After={DEVICES_UNIT}
+Before=containerd.service kubelet.service gpuops-device-plugin.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={GPU_BOOT}
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+ln -sfn ../{GPU_BOOT_UNIT} /etc/systemd/system/multi-user.target.wants/{GPU_BOOT_UNIT}
 cat >{PERSISTENCE_MODE}.new <<'PERSISTENCE'
 {_PERSISTENCE_MODE_SCRIPT}PERSISTENCE
 chmod 0755 {PERSISTENCE_MODE}.new

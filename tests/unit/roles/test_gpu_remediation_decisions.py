@@ -173,3 +173,61 @@ def test_a_failure_before_the_class_is_known_is_said_too():
         ansible_failed_task={"name": "Cordon and taint the node"},
     )
     assert get("__gpu_remediation_failure_text") == "Cordon and taint the node: the API server did not answer."
+
+
+def node_read(capacity: dict[str, str] | None) -> dict[str, Any]:
+    """kubernetes.core.k8s_info's result for the Node, whose status.capacity is CAPACITY (None: no status yet)."""
+    resource: dict[str, Any] = {"metadata": {"name": "gpu-1"}}
+    if capacity is not None:
+        resource["status"] = {"capacity": dict(capacity, cpu="64", pods="110")}
+    return {"changed": False, "api_found": True, "resources": [resource]}
+
+
+HAD = {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}
+
+
+@pytest.mark.parametrize(
+    ("capacity", "missing"),
+    [
+        pytest.param(HAD, [], id="all-back"),
+        pytest.param(dict(HAD, **{"nvidia.com/mig-2g.20gb": "8"}), [], id="more-is-not-less"),
+        pytest.param(
+            dict(HAD, **{"nvidia.com/mig-1g.10gb": "49"}),
+            [{"key": "nvidia.com/mig-1g.10gb", "value": "56"}],
+            id="one-gpu-lost-its-mig-devices",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "8"},
+            [{"key": "nvidia.com/gpu", "value": "0"}, {"key": "nvidia.com/mig-1g.10gb", "value": "56"}],
+            id="mig-gone",
+        ),
+        pytest.param(
+            None,
+            [{"key": "nvidia.com/gpu", "value": "0"}, {"key": "nvidia.com/mig-1g.10gb", "value": "56"}],
+            id="no-status",
+        ),
+    ],
+)
+def test_the_gpu_resources_the_node_had_are_waited_for_by_name_and_count(capacity, missing):
+    get = role_vars(__gpu_remediation_current={"capacity": HAD}, __gpu_remediation_advertised=node_read(capacity))
+    assert get("__gpu_remediation_capacity_missing") == missing
+
+
+def test_a_node_that_had_no_gpu_resources_waits_for_none():
+    # A Node in DRA allocation, or whose daemon was not serving when the remediation began.
+    get = role_vars(__gpu_remediation_current={"capacity": {}}, __gpu_remediation_advertised=node_read({}))
+    assert get("__gpu_remediation_capacity_missing") == []
+
+
+def test_a_wait_for_the_gpu_resources_that_runs_out_says_what_the_node_advertises():
+    lost = dict(HAD, **{"nvidia.com/mig-1g.10gb": "49"})
+    lost.pop("nvidia.com/gpu")
+    text = failure(
+        __gpu_remediation_stage="advertise",
+        __gpu_remediation_current={"capacity": HAD},
+        __gpu_remediation_advertised=dict(node_read(lost), failed=True, attempts=100),
+        ansible_failed_result={"failed": True, "msg": "Task failed: Action failed: Unknown error."},
+    )
+    assert text == (
+        "the Node advertises nvidia.com/gpu: none where it had 0, nvidia.com/mig-1g.10gb: 49 where it had 56"
+    )

@@ -237,6 +237,62 @@ def test_a_node_whose_giving_back_failed_continues_with_the_giving_back():
     assert not again["release_only"]
 
 
+MIG_CAPACITY = {"cpu": "64", "nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56", "pods": "110"}
+
+
+def with_capacity(cluster_entry, capacity):
+    cluster_entry["status"] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
+    return cluster_entry
+
+
+def test_a_remediation_that_starts_keeps_the_gpu_resources_the_node_advertises():
+    # The capacity, not the allocatable: the faulty GPU's devices are unhealthy, and so not allocatable, right now.
+    cluster = [with_capacity(cluster_node("gpu-a"), MIG_CAPACITY)]
+    cluster[0]["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "49"
+    entry = by_node(plan_of([node("gpu-a", ["reset"])], cluster))["gpu-a"]
+    assert entry["action"] == "remediate"
+    assert entry["capacity"] == {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}
+    # A Node without GPU resources (DRA allocation, or no daemon yet) has nothing of them to give back.
+    bare = by_node(plan_of([node("gpu-b", ["reset"])], [cluster_node("gpu-b")]))["gpu-b"]
+    assert bare["capacity"] == {}
+
+
+def test_a_continuing_remediation_keeps_the_gpu_resources_of_its_start_not_those_it_lost():
+    # The reset destroyed GPU 1's MIG devices: the Node advertises 49 now, the record the 56 it had.
+    current = {
+        "class": "reset",
+        "gpus": [uuid("gpu-a", 1)],
+        "boot_id": "boot-1",
+        "capacity": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"},
+    }
+    lost = dict(MIG_CAPACITY, **{"nvidia.com/mig-1g.10gb": "49"})
+    cluster = [with_capacity(cluster_node("gpu-a", taint="reset", gpus=[uuid("gpu-a", 1)]), lost)]
+    entry = by_node(plan_of([node("gpu-a", record={"version": 1, "current": current})], cluster))["gpu-a"]
+    assert entry["continuing"] and entry["capacity"] == current["capacity"]
+    # Raised to a reboot since: still what the node had when the remediation began.
+    raised = by_node(plan_of([node("gpu-a", ["reboot"], record={"version": 1, "current": current})], cluster))
+    assert raised["gpu-a"]["class"] == "reboot" and raised["gpu-a"]["capacity"] == current["capacity"]
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [
+        "56",
+        ["nvidia.com/mig-1g.10gb"],
+        {"nvidia.com/mig-1g.10gb": 56},
+        {"nvidia.com/mig-1g.10gb": "-1"},
+        {"nvidia.com/mig-1g.10gb": "1e9"},
+        {"nvidia.com/../../etc": "1"},
+    ],
+)
+def test_a_record_whose_gpu_resources_are_not_counts_is_not_believed(kept):
+    """The record is the node's own file: what it keeps must be names and counts, else the Node's capacity counts."""
+    current = {"class": "reset", "gpus": [uuid("gpu-a", 1)], "boot_id": "boot-1", "capacity": kept}
+    cluster = [with_capacity(cluster_node("gpu-a", taint="reset", gpus=[uuid("gpu-a", 1)]), MIG_CAPACITY)]
+    entry = by_node(plan_of([node("gpu-a", record={"version": 1, "current": current})], cluster))["gpu-a"]
+    assert entry["capacity"] == {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}
+
+
 def test_a_node_another_run_holds_is_left_to_it_until_its_hold_ends():
     cluster = [cluster_node("gpu-a", taint="reboot", gpus=[uuid("gpu-a", 1)])]
     annotation = json.loads(cluster[0]["metadata"]["annotations"][ANNOTATION])
