@@ -118,7 +118,7 @@ _value:
           C(reset), C(reboot), C(replace) or a GPU UUID not of NVML's shape),
           C(record) (the node-local record, parsed; C({}) where there is none or it is unreadable),
           C(capacity) (the GPU resources the Node advertised when its remediation began, C(nvidia.com/...) name to
-          count as the Node's status.capacity gives it: read from the Node for a remediation that starts, kept from
+          count as the Node's status.capacity gives it; read from the Node for a remediation that starts, kept from
           the record for one that continues, so that a layout the remediation lost is not taken for the Node's) and
           C(message), one paragraph for the play's output.
       type: list
