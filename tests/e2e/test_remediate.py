@@ -694,9 +694,8 @@ def test_an_alert_storm_for_both_nodes_and_a_run_by_hand_never_have_two_nodes_un
         statuses: list[int] = []
 
         def storm() -> None:
-            for _ in range(STORM):
-                for node in nodes:
-                    statuses.append(post_alert(port, node, 6, gpus[node], 48, "reset"))
+            for node in [each for _round in range(STORM) for each in nodes]:
+                statuses.append(post_alert(port, node, 6, gpus[node], 48, "reset"))
 
         sender = threading.Thread(target=storm)
         sender.start()
@@ -732,7 +731,7 @@ def test_an_alert_storm_for_both_nodes_and_a_run_by_hand_never_have_two_nodes_un
     assert later.returncode == 0, later.summary()
     assert watch.error is None, watch.error
     # Both nodes were under remediation at some moment, never both at once, and both are back.
-    assert {node for _, state in watch.changes for node, value in state.items() if value == "reset"} == set(nodes)
+    assert {node for _when, state in watch.changes for node, value in state.items() if value == "reset"} == set(nodes)
     assert watch.most == 1, watch.changes
     for node in nodes:
         assert remediation(lab, node) == (False, None), node
