@@ -729,10 +729,12 @@ def test_the_admission_policy_denies_a_request_of_the_account_with_no_extra_user
             except client.exceptions.ApiException as exc:
                 assert exc.status == 403, exc.body
                 messages.append(json.loads(exc.body)["message"])
-                return True
+                # Until the RBAC authorizer has the fixture's ClusterRoleBinding, RBAC refuses the request before
+                # admission ("cannot create resource"): the policy has not been asked yet.
+                return "ValidatingAdmissionPolicy" in messages[-1]
             return False
 
-        # The API server loads a new policy within a few seconds (an informer).
+        # The API server loads a new policy, and RBAC its bindings, within a few seconds (informers).
         wait_for("the admission policy to apply", denied, 30, 0.5)
     message = messages[-1]
     assert "token is not bound to a pod on a node: it may write no ResourceSlice" in message, message
