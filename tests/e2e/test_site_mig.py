@@ -300,6 +300,9 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     flow.setup = Runner(flow).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
     yield flow
     lab.core.delete_collection_namespaced_pod("default", label_selector=f"app.kubernetes.io/part-of={PART_OF}")
+    # The remediations' record on the node: a later module's remediation of the same GPU would count as a repeat
+    # within the window (and go to replace).
+    lab.node_exec(node, "rm", "-f", REMEDIATION_RECORD)
     back = Runner(flow).run(gpu_mig_config="all-disabled", gpu_allocation_mode="device_plugin")
     assert back.returncode == 0, back.summary()
 
@@ -555,6 +558,7 @@ def test_a_run_cut_short_is_undone_by_the_next_before_it_labels_success(flow: Fl
 # --- a reset and a reboot of a MIG node (remediate.yml): the layout and its resources come back --------------------
 REMEDIATION_TAINT = "nvidia.com/gpu-remediation"
 HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
+REMEDIATION_RECORD = "/var/lib/gpuops/gpu-remediation.json"
 
 
 @dataclass
