@@ -118,9 +118,10 @@ _value:
           C(reset), C(reboot), C(replace) or a GPU UUID not of NVML's shape),
           C(record) (the node-local record, parsed; C({}) where there is none or it is unreadable),
           C(capacity) (the GPU resources the Node advertised when its remediation began, C(nvidia.com/...) name to
-          count as the Node's status.capacity gives it; read from the Node for a remediation that starts, kept from
-          the record for one that continues, so that a layout the remediation lost is not taken for the Node's) and
-          C(message), one paragraph for the play's output.
+          count as the Node's status.capacity gives it, less those it offers none of (a count of 0, or nothing of
+          it allocatable, as for a plugin that stopped serving it); read from the Node for a remediation that
+          starts, kept from the record for one that continues, so that a layout the remediation lost is not taken
+          for the Node's) and C(message), one paragraph for the play's output.
       type: list
       elements: dict
     summary:
@@ -281,19 +282,32 @@ def _faults_text(gpus):
     return "; ".join(f"{_gpu_name(g)}: {g['class']}, {g['reason'] or 'no reason given'}" for g in shown)
 
 
-def _capacity(resources):
+def _capacity(resources, allocatable=None):
     """The GPU resources of a Node's status.capacity (or of a record that kept them): name -> count, each checked;
-    None where the value is not such a mapping."""
+    None where the value is not such a mapping.
+
+    A resource the Node offers none of is left out: a count of 0, and, where the Node's status.allocatable is given,
+    a resource with nothing allocatable. The kubelet keeps a resource whose plugin stopped serving it (a MIG layout
+    taken away, a plugin replaced) in status.capacity with its old count for a grace period, all of it unallocatable,
+    and then at 0 for good: it is not something the Node had to give back."""
     if not isinstance(resources, dict):
         return None
+    offered = allocatable if isinstance(allocatable, dict) else None
     kept = {}
     for name, count in resources.items():
         if not (isinstance(name, str) and name.startswith("nvidia.com/")):
             continue
         if not (_RESOURCE.fullmatch(name) and isinstance(count, str) and _COUNT.fullmatch(count)):
             return None
+        if int(count) == 0 or (offered is not None and str(offered.get(name, "0")).strip() in ("0", "")):
+            continue
         kept[name] = count
     return kept
+
+
+def _node_capacity(cluster_node):
+    status = (cluster_node or {}).get("status") or {}
+    return _capacity(status.get("capacity"), status.get("allocatable")) or {}
 
 
 def _check_input(nodes, cluster):
@@ -367,7 +381,7 @@ def _candidate(entry, cluster_node, now, window, window_text, taint_key, run_id=
         "reasons": reasons,
         "faults": _faults_text(gpus),
         "record": record,
-        "capacity": _capacity(((cluster_node or {}).get("status") or {}).get("capacity")) or {},
+        "capacity": _node_capacity(cluster_node),
     }
     if refused:
         plan.update(gpus=[], refused=refused)

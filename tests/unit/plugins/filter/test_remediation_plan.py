@@ -251,7 +251,7 @@ def test_a_remediation_that_starts_keeps_the_gpu_resources_the_node_advertises()
     cluster[0]["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "49"
     entry = by_node(plan_of([node("gpu-a", ["reset"])], cluster))["gpu-a"]
     assert entry["action"] == "remediate"
-    assert entry["capacity"] == {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}
+    assert entry["capacity"] == {"nvidia.com/mig-1g.10gb": "56"}
     # A Node without GPU resources (DRA allocation, or no daemon yet) has nothing of them to give back.
     bare = by_node(plan_of([node("gpu-b", ["reset"])], [cluster_node("gpu-b")]))["gpu-b"]
     assert bare["capacity"] == {}
@@ -263,7 +263,7 @@ def test_a_continuing_remediation_keeps_the_gpu_resources_of_its_start_not_those
         "class": "reset",
         "gpus": [uuid("gpu-a", 1)],
         "boot_id": "boot-1",
-        "capacity": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"},
+        "capacity": {"nvidia.com/mig-1g.10gb": "56"},
     }
     lost = dict(MIG_CAPACITY, **{"nvidia.com/mig-1g.10gb": "49"})
     cluster = [with_capacity(cluster_node("gpu-a", taint="reset", gpus=[uuid("gpu-a", 1)]), lost)]
@@ -290,7 +290,22 @@ def test_a_record_whose_gpu_resources_are_not_counts_is_not_believed(kept):
     current = {"class": "reset", "gpus": [uuid("gpu-a", 1)], "boot_id": "boot-1", "capacity": kept}
     cluster = [with_capacity(cluster_node("gpu-a", taint="reset", gpus=[uuid("gpu-a", 1)]), MIG_CAPACITY)]
     entry = by_node(plan_of([node("gpu-a", record={"version": 1, "current": current})], cluster))["gpu-a"]
-    assert entry["capacity"] == {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}
+    assert entry["capacity"] == {"nvidia.com/mig-1g.10gb": "56"}
+
+
+def test_a_resource_the_node_offers_none_of_is_not_a_resource_it_had():
+    """A MIG layout taken away minutes before: the kubelet keeps the stopped plugin's resource in status.capacity
+    with its old count, none of it allocatable, and after its grace period at 0 for good. Neither is waited for."""
+    cluster = [with_capacity(cluster_node("gpu-a"), {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "56"})]
+    cluster[0]["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "0"
+    entry = by_node(plan_of([node("gpu-a", ["reset"])], cluster))["gpu-a"]
+    assert entry["action"] == "remediate" and entry["capacity"] == {"nvidia.com/gpu": "8"}
+    # After the grace period: 0 in both, and absent from allocatable where a status leaves it out.
+    cluster = [with_capacity(cluster_node("gpu-a"), {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "0"})]
+    assert by_node(plan_of([node("gpu-a", ["reset"])], cluster))["gpu-a"]["capacity"] == {"nvidia.com/gpu": "8"}
+    del cluster[0]["status"]["allocatable"]["nvidia.com/mig-1g.10gb"]
+    cluster[0]["status"]["capacity"]["nvidia.com/mig-1g.10gb"] = "7"
+    assert by_node(plan_of([node("gpu-a", ["reset"])], cluster))["gpu-a"]["capacity"] == {"nvidia.com/gpu": "8"}
 
 
 def test_a_node_another_run_holds_is_left_to_it_until_its_hold_ends():
