@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,7 +24,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def python39():
-    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=False).stdout.strip()
+    pyenv = shutil.which("pyenv")
+    root = subprocess.run([pyenv, "root"], capture_output=True, text=True, check=False).stdout.strip() if pyenv else ""
     root = root or os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
     found = sorted(glob.glob(f"{root}/versions/3.9.*/bin/python3.9"))
     assert found, "no Python 3.9 under pyenv (the daemon-py39 tier needs it too)"
