@@ -80,9 +80,6 @@ class KubeletDouble(api_pb2_grpc.RegistrationServicer):
         self.directory = os.path.dirname(os.path.abspath(socket_path))
         self.report = report
         self.cond = threading.Condition()
-        # The Register handler and each resource's ListAndWatch thread write the report: one at a time, else two
-        # writers share the temporary file and the report is two reports run together.
-        self._report_lock = threading.Lock()
         self.registrations: list[api_pb2.RegisterRequest] = []
         self.endpoints: dict[str, Endpoint] = {}
         self.register_errors: list[str] = []
@@ -167,25 +164,26 @@ class KubeletDouble(api_pb2_grpc.RegistrationServicer):
     def write_report(self) -> None:
         if not self.report:
             return
-        with self._report_lock:
-            with self.cond:
-                data = {
-                    "registrations": [
-                        {
-                            "version": r.version,
-                            "endpoint": r.endpoint,
-                            "resource_name": r.resource_name,
-                            "pre_start_required": r.options.pre_start_required,
-                            "get_preferred_allocation_available": r.options.get_preferred_allocation_available,
-                        }
-                        for r in self.registrations
-                    ],
-                    "resources": {
-                        name: {"endpoint": os.path.basename(e.socket), "devices": e.devices, "updates": e.updates}
-                        for name, e in self.endpoints.items()
-                    },
-                    "written_at": time.time(),
-                }
+        # The Register handler and each resource's ListAndWatch thread write the report: one at a time, under the
+        # double's own lock, else two writers share the temporary file and the report is two reports run together.
+        with self.cond:
+            data = {
+                "registrations": [
+                    {
+                        "version": r.version,
+                        "endpoint": r.endpoint,
+                        "resource_name": r.resource_name,
+                        "pre_start_required": r.options.pre_start_required,
+                        "get_preferred_allocation_available": r.options.get_preferred_allocation_available,
+                    }
+                    for r in self.registrations
+                ],
+                "resources": {
+                    name: {"endpoint": os.path.basename(e.socket), "devices": e.devices, "updates": e.updates}
+                    for name, e in self.endpoints.items()
+                },
+                "written_at": time.time(),
+            }
             tmp = f"{self.report}.tmp"
             with open(tmp, "w", encoding="utf-8") as handle:
                 json.dump(data, handle, indent=2)
