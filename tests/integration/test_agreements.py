@@ -7,7 +7,8 @@
 - the example inventory and the README: an unprivileged user with sudo, never root;
 - the README's table of what `make test-full` adds and the tests that add it;
 - the README's Layout block and the tree: every directory, module, filter, helper, role and playbook named there
-  exists, and each of them that exists is named (and every module and role has its row in "What is in it")."""
+  exists, and each of them that exists is named (and every module and role has its row in "What is in it");
+- each role's README and its meta/main.yml: the sections a user of a role looks for, and the same platforms."""
 
 from __future__ import annotations
 
@@ -223,6 +224,20 @@ def test_the_readme_layout_names_every_filter_helper_and_meta_file() -> None:
     meta = {path.name for path in (REPO / "meta").iterdir()}
     unnamed = sorted(name for name in meta | extensions if not re.search(rf"\b{re.escape(name)}\b", layout_block()))
     assert not unnamed, f"the README's Layout does not name {unnamed}"
+
+
+def test_every_role_readme_has_the_sections_a_user_looks_for_and_the_roles_platforms() -> None:
+    for role in sorted(path for path in (REPO / "roles").iterdir() if path.is_dir()):
+        readme = (role / "README.md").read_text()
+        headings = re.findall(r"^## (.+)$", readme, re.M)
+        for section in ("Requirements", "Supported platforms", "Example", "License"):
+            assert section in headings, f"{role.name}/README.md has no section {section}"
+        assert any("variables" in heading.lower() for heading in headings), f"{role.name}/README.md: no variables"
+        assert "meta/argument_specs.yml" in readme, role.name
+        platforms = yaml.safe_load((role / "meta" / "main.yml").read_text())["galaxy_info"]["platforms"]
+        section = readme.split("## Supported platforms", 1)[1].split("\n## ", 1)[0]
+        for version in (str(version) for platform in platforms for version in platform["versions"]):
+            assert version in section, f"{role.name}/README.md does not name {version} of meta/main.yml"
 
 
 def test_the_xid_classes_page_is_the_table() -> None:
