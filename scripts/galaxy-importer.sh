@@ -23,6 +23,16 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 tree=$("$here/scripts/collection-tree.sh" "$work/tree/ansible_collections/gpuops/k8s")
+# galaxy.yml names no repository address: the project has no public one yet. Galaxy requires one on import, and
+# without it the importer stops before its other checks, so the tarball checked here (never the one published)
+# carries GPUOPS_REPOSITORY_URL when set, else a stand-in under .invalid that can never resolve. Publishing
+# needs the real address in galaxy.yml (README, "Releases").
+if ! grep -q '^repository:' "$tree/galaxy.yml"; then
+  repository=${GPUOPS_REPOSITORY_URL:-https://gpuops.invalid/k8s}
+  log "checked with repository: $repository (galaxy.yml has none)"
+  # The tree is this check's own copy (scripts/collection-tree.sh copies the files git knows about).
+  printf 'repository: %s\n' "$repository" >> "$tree/galaxy.yml"
+fi
 "$venv/bin/ansible-galaxy" collection build "$tree" --output-path "$work" >/dev/null
 tarball=$(compgen -G "$work/gpuops-k8s-*.tar.gz")
 cat > "$work/galaxy-importer.cfg" <<'CFG'

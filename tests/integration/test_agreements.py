@@ -5,7 +5,10 @@
   versions its tests run with (the lower bounds, which have wheels for Python 3.9);
 - the example systemd unit shipped with the daemon and the unit the role writes with its defaults;
 - the example inventory and the README: an unprivileged user with sudo, never root;
-- the README's table of what `make test-full` adds and the tests that add it."""
+- the README's table of what `make test-full` adds and the tests that add it;
+- the README's Layout block and the tree: every directory, module, filter, helper, role and playbook named there
+  exists, and each of them that exists is named (and every module and role has its row in "What is in it");
+- each role's README and its meta/main.yml: the sections a user of a role looks for, and the same platforms."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import ast
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -141,8 +145,10 @@ def test_the_readme_names_every_module_in_its_layout_and_its_table() -> None:
     listed = {name.strip() for name in layout.replace("\n", ",").split(",") if name.strip()}
     modules = {path.stem for path in (REPO / "plugins" / "modules").glob("*.py") if path.stem != "__init__"}
     assert listed == modules
-    for name in modules - {"nvidia_mig", "gpu_faults"}:
+    for name in modules:
         assert f"| `gpuops.k8s.{name}` |" in readme, name
+    for role in (path.name for path in (REPO / "roles").iterdir() if path.is_dir()):
+        assert f"| role `{role}` |" in readme, role
 
 
 def test_the_readme_layout_names_every_role_and_playbook() -> None:
@@ -153,6 +159,85 @@ def test_the_readme_layout_names_every_role_and_playbook() -> None:
     }
     playbooks = re.search(r"^playbooks/ +(.*)$", readme, re.M).group(1)
     assert set(re.findall(r"[\w-]+\.yml", playbooks)) == {path.name for path in (REPO / "playbooks").glob("*.yml")}
+
+
+def layout_block() -> str:
+    """The README's Layout block: a path column, then what is there (continued on indented lines)."""
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"^## Layout\n\n```\n(.*?)^```$", readme, re.M | re.S)
+    assert block, "the README has no Layout block"
+    return block.group(1)
+
+
+def layout_entries(block: str) -> dict[str, str]:
+    """Each path the block's left column names (a line may name several, comma-separated), with its description."""
+    entries: dict[str, str] = {}
+    names: list[str] = []
+    for line in block.splitlines():
+        if line[:1].strip():
+            column, _, description = line.partition("  ")
+            names = [name.strip().rstrip("/") for name in column.split(",") if name.strip()]
+            entries.update(dict.fromkeys(names, ""))
+        for name in names:
+            entries[name] += " " + (description if line[:1].strip() else line).strip()
+    return entries
+
+
+def tree_files() -> list[str]:
+    """The files git knows about, tracked and untracked but not ignored: what `make collection` mirrors."""
+    listing = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return [path for path in listing.stdout.splitlines() if (REPO / path).exists()]
+
+
+def test_the_readme_layout_names_every_directory_and_only_what_exists() -> None:
+    # Every top-level directory, and every directory under plugins/, tests/ and extensions/, is named in the Layout
+    # block (or a directory under it is); every path the block names exists.
+    entries = layout_entries(layout_block())
+    missing = sorted(name for name in entries if not (REPO / name).exists())
+    assert not missing, f"the README's Layout names {missing}, which the tree does not have"
+    directories = set()
+    for path in tree_files():
+        parts = path.split("/")
+        if len(parts) > 1 and not parts[0].startswith("."):
+            directories.add(parts[0])
+            if parts[0] in ("plugins", "tests", "extensions") and len(parts) > 2:
+                directories.add("/".join(parts[:2]))
+    unnamed = sorted(
+        directory
+        for directory in directories
+        if not any(name == directory or name.startswith(directory + "/") for name in entries)
+    )
+    assert not unnamed, f"the README's Layout does not name {unnamed}"
+
+
+def test_the_readme_layout_names_every_filter_helper_and_meta_file() -> None:
+    entries = layout_entries(layout_block())
+    filters = {path.stem for path in (REPO / "plugins" / "filter").glob("*.py") if path.stem != "__init__"}
+    listed = {name.strip() for name in entries["plugins/filter"].split(",") if name.strip()}
+    assert listed == filters
+    helpers = {path.stem for path in (REPO / "plugins" / "module_utils").glob("*.py") if path.stem != "__init__"}
+    named = set(re.findall(r"\b_\w+", entries["plugins/module_utils"]))
+    assert named == helpers, f"unnamed: {sorted(helpers - named)}, gone: {sorted(named - helpers)}"
+    extensions = {path.name for path in (REPO / "extensions" / "eda").glob("*/**/*.*")}
+    meta = {path.name for path in (REPO / "meta").iterdir()}
+    unnamed = sorted(name for name in meta | extensions if not re.search(rf"\b{re.escape(name)}\b", layout_block()))
+    assert not unnamed, f"the README's Layout does not name {unnamed}"
+
+
+def test_every_role_readme_has_the_sections_a_user_looks_for_and_the_roles_platforms() -> None:
+    for role in sorted(path for path in (REPO / "roles").iterdir() if path.is_dir()):
+        readme = (role / "README.md").read_text()
+        headings = re.findall(r"^## (.+)$", readme, re.M)
+        for section in ("Requirements", "Supported platforms", "Example", "License"):
+            assert section in headings, f"{role.name}/README.md has no section {section}"
+        assert any("variables" in heading.lower() for heading in headings), f"{role.name}/README.md: no variables"
+        assert "meta/argument_specs.yml" in readme, role.name
+        platforms = yaml.safe_load((role / "meta" / "main.yml").read_text())["galaxy_info"]["platforms"]
+        section = readme.split("## Supported platforms", 1)[1].split("\n## ", 1)[0]
+        for version in (str(version) for platform in platforms for version in platform["versions"]):
+            assert version in section, f"{role.name}/README.md does not name {version} of meta/main.yml"
 
 
 def test_the_xid_classes_page_is_the_table() -> None:
