@@ -14,6 +14,7 @@ make=${MAKE:-make}
 name='make test'
 [ "${GPUOPS_TEST_FULL:-0}" = 1 ] && name='make test-full'
 results=$(mktemp)
+logs=$(mktemp -d)
 start_all=$(date +%s)
 minutes() { awk -v s="$1" 'BEGIN { printf "%.1f", s / 60 }'; }
 table() {
@@ -46,9 +47,10 @@ run_tier() {
   begin=$(date +%s)
   # shellcheck disable=SC2086 # MAKE may carry its own arguments
   # sed -u: each line as it comes (mawk would hold a quiet tier's lines in its input buffer).
-  $make --no-print-directory "$tier" 2>&1 | sed -u "s/^/[$tier] /"
+  $make --no-print-directory "$tier" 2>&1 | tee "$logs/$tier.log" | sed -u "s/^/[$tier] /"
   rc=${PIPESTATUS[0]}
   echo "$tier $lane $((begin - start_all)) $(( $(date +%s) - begin )) $rc" >>"$results"
+  echo "$tier $rc" >>"$logs/rc"
   return "$rc"
 }
 run_lane() {
@@ -58,8 +60,12 @@ run_lane() {
     run_tier "$tier" "$lane" || return 1
   done
 }
-setsid nice -n 15 scripts/build-early.sh "$early_log" &
-early_pid=$!
+# GPUOPS_BUILD_EARLY=0 leaves them to the tiers that need them (tests/integration/test_make_test.py runs this script
+# with tiers of its own).
+if [ "${GPUOPS_BUILD_EARLY:-1}" != 0 ]; then
+  setsid nice -n 15 scripts/build-early.sh "$early_log" &
+  early_pid=$!
+fi
 failed=0
 # shellcheck disable=SC2086 # a group is a list of tier names
 run_lane - $1 || failed=1
@@ -80,6 +86,16 @@ fi
 if [ "$failed" = 0 ]; then early_builds wait; else early_builds stop; fi
 table
 rm -f "$results"
+# What failed, last: a CI page that shows only the end of the output still says which test and why. pytest's
+# summary lines when there are any, else the tier's last lines.
+for log in "$logs"/*.log; do
+  [ -e "$log" ] || continue
+  tier=$(basename "$log" .log)
+  grep -qE "^$tier [1-9][0-9]*$" "$logs/rc" || continue
+  printf '\n%s failed:\n' "$tier"
+  { grep -E '^(FAILED|ERROR) ' "$log" || tail -n 12 "$log"; } | head -n 15 | cut -c1-300 | sed 's/^/  /'
+done
+rm -rf "$logs"
 if [ "$failed" != 0 ]; then
   echo "$name: a tier failed (above)"
   exit 1
