@@ -46,6 +46,19 @@ options:
         C(validate_certs)), and C(mig_config), the MIG config name of hosts that do not set their own.
     type: dict
     required: true
+  caller:
+    description:
+      - The inventory name of the host that runs the task, whose own settings are what O(defaults) holds where it
+        sets them itself (inventory, facts). A setting that host sets itself is its own, never the others'; hosts
+        without their own take it from O(role_defaults) instead.
+    type: str
+  role_defaults:
+    description:
+      - The role's own defaults under their full variable names (C(gpu_node_labels_taint), ...), for the settings
+        O(caller) sets itself. C(sharing), C(mig_strategy) and C(mig_config) are not taken from here; the caller
+        passes in O(defaults) what hosts without their own get.
+    type: dict
+    default: {}
   gpu_info_var:
     description:
       - The host variable that holds the host's M(gpuops.k8s.nvidia_gpu_info) result, for hosts that do not
@@ -101,6 +114,9 @@ PREFIX = "gpu_node_labels_"
 _LABEL_SETTINGS = ("user_labels", "sharing", "mig_strategy", "taint", "taint_key", "taint_value", "taint_effect")
 _API_SETTINGS = ("delegate_to", "kubeconfig", "context", "api_host", "validate_certs")
 _API_KEY = PREFIX + "api_key"
+# The settings whose defaults the calling host's own values must not give the other hosts (sharing, mig_strategy and
+# mig_config: the caller works that out itself, from the device-plugin and MIG settings too).
+_OWN_SETTINGS = ("user_labels", "taint", "taint_key", "taint_value", "taint_effect", *_API_SETTINGS, "api_key")
 _DEVICE_PLUGIN_CONFIG = "device_plugin_config"
 # Labels another role of the collection decided for the host in this play, as a fact of the host.
 _MIG_ROLE_LABELS = "nvidia_mig_node_labels"
@@ -123,11 +139,29 @@ def _usable(result):
     return isinstance(result, dict) and bool(result) and not result.get("skipped") and not result.get("failed")
 
 
-def node_label_requests(hosts, hostvars, defaults, gpu_info_var="gpu_node_labels_gpu_info", discovered_var=None):
+def node_label_requests(
+    hosts,
+    hostvars,
+    defaults,
+    gpu_info_var="gpu_node_labels_gpu_info",
+    discovered_var=None,
+    caller=None,
+    role_defaults=None,
+):
     if not isinstance(hosts, (list, tuple)):
         raise AnsibleFilterError("node_label_requests: the input must be a list of inventory host names.")
     if not isinstance(defaults, dict):
         raise AnsibleFilterError("node_label_requests: defaults must be a dict of the role's settings.")
+    role_defaults = role_defaults or {}
+    if caller is not None and caller in hostvars:
+        # What the calling host sets itself is that host's, not the batch's: the others get the role's default.
+        calling = hostvars[caller]
+        defaults = dict(defaults)
+        for name in _OWN_SETTINGS:
+            if PREFIX + name in calling:
+                if PREFIX + name not in role_defaults:
+                    raise AnsibleFilterError(f"node_label_requests: role_defaults has no {PREFIX}{name}.")
+                defaults[name] = role_defaults[PREFIX + name]
     nodes, no_facts, apis = [], [], []
     for host in hosts:
         if host not in hostvars:

@@ -380,6 +380,44 @@ def test_the_fleet_entry_point_labels_from_the_control_host_with_each_hosts_fact
     assert made.get("PATCH", 0) == 0, made
 
 
+def test_each_host_is_labelled_and_tainted_by_its_own_settings_never_the_first_hosts(apiserver):
+    """The batch's step runs on its first host: what that host sets in its own inventory is its own. A host that sets
+    nothing gets the role's defaults, and one that sets something else gets that."""
+    names = [f"gpu-labels-own-{i}" for i in (1, 2, 3)]
+    for name in names:
+        apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    hosts = {
+        names[0]: {
+            "gpu_node_labels_user_labels": {"rack": "r1"},
+            "gpu_node_labels_taint_key": "example.com/gpu",
+            "gpu_node_labels_taint_value": "reserved",
+            "gpu_node_labels_taint_effect": "NoExecute",
+        },
+        names[1]: {},
+        names[2]: {"gpu_node_labels_user_labels": {"rack": "r3"}, "gpu_node_labels_taint": False},
+    }
+    common = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpu_node_labels_simulate_from": str(SPEC),
+        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
+    }
+    changed, _made = _play_batch(apiserver, hosts, common)
+    assert changed == set(names)
+    nodes = [apiserver["core"].read_node(name) for name in names]
+    labels = [node.metadata.labels or {} for node in nodes]
+    # The API server's own not-ready taint (admission, on create) aside.
+    taints = [
+        {(t.key, t.value, t.effect) for t in node.spec.taints or [] if not t.key.startswith("node.kubernetes.io/")}
+        for node in nodes
+    ]
+    assert labels[0]["rack"] == "r1" and labels[2]["rack"] == "r3"
+    assert "rack" not in labels[1], "the first host's labels were given to a host without its own"
+    assert taints[0] == {("example.com/gpu", "reserved", "NoExecute")}
+    assert taints[1] == {("nvidia.com/gpu", "present", "NoSchedule")}, "the first host's taint was given to another"
+    assert taints[2] == set()
+
+
 MIG_SPEC = ROOT / "tests/fixtures/simulated/a100-mig.yaml"
 MIG_CONFIG_LABELS = {"nvidia.com/mig.config": "all-balanced", "nvidia.com/mig.config.state": "success"}
 
@@ -458,11 +496,15 @@ def test_the_fleet_entry_point_with_no_hosts_does_nothing(apiserver):
     assert {verb: after.get(verb, 0) - before.get(verb, 0) for verb in after} == dict.fromkeys(after, 0)
 
 
-def test_a_batch_with_different_credentials_fails_with_a_sentence(apiserver):
-    names = ["gpu-labels-creds-1", "gpu-labels-creds-2"]
+@pytest.mark.parametrize("own", [1, 0], ids=["a-later-host", "the-first-host"])
+def test_a_batch_with_different_credentials_fails_with_a_sentence(apiserver, own):
+    """Whichever host sets its own context, the batch reaches the API two ways: the first host's setting is not
+    everyone's."""
+    names = [f"gpu-labels-creds-{own}-1", f"gpu-labels-creds-{own}-2"]
     for name in names:
         apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
-    hosts = {names[0]: {}, names[1]: {"gpu_node_labels_context": "another-cluster"}}
+    hosts = {name: {} for name in names}
+    hosts[names[own]] = {"gpu_node_labels_context": "another-cluster"}
     common = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,

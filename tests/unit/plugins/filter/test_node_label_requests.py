@@ -204,3 +204,24 @@ def test_a_mig_config_the_play_names_applies_to_hosts_without_their_own():
     }
     nodes = node_label_requests(list(hostvars), hostvars, dict(DEFAULTS, mig_config="all-1g.10gb"))["nodes"]
     assert [n.get("keep_labels") for n in nodes] == [MIG_LABELS, None]
+
+
+def test_the_callers_own_settings_are_not_the_defaults_of_the_other_hosts():
+    """The step runs on the batch's first host, where the defaults it passes hold that host's own inventory values:
+    the hosts without their own get the role's defaults for those."""
+    role_defaults = {f"gpu_node_labels_{name}": value for name, value in DEFAULTS.items()}
+    role_defaults["gpu_node_labels_user_labels"] = {}
+    hostvars = {
+        "gpu-1": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_user_labels": {"rack": "r1"}},
+        "gpu-2": {"gpu_node_labels_gpu_info": FACTS},
+    }
+    seen_on_first = dict(DEFAULTS, user_labels={"rack": "r1"})
+    first, second = node_label_requests(
+        ["gpu-1", "gpu-2"], hostvars, seen_on_first, caller="gpu-1", role_defaults=role_defaults
+    )["nodes"]
+    assert first["user_labels"] == {"rack": "r1"} and second["user_labels"] == {}
+    # Without the caller, the values it passes are everyone's (play variables: the same on every host).
+    _first, second = node_label_requests(["gpu-1", "gpu-2"], hostvars, seen_on_first)["nodes"]
+    assert second["user_labels"] == {"rack": "r1"}
+    with pytest.raises(AnsibleFilterError, match="role_defaults has no gpu_node_labels_user_labels"):
+        node_label_requests(["gpu-1"], hostvars, seen_on_first, caller="gpu-1", role_defaults={})
