@@ -696,3 +696,29 @@ def test_a_failed_api_call_does_not_show_the_token(apiserver):
     assert rc != 0, output[-4000:]
     assert "List the pods on the node" in output
     assert secret not in output
+
+
+def test_a_node_that_leaves_takes_the_runtimeclass_only_when_it_is_the_last_gpu_node(apiserver):
+    """device_plugin_state absent on one node (site.yml --limit NODE): the RuntimeClass the other GPU nodes' pods
+    name stays; it goes with the last GPU node the API knows."""
+    nodes = client.NodeV1Api(apiserver["api"])
+    name = "gpuops-leave-test"
+    leave = {"device_plugin_runtime_class_name": name, "device_plugin_state_dir": str(apiserver["work"] / "leave")}
+    _play(apiserver, "device_plugin", _plugin_vars(apiserver, **leave))
+    assert nodes.read_runtime_class(name).handler == "nvidia"
+    other = "gpu-still-here-1"
+    labelled = {"nvidia.com/gpu.present": "true"}
+    apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": other, "labels": labelled}})
+
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver, device_plugin_state="absent", **leave))
+    assert nodes.read_runtime_class(name).handler == "nvidia", "another GPU node still needs it"
+
+    # The last GPU node leaves: no other Node is labelled as one any more.
+    for node in apiserver["core"].list_node().items:
+        gpu = {"nvidia.com/gpu.present", "gpuops.k8s/device-plugin"} & set(node.metadata.labels or {})
+        if node.metadata.name != NODE and gpu:
+            apiserver["core"].patch_node(node.metadata.name, {"metadata": {"labels": dict.fromkeys(gpu)}})
+    changed, _tasks = _play(apiserver, "device_plugin", _plugin_vars(apiserver, device_plugin_state="absent", **leave))
+    assert changed >= 1
+    with pytest.raises(client.ApiException):
+        nodes.read_runtime_class(name)
