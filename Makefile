@@ -55,6 +55,7 @@ lint: setup
 	ruff format --check .
 	yamllint -s .
 	ansible-lint --profile production
+	antsibull-changelog lint
 	scripts/galaxy-importer.sh
 
 sanity: setup collection
