@@ -393,6 +393,27 @@ def test_validate_is_green_and_prints_the_table(lab: Lab, flow: SiteFlow) -> Non
     print("\n".join(line for line in validate.output.splitlines() if "NODE" in line or flow.node + " " in line))
 
 
+def test_validate_reaches_the_api_as_the_inventory_says(lab: Lab, flow: SiteFlow, tmp_path: Path) -> None:
+    """validate.yml takes the whole connection the roles take from the inventory (gpu_node_labels_context,
+    _api_host, _api_key, _validate_certs), not only the kubeconfig: here a kubeconfig whose current context is an
+    API server that does not answer, and the inventory names the lab's context."""
+    kubeconfig = yaml.safe_load(lab.kubeconfig.read_text(encoding="utf-8"))
+    lab_context = kubeconfig["contexts"][0]
+    nowhere = {"name": "nowhere", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}
+    kubeconfig["clusters"].append(nowhere)
+    kubeconfig["contexts"].append({"name": "nowhere", "context": dict(lab_context["context"], cluster="nowhere")})
+    kubeconfig["current-context"] = "nowhere"
+    path = tmp_path / "two-contexts.kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig), encoding="utf-8")
+    settings = yaml.safe_load(flow.extra_vars.read_text(encoding="utf-8")) or {}
+    settings.update(gpu_node_labels_kubeconfig=str(path), gpu_node_labels_context=lab_context["name"])
+    extra = tmp_path / "vars.yml"
+    extra.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    validate = run_playbook("validate.yml", flow.inventory, extra_vars=extra, limit=flow.node)
+    assert validate.returncode == 0, validate.summary()
+    assert re.search(rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok', validate.output), validate.summary()
+
+
 # The fleet path: the lab's inventory logs in over SSH as an unprivileged user with become, as a fleet
 # does; what happens when become is off, when sudo fails and when a node cannot be reached.
 
