@@ -411,7 +411,8 @@ def test_validate_reaches_the_api_as_the_inventory_says(lab: Lab, flow: SiteFlow
     extra.write_text(yaml.safe_dump(settings), encoding="utf-8")
     validate = run_playbook("validate.yml", flow.inventory, extra_vars=extra, limit=flow.node)
     assert validate.returncode == 0, validate.summary()
-    assert re.search(rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok', validate.output), validate.summary()
+    row = rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok'
+    assert re.search(row, validate.output), validate.summary()
 
 
 # The fleet path: the lab's inventory logs in over SSH as an unprivileged user with become, as a fleet
