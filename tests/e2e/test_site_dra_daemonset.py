@@ -351,3 +351,27 @@ def test_dra_node_whose_wait_fails_is_named_as_left_cordoned(dra_upgrade: DraUpg
     assert stuck.returncode != 0, stuck.summary()
     assert dra_upgrade.stuck_unschedulable
     assert f"{dra_upgrade.node} is left cordoned" in " ".join(stuck.output.split()), stuck.summary()
+
+
+def test_the_deployment_and_the_allocation_change_in_one_run(
+    lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
+) -> None:
+    """From the DRA driver's DaemonSet to the device plugin's systemd service in one run, and back: the switch stops
+    the allocator the node runs (its DaemonSet pod, then its service), not the one it is to run."""
+    ds, _to_dra = dra_ds
+    node = ds.node
+    # A wait for an allocator that was never stopped would end here, not after the default two minutes.
+    bounded = {"device_plugin_switch_timeout": 60}
+    to_systemd = ds.run_site(device_plugin_mode="systemd", **bounded)
+    assert to_systemd.returncode == 0, to_systemd.summary()
+    assert lab.node_exec(node, "systemctl", "is-active", "gpuops-device-plugin", check=False).stdout.strip() == "active"
+    lab.wait_until(f"{GPU}=8 from the service", lambda: lab.allocatable(node).get(GPU) == "8", timeout=90)
+    assert published(lab, node) == {}, "the DRA driver's slices were left"
+    assert MODE_LABEL not in (lab.node(node).metadata.labels or {})
+
+    back = ds.run_site(**DRA_VARS, **bounded)
+    assert back.returncode == 0, back.summary()
+    assert lab.node_exec(node, "systemctl", "is-active", "gpuops-device-plugin", check=False).stdout.strip() != "active"
+    dra_pod(lab, node)
+    lab.wait_until(f"8 GPUs published for {node}", lambda: len(published(lab, node)) == 8, timeout=180)
+    assert lab.allocatable(node).get(GPU, "0") == "0"

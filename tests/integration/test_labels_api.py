@@ -8,11 +8,14 @@ exactly as they would in a cluster. The control plane is the `control_plane` fix
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -696,6 +699,112 @@ def test_a_failed_api_call_does_not_show_the_token(apiserver):
     assert rc != 0, output[-4000:]
     assert "List the pods on the node" in output
     assert secret not in output
+
+
+class ConnectProxy:
+    """A forward proxy for HTTPS (HTTP CONNECT, then the bytes both ways), as a corporate proxy is to a client; it
+    records the targets it was asked for. The API server behind it is the real one."""
+
+    def __init__(self):
+        self.targets: list[str] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._tunnel, args=(conn,), daemon=True).start()
+
+    def _tunnel(self, conn):
+        request = b""
+        while b"\r\n\r\n" not in request:
+            chunk = conn.recv(4096)
+            if not chunk:
+                conn.close()
+                return
+            request += chunk
+        method, target, _ = request.split(b"\r\n", 1)[0].decode().split(" ", 2)
+        self.targets.append(f"{method} {target}")
+        host, port = target.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)))
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        def pump(src, dst):
+            try:
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for end in (src, dst):
+                    with contextlib.suppress(OSError):
+                        end.shutdown(socket.SHUT_RDWR)
+
+        threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()
+        pump(conn, upstream)
+
+    def close(self):
+        self.server.close()
+
+
+def _cordon_play(apiserver, connection, env=None):
+    """gpuops.k8s.node_cordon (state absent: the node is left schedulable) with the connection given to the action
+    group as module_defaults, as a playbook sets it for kubernetes.core's modules."""
+    playbook = apiserver["work"] / "play-connection.yml"
+    task = {"gpuops.k8s.node_cordon": {"name": NODE, "state": "absent"}}
+    play = {"hosts": "localhost", "gather_facts": False, "tasks": [task]}
+    play["module_defaults"] = {"group/gpuops.k8s.k8s": connection}
+    playbook.write_text(yaml.safe_dump([play]))
+    extra = apiserver["work"] / "extra-connection.json"
+    extra.write_text(json.dumps({"ansible_python_interpreter": sys.executable}))
+    run_env = dict(
+        _ansible_env(), ANSIBLE_INVENTORY_UNPARSED_WARNING="false", KUBECONFIG=str(apiserver["work"] / "none")
+    )
+    run_env.update(env or {})
+    argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{extra}"]
+    run = subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=300, check=False)
+    return run.returncode, run.stdout + run.stderr
+
+
+def test_the_collections_modules_take_the_proxy_kubernetes_core_users_pass(apiserver):
+    """proxy in module_defaults (or K8S_AUTH_PROXY) reaches the API server through the proxy; no_proxy bypasses it."""
+    proxy = ConnectProxy()
+    try:
+        token = {"host": apiserver["server"], "api_key": TOKEN, "validate_certs": False}
+        rc, output = _cordon_play(apiserver, dict(token, proxy=proxy.url))
+        assert rc == 0, output[-3000:]
+        server = apiserver["server"].split("://", 1)[1]
+        assert proxy.targets == [f"CONNECT {server}"], proxy.targets
+
+        rc, output = _cordon_play(apiserver, token, env={"K8S_AUTH_PROXY": proxy.url})
+        assert rc == 0, output[-3000:]
+        assert len(proxy.targets) == 2, proxy.targets
+
+        rc, output = _cordon_play(apiserver, dict(token, proxy=proxy.url, no_proxy="127.0.0.1"))
+        assert rc == 0, output[-3000:]
+        assert len(proxy.targets) == 2, "no_proxy did not bypass the proxy"
+    finally:
+        proxy.close()
+
+
+def test_the_collections_modules_take_impersonation_and_a_kubeconfig_as_a_dict(apiserver):
+    """impersonate_user and impersonate_groups act as the API server's RBAC says of that user; a kubeconfig given as
+    a dict (as a vault or a lookup hands it) works as the file does."""
+    kubeconfig = yaml.safe_load(Path(apiserver["kubeconfig"]).read_text(encoding="utf-8"))
+    token = {"host": apiserver["server"], "api_key": TOKEN, "validate_certs": False}
+    rc, output = _cordon_play(apiserver, dict(token, impersonate_user="gpuops-nobody"))
+    assert rc != 0
+    assert "forbidden" in output.lower() and "gpuops-nobody" in output, output[-3000:]
+    for groups in (["system:masters"], ["gpuops-team", "system:masters"]):
+        rc, output = _cordon_play(apiserver, dict(token, impersonate_user="gpuops-nobody", impersonate_groups=groups))
+        assert rc == 0, f"{groups}: {output[-3000:]}"
+    rc, output = _cordon_play(apiserver, {"kubeconfig": kubeconfig})
+    assert rc == 0, output[-3000:]
+    assert TOKEN not in output
 
 
 def test_a_node_that_leaves_takes_the_runtimeclass_only_when_it_is_the_last_gpu_node(apiserver):
