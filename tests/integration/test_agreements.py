@@ -175,7 +175,7 @@ def layout_entries(block: str) -> dict[str, str]:
     names: list[str] = []
     for line in block.splitlines():
         if line[:1].strip():
-            column, _, description = line.partition("  ")
+            column, _sep, description = line.partition("  ")
             names = [name.strip().rstrip("/") for name in column.split(",") if name.strip()]
             entries.update(dict.fromkeys(names, ""))
         for name in names:

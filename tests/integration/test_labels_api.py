@@ -714,7 +714,7 @@ class ConnectProxy:
     def _serve(self):
         while True:
             try:
-                conn, _ = self.server.accept()
+                conn, _peer = self.server.accept()
             except OSError:
                 return
             threading.Thread(target=self._tunnel, args=(conn,), daemon=True).start()
@@ -727,7 +727,7 @@ class ConnectProxy:
                 conn.close()
                 return
             request += chunk
-        method, target, _ = request.split(b"\r\n", 1)[0].decode().split(" ", 2)
+        method, target, _version = request.split(b"\r\n", 1)[0].decode().split(" ", 2)
         self.targets.append(f"{method} {target}")
         host, port = target.rsplit(":", 1)
         upstream = socket.create_connection((host, int(port)))
