@@ -460,6 +460,7 @@ def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rend
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
+        "seLinuxOptions": {"type": "spc_t"},
     }
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in container["volumeMounts"]}

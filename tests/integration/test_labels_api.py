@@ -206,6 +206,8 @@ def test_daemonset_and_runtimeclass(apiserver):
     assert container.security_context.allow_privilege_escalation is False
     assert container.security_context.read_only_root_filesystem is True
     assert container.security_context.capabilities.drop == ["ALL"]
+    # An enforcing SELinux host lets only spc_t reach the kubelet's sockets and the driver's files.
+    assert container.security_context.se_linux_options.type == "spc_t"
     # The kubelet's device-plugin directory is mounted at the same path, and --config-file names the
     # ConfigMap's config.yaml where its volume is mounted.
     volumes = {v.name: v for v in pod.volumes}
