@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The Kubernetes connection of the collection's API modules (node_labels, pod_eviction), private.
+"""The Kubernetes connection of the collection's API modules (node_cordon, node_labels, node_remediation,
+pod_eviction), private.
 
 The options are named, and read (K8S_AUTH_* environment variables included), as kubernetes.core's modules
 name and read them, so one ``module_defaults`` entry for ``group/gpuops.k8s.k8s`` gives the connection to
