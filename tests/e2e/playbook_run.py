@@ -122,18 +122,22 @@ def run_playbook(
     limit: str | None = None,
     timeout: float = 3600,
     env: dict[str, str] | None = None,
+    collections: Path | None = None,
 ) -> PlaybookRun:
     """Run ``ansible-playbook playbooks/PLAYBOOK`` with the lab inventory; never raises on a failed play.
-    ``env`` adds to the environment (e.g. ``mitogen_environment()``)."""
-    mirror_collection()
-    argv = ["ansible-playbook", "-i", str(inventory), str(REPO / "playbooks" / playbook), *args]
+    ``env`` adds to the environment (e.g. ``mitogen_environment()``). A PLAYBOOK named by its collection name
+    (``gpuops.k8s.validate``) is run as an installed collection's, from ``collections`` (an installation path)."""
+    if collections is None:
+        mirror_collection()
+    named = playbook.startswith("gpuops.k8s.")
+    argv = ["ansible-playbook", "-i", str(inventory), playbook if named else str(REPO / "playbooks" / playbook), *args]
     if extra_vars is not None:
         argv += ["-e", f"@{extra_vars}"]
     if limit:
         argv += ["--limit", limit]
     env = {
         **os.environ,
-        "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS),
+        "ANSIBLE_COLLECTIONS_PATH": str(collections or COLLECTIONS),
         "ANSIBLE_STDOUT_CALLBACK": "default",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",

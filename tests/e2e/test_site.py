@@ -17,6 +17,7 @@ of site.yml on the converged node (it must report no change there); `make test-f
 from __future__ import annotations
 
 import re
+import subprocess
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -410,6 +411,41 @@ def test_validate_reaches_the_api_as_the_inventory_says(lab: Lab, flow: SiteFlow
     extra = tmp_path / "vars.yml"
     extra.write_text(yaml.safe_dump(settings), encoding="utf-8")
     validate = run_playbook("validate.yml", flow.inventory, extra_vars=extra, limit=flow.node)
+    assert validate.returncode == 0, validate.summary()
+    row = rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok'
+    assert re.search(row, validate.output), validate.summary()
+
+
+def test_the_collection_tarball_installs_and_its_validate_playbook_runs(
+    lab: Lab, flow: SiteFlow, tmp_path: Path
+) -> None:
+    """What a new user does: build the tarball Galaxy would get (from this checkout, with whatever the tiers before
+    left in it; galaxy.yml's build_ignore keeps that out), install it with ansible-galaxy into an empty path, and run
+    the playbook by its collection name. Its dependencies come from where the controller has them (the
+    ansible package), so the install asks no server (--no-deps)."""
+    build = subprocess.run(
+        ["ansible-galaxy", "collection", "build", str(REPO), "--output-path", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    (tarball,) = tmp_path.glob("gpuops-k8s-*.tar.gz")
+    installed = tmp_path / "installed"
+    install = subprocess.run(
+        ["ansible-galaxy", "collection", "install", "--no-deps", "-p", str(installed), str(tarball)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    collection = installed / "ansible_collections" / "gpuops" / "k8s"
+    assert (collection / "playbooks" / "validate.yml").is_file() and (collection / "LICENSE").is_file()
+    # Nothing of the checkout's tools, caches or build output went into the tarball.
+    assert not [p for p in collection.rglob("*") if p.name in {".build", "__pycache__", ".pytest_cache", "build"}]
+    validate = run_playbook(
+        "gpuops.k8s.validate", flow.inventory, extra_vars=flow.extra_vars, limit=flow.node, collections=installed
+    )
     assert validate.returncode == 0, validate.summary()
     row = rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok'
     assert re.search(row, validate.output), validate.summary()
