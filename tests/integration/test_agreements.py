@@ -8,7 +8,10 @@
 - the README's table of what `make test-full` adds and the tests that add it;
 - the README's Layout block and the tree: every directory, module, filter, helper, role and playbook named there
   exists, and each of them that exists is named (and every module and role has its row in "What is in it");
-- each role's README and its meta/main.yml: the sections a user of a role looks for, and the same platforms."""
+- each role's README and its meta/main.yml: the sections a user of a role looks for, and the same platforms;
+- the two EDA rulebooks: gpu_remediation_job_template.yml is gpu_remediation.yml (source, rules, throttle,
+  strategy) but for its remediation action, which passes the same extra variables and the alert's node as the
+  limit, and launches by default the job template docs/awx.md creates."""
 
 from __future__ import annotations
 
@@ -289,3 +292,32 @@ def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
     demo = {"the demo"} if "demo-test" in full_tiers and "demo-test" not in tiers else set()
     assert rows == marked | scenarios | demo
     assert "test-full:" in makefile
+
+
+def test_the_job_template_rulebook_is_the_playbook_rulebook_but_for_its_action() -> None:
+    rulebooks = REPO / "extensions" / "eda" / "rulebooks"
+    (playbook_ruleset,) = yaml.safe_load((rulebooks / "gpu_remediation.yml").read_text())
+    (job_template_ruleset,) = yaml.safe_load((rulebooks / "gpu_remediation_job_template.yml").read_text())
+    playbook_rules = playbook_ruleset.pop("rules")
+    job_template_rules = job_template_ruleset.pop("rules")
+    assert job_template_ruleset == playbook_ruleset  # name, hosts, execution_strategy, sources
+    assert [rule["name"] for rule in job_template_rules] == [rule["name"] for rule in playbook_rules]
+    actions = []
+    for playbook_rule, job_template_rule in zip(playbook_rules, job_template_rules):
+        if "run_playbook" in playbook_rule.get("action", {}):
+            actions.append((playbook_rule.pop("action"), job_template_rule.pop("action")))
+        assert job_template_rule == playbook_rule, playbook_rule["name"]  # condition, throttle, any other action
+    ((playbook_action, job_template_action),) = actions
+    assert list(job_template_action) == ["run_job_template"]
+    launch, run = job_template_action["run_job_template"], playbook_action["run_playbook"]
+    assert launch == {
+        "name": "{{ gpu_remediation_job_template | default('gpu-remediate') }}",
+        "organization": "{{ gpu_remediation_organization | default('Default') }}",
+        "job_args": {"limit": run["extra_vars"]["gpuops_alert_node"], "extra_vars": run["extra_vars"]},
+    }
+    assert run["extra_vars"]["gpuops_alert_node"] == "{{ event.gpu_alert.node }}"
+    # The default job template is the one docs/awx.md creates for remediate.yml.
+    awx = (REPO / "docs" / "awx.md").read_text()
+    assert re.search(
+        r"awx\.awx\.job_template:\n +name: gpu-remediate\n +project: \S+\n +playbook: remediate\.yml\n", awx
+    )

@@ -1,24 +1,29 @@
-"""Event-Driven Ansible: the shipped rulebook, gpuops.k8s.gpu_remediation, run by a real ansible-rulebook.
+"""Event-Driven Ansible: the shipped rulebooks, gpuops.k8s.gpu_remediation and gpuops.k8s.gpu_remediation_job_template,
+run by a real ansible-rulebook.
 
 The peers are real: ansible-rulebook 1.3.2 with its Drools rule engine (requirements/eda.txt, built and cached by
-scripts/eda-env.sh) on Debian's OpenJDK 17 (scripts/bootstrap.sh), loading the rulebook and the gpuops.k8s.gpu_alerts
+scripts/eda-env.sh) on Debian's OpenJDK 17 (scripts/bootstrap.sh), loading the rulebooks and the gpuops.k8s.gpu_alerts
 event source from the collection as ``ansible-galaxy collection build`` would ship it (scripts/collection-tree.sh on
 ANSIBLE_COLLECTIONS_PATH). Alerts are POSTed to the source over HTTP on 127.0.0.1 with the sender token, or with a
 node's own token derived from the node secret by the collection's gpuops.k8s.alert_token filter (run by a real
 ``ansible``, as the device_plugin role runs it).
-The playbook the rulebook starts is a TEST DOUBLE standing in for gpuops.k8s.remediate: the collection
+The playbook gpu_remediation starts is a TEST DOUBLE standing in for gpuops.k8s.remediate: the collection
 ``gpuops_test.doubles`` written below, whose ``remediate_recorder`` playbook first imports the shipped
 playbooks/tasks/alert_hosts.yml, the check remediate.yml begins with, and then records each run's limit, hosts and
 ``ansible_eda`` extra variables in a file and changes nothing; the rulebook is pointed at it through its
-``gpu_remediation_playbook`` variable. One rulebook process serves the module; each test uses nodes of its own.
+``gpu_remediation_playbook`` variable. The controller gpu_remediation_job_template launches job templates on is a
+TEST DOUBLE of the AWX controller API (``Controller`` below: the endpoints ansible-rulebook calls, and where in its
+source each comes from), an HTTP server in this process that records every request. One process of each rulebook
+serves the module; each test uses nodes of its own.
 The last tests run the real playbooks/remediate.yml with ansible-playbook (no rulebook) to show that it begins with
-that check.
+that check; a job template launch's limit and extra variables are run through it too.
 Nothing sleeps and then asserts: a test that needs every earlier alert handled posts a class ``none`` alert and
 waits for the rulebook to print it (the rulebook's actions run one at a time, in the order the alerts came).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -29,9 +34,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -94,9 +102,9 @@ def free_port() -> int:
 
 
 class Rulebook:
-    """ansible-rulebook running gpuops.k8s.gpu_remediation, its output in ``log``, its recorded runs in ``runs``."""
+    """ansible-rulebook running a rulebook, its output in ``log``; gpu_remediation's recorded runs in ``runs``."""
 
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path, runs: Path, **context):
+    def __init__(self, proc: subprocess.Popen, port: int, log: Path, runs: Path | None, **context):
         self.proc, self.port, self.log, self.runs = proc, port, log, runs
         self.work, self.venv, self.env = context["work"], context["venv"], context["env"]
         self.sentinels = itertools.count()
@@ -192,7 +200,8 @@ def eda_venv() -> Path:
 
 
 @pytest.fixture(scope="module")
-def rulebook(eda_venv, tmp_path_factory):
+def collections(eda_venv, tmp_path_factory) -> Path:
+    """A work directory holding the collection as it ships (shipped/) and the test doubles' collection (doubles/)."""
     work = tmp_path_factory.mktemp("eda")
     shipped = work / "shipped"
     proc = subprocess.run(
@@ -212,25 +221,24 @@ def rulebook(eda_venv, tmp_path_factory):
     alert_hosts = shipped / "ansible_collections/gpuops/k8s/playbooks/tasks/alert_hosts.yml"
     (collection / "playbooks/remediate_recorder.yml").write_text(RECORDER_PLAYBOOK.format(alert_hosts=alert_hosts))
     (collection / "playbooks/tasks/record.yml").write_text(RECORD_TASKS)
+    return work
 
-    inventory = work / "inventory.yml"
-    python = str(eda_venv / "bin/python")
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "children": {
-                        "gpu_nodes": {"hosts": {node: None for node in NODES}},
-                        "eda-workers": {"hosts": {node: None for node in WORKERS}},
-                    },
-                    "vars": {"ansible_connection": "local", "ansible_python_interpreter": python},
-                }
-            }
-        )
-    )
+
+@contextlib.contextmanager
+def started(
+    eda_venv: Path,
+    work: Path,
+    name: str,
+    variables: dict,
+    options: list[str],
+    env: dict[str, str],
+    runs: Path | None = None,
+):
+    """ansible-rulebook running the rulebook gpuops.k8s.NAME from WORK's collections with VARIABLES (the source's
+    port, token and rates added), OPTIONS and ENV added to its environment, until the block ends."""
     port = free_port()
-    variables = work / "vars.yml"
-    variables.write_text(
+    variables_file = work / f"{name}.vars.yml"
+    variables_file.write_text(
         yaml.safe_dump(
             {
                 "gpu_alerts_port": port,
@@ -239,30 +247,27 @@ def rulebook(eda_venv, tmp_path_factory):
                 # A burst of BURST alerts per node, and so few more a minute that none comes during a test.
                 "gpu_alerts_node_burst": BURST,
                 "gpu_alerts_node_rate": 1,
-                "gpu_remediation_playbook": "gpuops_test.doubles.remediate_recorder",
+                **variables,
             }
         )
     )
-    runs = work / "runs"
-    runs.mkdir()
-    log = work / "ansible-rulebook.log"
+    log = work / f"{name}.log"
     env = dict(
         os.environ,
         PATH=f"{eda_venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
         JAVA_HOME=str(java_home()),
-        ANSIBLE_COLLECTIONS_PATH=f"{shipped}{os.pathsep}{doubles}",
+        ANSIBLE_COLLECTIONS_PATH=f"{work / 'shipped'}{os.pathsep}{work / 'doubles'}",
         ANSIBLE_NOCOLOR="1",
         PYTHONUNBUFFERED="1",
-        GPUOPS_EDA_RECORDER_DIR=str(runs),
+        **env,
     )
     command = [
         str(eda_venv / "bin/ansible-rulebook"),
         "--rulebook",
-        "gpuops.k8s.gpu_remediation",
-        "--inventory",
-        str(inventory),
+        f"gpuops.k8s.{name}",
         "--vars",
-        str(variables),
+        str(variables_file),
+        *options,
         # Every event the source puts on the queue is printed: a test can tell that a request made none.
         "--print-events",
     ]
@@ -279,6 +284,37 @@ def rulebook(eda_venv, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def rulebook(eda_venv, collections):
+    inventory = collections / "inventory.yml"
+    python = str(eda_venv / "bin/python")
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "gpu_nodes": {"hosts": {node: None for node in NODES}},
+                        "eda-workers": {"hosts": {node: None for node in WORKERS}},
+                    },
+                    "vars": {"ansible_connection": "local", "ansible_python_interpreter": python},
+                }
+            }
+        )
+    )
+    runs = collections / "runs"
+    runs.mkdir()
+    with started(
+        eda_venv,
+        collections,
+        "gpu_remediation",
+        {"gpu_remediation_playbook": "gpuops_test.doubles.remediate_recorder"},
+        ["--inventory", str(inventory)],
+        {"GPUOPS_EDA_RECORDER_DIR": str(runs)},
+        runs=runs,
+    ) as book:
+        yield book
 
 
 def test_a_burst_of_alerts_on_a_node_is_one_playbook_run_per_class_for_that_node(rulebook):
@@ -688,3 +724,272 @@ def test_the_device_plugin_role_puts_only_the_nodes_derived_token_on_the_node(tm
     assert "lies under /etc/gpuops/device-plugin, where the DaemonSet's pods mount their ConfigMap" in json.dumps(
         output
     )
+
+
+# The job template rulebook, gpuops.k8s.gpu_remediation_job_template, against a test double of the controller's API.
+
+CONTROLLER_TOKEN = "gpuops-eda-test-controller-token"
+JOB_TEMPLATE = "gpu-remediate"  # the rulebook's default gpu_remediation_job_template
+ORGANIZATION = "gpu-fleet"  # set through gpu_remediation_organization (the default, Default, holds a decoy)
+TEMPLATE_ID = 42
+FAILING_NODE = "eda-jt-node-f"
+
+
+class Controller:
+    """A TEST DOUBLE of the AWX (automation controller) API: exactly the endpoints ansible-rulebook 1.3.2's
+    run_job_template calls, read from its source (ansible_rulebook/ in the venv scripts/eda-env.sh builds), and
+    nothing else (any other request is answered 404 and counted in ``unexpected``):
+
+    - ``GET /api/v2/config/``, answered with a ``version``: app.py ``validate_actions`` asks for a controller when a
+      rule runs a job template and ``validate_controller_params`` calls ``JobTemplateRunner.get_config``
+      (job_template_runner.py) before any source starts. The URL and token come from EDA_CONTROLLER_URL and
+      EDA_CONTROLLER_TOKEN (cli.py, the defaults of --controller-url and --controller-token); a URL without a path
+      gets the ``api/v2/`` paths (``JobTemplateRunner._set_slugs``). Every request carries
+      ``Authorization: Bearer TOKEN`` (``JobTemplateRunner._auth_headers``); the double refuses others with 401.
+    - ``GET /api/v2/unified_job_templates/?name=NAME``, then ``&page=2`` and on while the answer has a ``next``
+      (``JobTemplateRunner._get_template_obj``): the template is the result whose ``type`` is ``job_template``, whose
+      ``name`` is NAME and whose ``summary_fields.organization.name`` is the organization; ansible-rulebook reads its
+      ``id``, ``related.launch`` and ``ask_limit_on_launch``, ``ask_labels_on_launch``, ``ask_inventory_on_launch``,
+      ``ask_variables_on_launch``. Page 1 holds decoys: the same name in the organization Default, and a workflow
+      job template of that name in the right one; the template is on page 2.
+    - labels: only for a template that asks for them on launch (``JobTemplateRunner._get_labels_for_job``, which
+      then reads ``organizations/`` and ``labels/``); this one does not, so no label endpoint exists here.
+    - ``POST`` to ``related.launch`` with the action's ``job_args`` as the JSON body
+      (``JobTemplateRunner.launch_job_template``, ``_launch``); ansible-rulebook reads the answer's ``url``. The
+      body's ``limit`` is the rulebook's (``util.process_controller_host_limit``, called by
+      ``RunJobTemplate.__init__`` in action/run_job_template.py: the event's hosts only when the rulebook sets
+      none), and ``extra_vars`` gets ``ansible_eda`` (ruleset, rule, event) added by ``Helper.collect_extra_vars``
+      (action/helper.py; ``include_events`` defaults to true).
+    - ``GET /api/v2/jobs/?id__in=IDS&page_size=N`` (shared_job_monitor.py ``SharedJobMonitor._poll_job_chunk``; the
+      id is the last segment of the job's URL, ``register_job``), every EDA_JOB_TEMPLATE_REFRESH_DELAY seconds
+      (``JobTemplateRunner.__init__``, default 10) until ``status`` is one of successful, failed, error, canceled
+      (``JobTemplateRunner.JOB_COMPLETION_STATUSES``). The double answers ``running`` to a job's first poll, then
+      its end: ``failed`` for FAILING_NODE's jobs, ``successful`` for the others. ``RunJobTemplate._post_process``
+      reads the job's ``created`` and ``id``.
+    - A failed job is retried only with ``retry`` or ``retries`` (``RunJobTemplate._run_with_retries``; the rulebook
+      sets neither) and is logged by ``Helper.log_completion`` at ERROR, "Job template 'NAME' failed (job_id: N)",
+      which ansible-rulebook prints without -v (cli.py ``setup_logging_and_display``: WARNING and above).
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests: list[dict] = []  # every request: method, path, query, authorization, body
+        self.timeline: list[tuple] = []  # ("launch", job id) and ("end", job id, status), in the order they came
+        self.launches: list[dict] = []  # each launch's body, with the job's id
+        self.unexpected: list[str] = []
+        self.jobs: dict[int, dict] = {}
+        self.ids = itertools.count(100)
+        controller = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args):
+                pass
+
+            def do_GET(self):
+                self.answer()
+
+            def do_POST(self):
+                self.answer()
+
+            def answer(self):
+                url = urllib.parse.urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                request = {
+                    "method": self.command,
+                    "path": url.path,
+                    "query": urllib.parse.parse_qs(url.query),
+                    "authorization": self.headers.get("Authorization"),
+                    "body": json.loads(raw) if raw else None,
+                }
+                with controller.lock:
+                    controller.requests.append(request)
+                    status, body = controller.route(request)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @staticmethod
+    def template(template_id: int, kind: str, organization: str) -> dict:
+        launch = f"/api/v2/{kind}s/{template_id}/launch/"
+        return {
+            "id": template_id,
+            "type": kind,
+            "name": JOB_TEMPLATE,
+            "summary_fields": {"organization": {"id": template_id, "name": organization}},
+            "related": {"launch": launch},
+            "ask_limit_on_launch": True,
+            "ask_labels_on_launch": False,
+            "ask_inventory_on_launch": False,
+            "ask_variables_on_launch": True,
+        }
+
+    def route(self, request: dict) -> tuple[int, dict]:
+        method, path, query = request["method"], request["path"], request["query"]
+        if request["authorization"] != f"Bearer {CONTROLLER_TOKEN}":
+            self.unexpected.append(f"{method} {path} without the token")
+            return 401, {"detail": "Authentication credentials were not provided."}
+        if (method, path) == ("GET", "/api/v2/config/"):
+            return 200, {"version": "24.6.1"}
+        if (method, path) == ("GET", "/api/v2/unified_job_templates/"):
+            pages = [
+                [self.template(7, "job_template", "Default"), self.template(9, "workflow_job_template", ORGANIZATION)],
+                [self.template(TEMPLATE_ID, "job_template", ORGANIZATION)],
+            ]
+            page = int(query.get("page", ["1"])[0])
+            results = [item for item in pages[page - 1] if [item["name"]] == query.get("name")]
+            more = f"/api/v2/unified_job_templates/?page={page + 1}" if page < len(pages) else None
+            return 200, {"count": 3, "next": more, "previous": None, "results": results}
+        if (method, path) == ("POST", f"/api/v2/job_templates/{TEMPLATE_ID}/launch/"):
+            job = next(self.ids)
+            node = (request["body"].get("extra_vars") or {}).get("gpuops_alert_node")
+            self.jobs[job] = {"polls": 0, "end": "failed" if node == FAILING_NODE else "successful"}
+            self.launches.append({"job": job, **request["body"]})
+            self.timeline.append(("launch", job))
+            url = f"/api/v2/jobs/{job}/"
+            return 201, {"job": job, "id": job, "type": "job", "url": url, "status": "pending", "ignored_fields": {}}
+        if (method, path) == ("GET", "/api/v2/jobs/"):
+            results = []
+            for job in query["id__in"][0].split(","):
+                state = self.jobs[int(job)]
+                state["polls"] += 1
+                status = "running" if state["polls"] == 1 else state["end"]
+                if state["polls"] == 2:
+                    self.timeline.append(("end", int(job), status))
+                created = "2026-11-26T08:00:00.000000Z"
+                results.append({"id": int(job), "status": status, "created": created, "artifacts": {}})
+            return 200, {"count": len(results), "next": None, "previous": None, "results": results}
+        self.unexpected.append(f"{method} {path}")
+        return 404, {"detail": "Not found."}
+
+    def launches_for(self, node: str) -> list[dict]:
+        with self.lock:
+            return [launch for launch in self.launches if launch["limit"] == node]
+
+
+@pytest.fixture(scope="module")
+def controller():
+    double = Controller()
+    yield double
+    double.close()
+
+
+@pytest.fixture(scope="module")
+def job_template_rulebook(eda_venv, collections, controller):
+    """The job template rulebook, as a controller's activation runs it: no inventory, the controller's address and
+    token in the environment; its organization from its variable, its job template's name its default."""
+    with started(
+        eda_venv,
+        collections,
+        "gpu_remediation_job_template",
+        {"gpu_remediation_organization": ORGANIZATION},
+        [],
+        {
+            "EDA_CONTROLLER_URL": controller.url,
+            "EDA_CONTROLLER_TOKEN": CONTROLLER_TOKEN,
+            "EDA_JOB_TEMPLATE_REFRESH_DELAY": "0.1",
+        },
+    ) as book:
+        yield book
+
+
+def test_the_job_template_rulebook_launches_the_template_once_per_node_and_class_limited_to_the_node(
+    job_template_rulebook, controller, tmp_path
+):
+    book = job_template_rulebook
+    burst = [
+        alert_of("eda-jt-node-a", ("reboot", "reset", "reboot", "replace")[i % 4], gpu=i % 8) for i in range(BURST)
+    ]
+    with ThreadPoolExecutor(max_workers=len(burst)) as pool:
+        assert list(pool.map(book.post, burst)) == [(200, '{"events": 1}')] * BURST
+    # A node of remediate_check's inventory: its launch is then run through the real remediate.yml's check.
+    assert book.post(alert_of("gpu-2", "reset", gpu=2)) == (200, '{"events": 1}')
+    book.settle()
+
+    launches_a = controller.launches_for("eda-jt-node-a")
+    (launch_2,) = controller.launches_for("gpu-2")
+    assert len(controller.launches) == 4
+    assert sorted(launch["extra_vars"]["ansible_eda"]["event"]["gpu_alert"]["class"] for launch in launches_a) == [
+        "reboot",
+        "replace",
+        "reset",
+    ]
+    for launch, node in [*((launch, "eda-jt-node-a") for launch in launches_a), (launch_2, "gpu-2")]:
+        assert set(launch) == {"job", "limit", "extra_vars"}
+        assert launch["limit"] == node
+        eda = launch["extra_vars"]["ansible_eda"]
+        assert set(launch["extra_vars"]) == {"gpuops_alert_node", "ansible_eda"}
+        assert launch["extra_vars"]["gpuops_alert_node"] == node
+        assert (eda["ruleset"], eda["rule"], eda["event"]["gpu_alert"]["node"]) == (
+            "GPU fault remediation",
+            REMEDIATE_RULE,
+            node,
+        )
+    assert launch_2["extra_vars"]["ansible_eda"]["event"]["gpu_alert"] == {
+        "node": "gpu-2",
+        "gpu": 2,
+        "uuid": uuid(2),
+        "xid": 48,
+        "class": "reset",
+    }
+
+    with controller.lock:
+        requests = list(controller.requests)
+        timeline = list(controller.timeline)
+    assert controller.unexpected == []
+    assert requests[0]["path"] == "/api/v2/config/"
+    # The template looked up by its name, through both pages, before each launch; the launch went to the one of
+    # the organization the variable names.
+    lookups = [request["query"] for request in requests if request["path"] == "/api/v2/unified_job_templates/"]
+    assert lookups == [{"name": [JOB_TEMPLATE]}, {"name": [JOB_TEMPLATE], "page": ["2"]}] * 4
+    launched = [request["path"] for request in requests if request["method"] == "POST"]
+    assert launched == [f"/api/v2/job_templates/{TEMPLATE_ID}/launch/"] * 4
+    # One job at a time: each launch comes after the job before it ended (the sequential strategy, and
+    # run_job_template waiting for its job).
+    assert [event[0] for event in timeline] == ["launch", "end"] * 4
+    assert all(event[2] == "successful" for event in timeline if event[0] == "end")
+
+    # What the controller would run: the real remediate.yml with the launch's limit and extra variables passes its
+    # alert check on that one node.
+    results = remediate_check(tmp_path, launch_2["limit"], launch_2["extra_vars"])
+    assert list(results) == ["gpu-2"] and not results["gpu-2"].get("failed"), results
+
+
+def test_the_job_template_rulebook_launches_nothing_for_classes_none_and_device(job_template_rulebook, controller):
+    book = job_template_rulebook
+    for klass, xid in (("none", 13), ("device", 31)):
+        alert = {"node": "eda-jt-node-c", "gpu": 1, "uuid": uuid(xid), "xid": xid, "class": klass}
+        assert book.post(alert) == (200, '{"events": 1}')
+    book.settle()
+    output = book.output()
+    assert f"gpu_alerts: node eda-jt-node-c GPU 1 ({uuid(13)}) XID 13 is of class none; no node action" in output
+    assert f"gpu_alerts: node eda-jt-node-c GPU 1 ({uuid(31)}) XID 31 is of class device; no node action" in output
+    assert controller.launches_for("eda-jt-node-c") == []
+    assert controller.unexpected == []
+
+
+def test_the_job_template_rulebook_reports_a_failed_job_and_goes_on(job_template_rulebook, controller):
+    book = job_template_rulebook
+    assert book.post(alert_of(FAILING_NODE, "reboot")) == (200, '{"events": 1}')
+    assert book.post(alert_of("eda-jt-node-g", "reset")) == (200, '{"events": 1}')
+    book.settle()
+    (failed,) = controller.launches_for(FAILING_NODE)  # not retried
+    (after,) = controller.launches_for("eda-jt-node-g")
+    assert f"Job template '{JOB_TEMPLATE}' failed (job_id: {failed['job']})" in book.output()
+    with controller.lock:
+        timeline = list(controller.timeline)
+    assert timeline.index(("end", failed["job"], "failed")) < timeline.index(("launch", after["job"]))
+    assert ("end", after["job"], "successful") in timeline
+    assert controller.unexpected == []
