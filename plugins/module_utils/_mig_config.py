@@ -126,8 +126,11 @@ def parse_config(document, config_name, source):
 
     Each entry is a dict: ``number`` (its position), ``devices`` ("all" or a list of indexes), ``filters`` (a
     list of (packed ID, subsystem or None); empty means any GPU), ``mig_enabled`` and ``mig_devices`` (profile
-    name -> count, counts of 0 left out). Only the chosen config is validated beyond its shape: another config
-    of the same file may name profiles of other products."""
+    name -> count, counts of 0 left out). Every config of the document is read the same way, as mig-parted
+    reads the whole file, so a malformed entry of another config is refused too (naming that config); whether
+    a config's profiles exist on this node's products is checked only for the chosen one (another config of the
+    same file may name profiles of other products). A config with no entries names no GPU (mig-parted refuses
+    it; the module's own ``previous`` config is empty when nothing changed)."""
     if not isinstance(document, dict):
         raise MigConfigError(f"{source} is not a mig-parted config: it must be a mapping with version and mig-configs.")
     unknown = sorted(str(key) for key in document if key not in TOP_LEVEL_KEYS)
@@ -143,11 +146,14 @@ def parse_config(document, config_name, source):
     if config_name not in configs:
         names = ", ".join(sorted(str(name) for name in configs))
         raise MigConfigError(f"{source} has no MIG config named {config_name} (it has {names}).")
-    entries = configs[config_name]
-    label = f"{source}, MIG config {config_name}"
-    if not isinstance(entries, list):
-        raise MigConfigError(f"{label} is not a list of entries.")
-    return [_parse_entry(entry, f"{label}, entry {number}", number) for number, entry in enumerate(entries)]
+    parsed = {}
+    for name in sorted(configs, key=lambda other: (other != config_name, str(other))):
+        entries = configs[name]
+        label = f"{source}, MIG config {name}"
+        if not isinstance(entries, list):
+            raise MigConfigError(f"{label} is not a list of entries.")
+        parsed[name] = [_parse_entry(entry, f"{label}, entry {number}", number) for number, entry in enumerate(entries)]
+    return parsed[config_name]
 
 
 def _parse_entry(entry, label, number):

@@ -301,15 +301,30 @@ def set_mode(api, gpu, enabled):
     return activation == success and gpu.current == gpu.pending == enabled
 
 
-def create(api, gpu, planned):
-    """Create the planned GPU instances (PlannedInstance, in the order given), each with its compute instances."""
-    for instance in planned:
+def create(api, gpu, planned, placements):
+    """Create the planned GPU instances (PlannedInstance, in the order given), each at its placement ((first
+    memory slice, memory slices), as _mig_plan.check_fit found them) and with its compute instances. Where this
+    pynvml or driver has no nvmlDeviceCreateGpuInstanceWithPlacement, the driver places them."""
+    for instance, placement in zip(planned, placements):
         profile = gpu.product.profiles[instance.profile]
-        try:
-            handle = api.call("nvmlDeviceCreateGpuInstance", gpu.handle, profile.id)
-        except NvmlCallFailed as exc:
-            raise ApplyFailed(gpu, f"creating a {instance.profile} GPU instance", exc) from None
+        handle = _create_gi(api, gpu, profile, placement, f"creating a {instance.profile} GPU instance")
         _create_compute(api, gpu, handle, instance)
+
+
+def _create_gi(api, gpu, profile, placement, what):
+    """A GPU instance of the profile at the placement; where the driver puts it when this pynvml or driver cannot
+    create at a placement."""
+    if hasattr(api.nvml, "nvmlDeviceCreateGpuInstanceWithPlacement"):
+        at = api.nvml.c_nvmlGpuInstancePlacement_t(*placement)
+        try:
+            return api.call("nvmlDeviceCreateGpuInstanceWithPlacement", gpu.handle, profile.id, ctypes.byref(at))
+        except NvmlCallFailed as exc:
+            if not api.absent(exc, "FUNCTION_NOT_FOUND"):
+                raise ApplyFailed(gpu, what, exc) from None
+    try:
+        return api.call("nvmlDeviceCreateGpuInstance", gpu.handle, profile.id)
+    except NvmlCallFailed as exc:
+        raise ApplyFailed(gpu, what, exc) from None
 
 
 def _create_compute(api, gpu, gi_handle, instance):
@@ -317,7 +332,12 @@ def _create_compute(api, gpu, gi_handle, instance):
         whole = size == gpu.product.profiles[instance.profile].slices
         name = instance.profile if whole else f"{size}c.{instance.profile}"
         try:
-            offered = dict((slices, profile_id) for profile_id, slices, _n in _compute_profiles(api, gi_handle))
+            # A driver may offer a variant beside the plain profile of the same slices (1_SLICE_REV1 beside
+            # 1_SLICE, 7_SLICE_NVL beside 7_SLICE): the first in NVML's order, the plain one, as mig-parted takes
+            # the first profile whose name matches.
+            offered = {}
+            for profile_id, slices, _n in _compute_profiles(api, gi_handle):
+                offered.setdefault(slices, profile_id)
             if size not in offered:
                 raise NvmlCallFailed(
                     "nvmlGpuInstanceGetComputeInstanceProfileInfo",
@@ -340,23 +360,8 @@ def restore(api, gpu, before):
             return False
     for instance in sorted(before.instances, key=lambda gi: (-gi.slices, gi.id)):
         profile = gpu.product.profiles[instance.profile]
-        handle = _create_at(api, gpu, profile, instance)
+        handle = _create_gi(api, gpu, profile, instance.placement, f"putting back the {instance.profile} GPU instance")
         _create_compute(
             api, gpu, handle, PlannedInstance(instance.profile, tuple(sorted(instance.compute_sizes, reverse=True)))
         )
     return True
-
-
-def _create_at(api, gpu, profile, instance):
-    """A GPU instance of the profile where ``instance`` was; where the driver puts it when this pynvml or driver
-    cannot create at a placement."""
-    placement = api.nvml.c_nvmlGpuInstancePlacement_t(*instance.placement)
-    try:
-        return api.call("nvmlDeviceCreateGpuInstanceWithPlacement", gpu.handle, profile.id, ctypes.byref(placement))
-    except NvmlCallFailed as exc:
-        if not api.absent(exc, "FUNCTION_NOT_FOUND"):
-            raise ApplyFailed(gpu, f"putting back the {instance.profile} GPU instance", exc) from None
-    try:
-        return api.call("nvmlDeviceCreateGpuInstance", gpu.handle, profile.id)
-    except NvmlCallFailed as exc:
-        raise ApplyFailed(gpu, f"putting back the {instance.profile} GPU instance", exc) from None

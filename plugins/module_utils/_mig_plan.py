@@ -36,8 +36,11 @@ class LayoutRefused(Exception):
 
 
 def make_product(profiles, memory_mib):
-    """A Product from GpuInstanceProfile rows (as NVML lists them) and the GPU's memory."""
-    by_name = dict((profile.name, profile) for profile in profiles)
+    """A Product from GpuInstanceProfile rows (as NVML lists them, by index) and the GPU's memory. Of two
+    profiles with one name the first is kept, as mig-parted takes the first profile whose name matches."""
+    by_name = {}
+    for profile in profiles:
+        by_name.setdefault(profile.name, profile)
     compute_slices = max((profile.slices for profile in profiles), default=0)
     return Product(by_name, compute_slices, memory_mib)
 
@@ -47,7 +50,9 @@ def gpu_instances(devices):
 
     A plain profile (``3g.40gb``) is a GPU instance with one compute instance that takes all of it. Compute-
     instance forms of one GPU-instance profile (``1c.3g.40gb``, ``2c.3g.40gb``) share GPU instances of that
-    profile: largest first, each goes into the first one with room for it, as mig-parted fills them."""
+    profile: largest first, each goes into the first one with room for it, so that as few GPU instances as
+    possible are made. (mig-parted puts a compute instance into the GPU instance it made last, when that has
+    the same profile and room, else into a new one, and tries other orderings of the devices until one fits.)"""
     plain = []
     partial = {}
     for name, count in devices.items():

@@ -16,12 +16,21 @@ description:
   - Each entry of the config names GPUs by C(devices) (C(all) or a list of NVML indexes) and optionally by
     C(device-filter) (PCI IDs such as C(0x233010DE)), and says whether MIG mode is on (C(mig-enabled)) and which
     MIG devices to have (C(mig-devices), profile names such as C(1g.10gb), C(1g.10gb+me) or C(1c.3g.40gb) mapped
-    to counts). A GPU that no entry names is left alone; a GPU that two entries name is refused.
+    to counts). A GPU that no entry names is left alone; a GPU that two entries name is refused. C(devices) lists
+    NVML indexes (RV(gpus) shows each GPU's index with its UUID); mig-parted counts GPUs in PCI bus order from
+    sysfs, which NVML's order normally is.
+  - A GPU without MIG that an entry names by C(devices) C(all) is skipped, as mig-parted skips it, so that
+    C(all-balanced) partitions the H100s of a node that also has a T4 or an L4; RV(skipped_gpus) and the diff
+    list it. Named by index in an entry with C(mig-enabled) true, such a GPU is refused with one sentence
+    (mig-parted refuses it too). A GPU that reports a MIG mode but refuses to set it shows it has no MIG only
+    in a real run; check mode then predicts a change for it.
   - The layout a GPU has is its MIG mode and the count of each profile among its MIG devices, as NVML reports
     them. A GPU whose mode and counts already match is not touched; where they placed is not compared.
   - A GPU whose counts differ loses all its compute and GPU instances, which are then created anew, largest
-    first. Its MIG mode is set through NVML when it differs (instances are destroyed first when MIG mode goes
-    off).
+    first, each GPU instance at the placement the check below found for it
+    (C(nvmlDeviceCreateGpuInstanceWithPlacement)), so that the driver's own placement policy cannot make a layout
+    that fits fail half-way. Its MIG mode is set through NVML when it differs (instances are destroyed first
+    when MIG mode goes off).
   - A mode change takes effect when the driver can reset the GPU, which it cannot while another process has
     the GPU open (a device plugin, a monitoring agent). Such a GPU is listed in RV(reset_required) and gets
     its instances in a later run, after the caller reset it (C(nvidia-smi --gpu-reset)) or rebooted the node.
@@ -64,7 +73,9 @@ attributes:
     description: Reads the GPUs and reports what would change, writing nothing.
   diff_mode:
     support: full
-    description: Returns, per GPU that changes, its layout (MIG mode and profile counts) before and after.
+    description:
+      - Returns, per GPU that changes, its layout (MIG mode and profile counts) before and after, and a line per
+        GPU that C(devices) C(all) names with MIG on wanted but that has no MIG (skipped).
   platform:
     platforms: posix
     support: full
@@ -77,7 +88,13 @@ notes:
   - MIG devices of the changed GPUs get new UUIDs. Drain the workloads that use those GPUs first (the role
     C(gpuops.k8s.nvidia_mig) does).
   - A compute-instance form (C(1c.3g.40gb)) shares a GPU instance of its profile with the other compute
-    instances of that profile while they fit, largest first, as mig-parted fills them.
+    instances of that profile while they fit, largest first, so that as few GPU instances as possible are made.
+    mig-parted reuses only the GPU instance it made last and retries other orderings until one fits.
+  - Where the driver offers variants of a compute-instance profile with the same slices (C(1_SLICE) and
+    C(1_SLICE_REV1), C(7_SLICE) and C(7_SLICE_NVL)), the first NVML lists, the plain one, is created, as
+    mig-parted takes the first profile whose name matches.
+  - Every config of the document must be well formed, as mig-parted validates the whole file; whether the
+    profiles exist is checked only for the chosen config.
   - Unlike mig-parted, a GPU index in C(devices) that the node does not have is refused rather than ignored.
 seealso:
   - name: NVIDIA mig-parted
@@ -187,6 +204,20 @@ previous_config:
       previous:
         - devices: [0]
           mig-enabled: false
+skipped_gpus:
+  description:
+    - The GPUs without MIG that an entry names by C(devices) C(all), left as they are (as mig-parted skips them),
+      in NVML index order; C(entry) is the entry's position in the config, C(reason) says why.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - index: 1
+      uuid: GPU-7e570000-0000-4000-8000-0000000000f4
+      name: Tesla T4
+      device_id: "0x1EB810DE"
+      entry: 0
+      reason: the product has no MIG (NVML reports no MIG mode for it)
 rolled_back:
   description:
     - UUIDs of the GPUs put back to the layout they had, after a change failed part-way. Empty when nothing
@@ -226,6 +257,10 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._mig_plan import (
 
 # The pynvml module, or None without nvidia-ml-py; tests put an NVML double here.
 pynvml = installed_pynvml()
+
+
+# Why a GPU without MIG named by index is refused where devices: all skips it.
+BY_INDEX = ", and an entry that names it by index cannot skip it as devices: all does"
 
 
 class Refused(Exception):
@@ -316,6 +351,7 @@ class MigRun:
         self.targets = []
         self.touched = []  # Targets this run wrote to, in order
         self.products = {}  # product key -> Product, from a GPU of that product with MIG mode on
+        self.skipped = []  # Targets named by devices: all that have no MIG, left alone as mig-parted leaves them
 
     def run(self):
         try:
@@ -332,7 +368,13 @@ class MigRun:
             chosen = _mig_config.select(self.entries, facts, label)
         except MigConfigError as exc:
             self.module.fail_json(msg=str(exc))
-        self.targets = [Target(gpus[fact["index"]], entry) for fact, entry in chosen]
+        self.targets = []
+        for fact, entry in chosen:
+            gpu = gpus[fact["index"]]
+            if entry["devices"] == "all" and not gpu.supported:
+                self.skip(Target(gpu, entry))
+            else:
+                self.targets.append(Target(gpu, entry))
         for gpu in gpus:
             if gpu.product is not None:
                 self.products.setdefault((gpu.name, gpu.device_id, gpu.memory_mib), gpu.product)
@@ -355,6 +397,11 @@ class MigRun:
 
     # -- checks ---------------------------------------------------------------------------------
 
+    def skip(self, target, why="NVML reports no MIG mode for it"):
+        """Leave alone a GPU without MIG that an entry names by devices: all (mig-parted skips it too)."""
+        target.skip_reason = why
+        self.skipped.append(target)
+
     def refuse_sentence(self, target, refusal):
         gpu = target.gpu
         return (
@@ -370,7 +417,7 @@ class MigRun:
             if only_key is not None and target.product_key != only_key:
                 continue
             if target.wanted["mig_enabled"] and not target.gpu.supported:
-                raise Refused(self.refuse_sentence(target, "the product does not support MIG"))
+                raise Refused(self.refuse_sentence(target, f"the product does not support MIG{BY_INDEX}"))
             if not (target.differs and target.wanted["mig_enabled"]):
                 continue
             product = self.products.get(target.product_key)
@@ -409,13 +456,20 @@ class MigRun:
         except ApplyFailed as exc:
             if not self.api.absent(exc.failure, "NOT_SUPPORTED"):
                 raise
-            # NVML reports a MIG mode for some GPUs without MIG; the refusal to set it changed nothing.
+            # NVML reports a MIG mode for some GPUs without MIG; the refusal to set it changed nothing. Under
+            # devices: all every GPU of the product is skipped; one named by index is refused.
             self.touched.remove(target)
-            raise Refused(
-                self.refuse_sentence(
-                    target, f"the product does not support MIG ({exc.failure.call} answers Not Supported)"
-                )
-            ) from None
+            why = f"{exc.failure.call} answers Not Supported"
+            by_index = [t for t in self.targets if t.product_key == key and t.entry["devices"] != "all"]
+            wanting = [t for t in by_index if t.wanted["mig_enabled"]]
+            if wanting:
+                raise Refused(
+                    self.refuse_sentence(wanting[0], f"the product does not support MIG ({why}){BY_INDEX}")
+                ) from None
+            for other in [t for t in self.targets if t.product_key == key and t not in by_index]:
+                self.targets.remove(other)
+                self.skip(other, f"setting its MIG mode failed without a change ({why})")
+            return
         if not took_effect:
             target.reset_required = True
             return
@@ -427,7 +481,8 @@ class MigRun:
 
     def apply_one(self, target):
         """Destroy the GPU's instances when they are not the wanted ones (or MIG goes off), set the MIG mode when it
-        differs, and create the wanted instances, largest first, when the mode took effect."""
+        differs, and create the wanted instances, largest first, at the placements the plan found for them, when
+        the mode took effect."""
         gpu, enabled = target.gpu, target.wanted["mig_enabled"]
         self.touch(target)
         if gpu.current and gpu.instances and (not enabled or target.devices_differ):
@@ -437,7 +492,11 @@ class MigRun:
             return
         if enabled and target.devices_differ:
             destroy_all(self.api, gpu)
-            create(self.api, gpu, target.planned)
+            try:
+                placements = check_fit(gpu.product, target.planned)
+            except LayoutRefused as exc:
+                raise Refused(self.refuse_sentence(target, str(exc))) from None
+            create(self.api, gpu, target.planned, placements)
             refresh(self.api, gpu)
             if target.differs:
                 raise Refused(
@@ -514,6 +573,27 @@ class MigRun:
                         "after": layout_text(after),
                     }
                 )
+        skipped = []
+        for target in self.skipped:
+            gpu = target.gpu
+            skipped.append(
+                {
+                    "index": gpu.index,
+                    "uuid": gpu.uuid,
+                    "name": gpu.name,
+                    "device_id": _mig_config.pci_id_text(gpu.device_id),
+                    "entry": target.entry["number"],
+                    "reason": f"the product has no MIG ({target.skip_reason})",
+                }
+            )
+            if not target.wanted["mig_enabled"]:
+                continue
+            diffs.append(
+                {
+                    "prepared": f"{gpu.label} {gpu.name}: skipped, left as it is: entry {target.entry['number']} "
+                    f"names it by devices: all and the product has no MIG ({target.skip_reason})\n"
+                }
+            )
         changed_gpus = [gpu for gpu in gpus if gpu["changed"]]
         result = {
             "changed": bool(changed_gpus),
@@ -522,6 +602,7 @@ class MigRun:
             "reset_required": [gpu["uuid"] for gpu in gpus if gpu["reset_required"]],
             "previous_config": _mig_config.previous_config(changed_gpus),
             "rolled_back": [],
+            "skipped_gpus": skipped,
         }
         if self.module._diff:
             result["diff"] = diffs

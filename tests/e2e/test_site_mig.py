@@ -76,8 +76,9 @@ LAB_MIXED = {
         ]
     },
 }
-# The tenth nvmlDeviceCreateGpuInstance of the write fails (NVML_ERROR_UNKNOWN): GPU 0 has its seven, GPU 1 two.
-FAULT = {"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:999@10"}
+# The tenth GPU instance the write creates (nvmlDeviceCreateGpuInstanceWithPlacement) fails (NVML_ERROR_UNKNOWN): GPU 0
+# has its seven, GPU 1 two.
+FAULT = {"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstanceWithPlacement:999@10"}
 # The node label with which the nvidia_mig role keeps the plugin's DaemonSet pod off the node while a MIG mode changes.
 PAUSE_LABEL = "gpuops.k8s/device-plugin.paused"
 # The taint that keeps new pods off the node from before the eviction until the daemon serves the new devices, and the

@@ -53,6 +53,19 @@ CONFIGS = {
             {"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}
         ],
         "not-offered": [{"devices": [3], "mig-enabled": True, "mig-devices": {"1g.5gb": 7}}],
+        # By index, MIG on the T4 of a mixed node (GPU 1) and on a node of one T4 (GPU 0): refused.
+        "gpu1-balanced": [
+            {"devices": [1], "mig-enabled": True, "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}
+        ],
+        "gpu0-balanced": [
+            {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}
+        ],
+        # Whole-GPU and compute-instance forms whose compute-instance profiles have variants (see variants()).
+        "variants": [
+            {"devices": [0], "mig-enabled": True, "mig-devices": {"7g.80gb": 1}},
+            {"devices": [1], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+            {"devices": [2], "mig-enabled": True, "mig-devices": {"1c.3g.40gb": 1, "2c.3g.40gb": 1, "4g.40gb": 1}},
+        ],
         "too-many-1g": [{"devices": [3], "mig-enabled": True, "mig-devices": {"1g.10gb": 8}}],
         "two-4g": [{"devices": [3], "mig-enabled": True, "mig-devices": {"4g.40gb": 2}}],
         "too-much-memory": [{"devices": [3], "mig-enabled": True, "mig-devices": {"3g.40gb": 2, "1g.10gb": 1}}],
@@ -330,11 +343,14 @@ def test_a_failure_half_way_puts_every_touched_gpu_back(node):
     node.apply("all-1g.10gb")
     seen, placed = node.seen(), node.gpu_instances()
     # all-balanced makes four GPU instances per GPU: the 6th creation is GPU 1's second (its 2g.20gb).
-    rc, result = node.mig("all-balanced", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:23@6"})
+    rc, result = node.mig(
+        "all-balanced", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstanceWithPlacement:23@6"}
+    )
     assert rc != 0
     assert result["msg"] == (
         "MIG config all-balanced could not be applied: creating a 2g.20gb GPU instance on GPU 1 "
-        f"({UUIDS[1]}) failed (nvmlDeviceCreateGpuInstance: Ran out of critical resources, other than memory), "
+        f"({UUIDS[1]}) failed (nvmlDeviceCreateGpuInstanceWithPlacement: Ran out of critical resources, other than "
+        "memory), "
         "and the 2 GPU(s) it had touched have the layout they had again."
     )
     assert result["rolled_back"] == UUIDS[:2]
@@ -349,7 +365,7 @@ def test_a_failure_half_way_puts_every_touched_gpu_back(node):
 def test_a_failure_without_rollback_leaves_the_gpus_as_the_failure_did(node):
     node.apply("all-1g.10gb")
     rc, result = node.mig(
-        "all-balanced", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:23@2"}, rollback=False
+        "all-balanced", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstanceWithPlacement:23@2"}, rollback=False
     )
     assert rc != 0
     assert result["msg"].endswith("and the GPUs it had touched were left as they are (rollback is false).")
@@ -358,7 +374,7 @@ def test_a_failure_without_rollback_leaves_the_gpus_as_the_failure_did(node):
 
 
 def test_a_failure_while_mig_goes_on_turns_it_off_again(node):
-    rc, result = node.mig("all-1g.10gb", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstance:23@3"})
+    rc, result = node.mig("all-1g.10gb", env={"GPUOPS_MOCK_NVML_FAIL": "nvmlDeviceCreateGpuInstanceWithPlacement:23@3"})
     assert rc != 0
     assert f"on GPU 0 ({UUIDS[0]}) failed" in result["msg"]
     assert result["rolled_back"] == [UUIDS[0]]
@@ -430,45 +446,165 @@ def test_under_python_3_9_the_oldest_a_node_may_have(node, tmp_path):
     assert [names for _mode, names, _u in node.seen()] == [["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]] * 8
 
 
-@pytest.mark.parametrize(
-    ("mig_mode", "why"),
-    [
-        ("unsupported", "the product does not support MIG."),
-        # The mock library, as NVML does for some products, reports MIG mode off; setting it answers Not Supported.
-        ("disabled", "the product does not support MIG (nvmlDeviceSetMigMode answers Not Supported)."),
-    ],
-)
-def test_a_gpu_without_mig_is_left_as_it_is_or_refused_when_mig_is_wanted(
-    tmp_path, library_dir, ansible_env, mig_mode, why
-):
+T4_UUID = "GPU-7e570000-0000-4000-8000-0000000000f4"
+
+
+def t4_spec(tmp_path, mig_mode, with_h100=False):
+    """The T4 of t4x1.yaml, reporting MIG mode as ``mig_mode`` says, alone or as GPU 1 beside the first H100 of
+    h100x8.yaml (a node that mixes the two); the path of the spec written."""
     with open(os.path.join(REPO, "tests", "fixtures", "simulated", "t4x1.yaml")) as handle:
-        spec = yaml.safe_load(handle)
-    spec["gpus"][0]["mig_mode"] = mig_mode
-    (tmp_path / "t4.yaml").write_text(yaml.safe_dump(spec))
-    t4 = Node(tmp_path, library_dir, ansible_env, spec=str(tmp_path / "t4.yaml"))
+        t4 = yaml.safe_load(handle)
+    t4["gpus"][0]["mig_mode"] = mig_mode
+    spec = t4
+    if with_h100:
+        with open(SPEC) as handle:
+            spec = yaml.safe_load(handle)
+        h100 = dict(spec["gpus"][0], nvlink_peers=[])
+        h100.pop("pcie_switch", None)
+        spec["gpus"] = [h100, t4["gpus"][0]]
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+# The mock library, as NVML does for some products, reports MIG mode off on a GPU without MIG; setting it answers
+# Not Supported. Otherwise NVML answers Not Supported for the mode itself.
+WITHOUT_MIG = [
+    ("unsupported", "NVML reports no MIG mode for it", "the product does not support MIG"),
+    (
+        "disabled",
+        "setting its MIG mode failed without a change (nvmlDeviceSetMigMode answers Not Supported)",
+        "the product does not support MIG (nvmlDeviceSetMigMode answers Not Supported)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("mig_mode", "skipped_because", "refused_because"), WITHOUT_MIG)
+def test_a_gpu_without_mig_is_skipped_under_devices_all_and_refused_by_index(
+    tmp_path, library_dir, ansible_env, mig_mode, skipped_because, refused_because
+):
+    t4 = Node(tmp_path, library_dir, ansible_env, spec=t4_spec(tmp_path, mig_mode))
     rc, result = t4.mig("all-disabled")
     assert rc == 0, result
     assert result["changed"] is False
-    assert (
-        result["gpus"][0]["before"]
-        == result["gpus"][0]["after"]
-        == {
-            "mig_enabled": False,
-            "mig_pending": False,
-            "devices": {},
+    assert [gpu["before"] for gpu in result["gpus"]] == [gpu["after"] for gpu in result["gpus"]]
+    # all-balanced names every GPU (devices: all): as mig-parted, the GPU without MIG is skipped, and says so.
+    rc, result = t4.mig("all-balanced", "--diff")
+    assert rc == 0, result
+    assert result["changed"] is False and result["gpus"] == [] and result["changed_gpus"] == []
+    assert result["skipped_gpus"] == [
+        {
+            "index": 0,
+            "uuid": T4_UUID,
+            "name": "Tesla T4",
+            "device_id": "0x1EB810DE",
+            "entry": 0,
+            "reason": f"the product has no MIG ({skipped_because})",
         }
-    )
-    rc, result = t4.mig("all-balanced")
+    ]
+    assert result["diff"] == [
+        {
+            "prepared": f"GPU 0 ({T4_UUID}) Tesla T4: skipped, left as it is: entry 0 names it by devices: all and "
+            f"the product has no MIG ({skipped_because})\n"
+        }
+    ]
+    assert t4.layout_bytes() is None
+    # Named by its index, it is refused: the config says this GPU, and it cannot have MIG.
+    rc, result = t4.mig("gpu0-balanced")
     assert rc != 0
     assert result["msg"] == (
-        "MIG config all-balanced (entry 0) cannot be applied to GPU 0 (GPU-7e570000-0000-4000-8000-0000000000f4, "
-        f"Tesla T4): {why}"
+        f"MIG config gpu0-balanced (entry 0) cannot be applied to GPU 0 ({T4_UUID}, Tesla T4): {refused_because}, "
+        "and an entry that names it by index cannot skip it as devices: all does."
     )
     assert result["rolled_back"] == [] and result["changed"] is False
     assert t4.layout_bytes() is None
-    # all-1g.10gb filters on the H100's PCI ID: the T4 is not named, so it is left alone.
+    # all-1g.10gb filters on the H100's PCI ID: the T4 is not named, so it is left alone and not listed.
     rc, result = t4.mig("all-1g.10gb")
-    assert rc == 0 and result["gpus"] == [] and result["changed"] is False
+    assert rc == 0 and result["gpus"] == [] and result["skipped_gpus"] == [] and result["changed"] is False
+
+
+@pytest.mark.parametrize(("mig_mode", "skipped_because", "refused_because"), WITHOUT_MIG)
+def test_a_node_mixing_an_h100_with_a_t4_takes_all_balanced_on_the_h100(
+    tmp_path, library_dir, ansible_env, mig_mode, skipped_because, refused_because
+):
+    node = Node(tmp_path, library_dir, ansible_env, spec=t4_spec(tmp_path, mig_mode, with_h100=True))
+    rc, result = node.mig("all-balanced", "--check", "--diff")
+    assert rc == 0, result
+    assert node.layout_bytes() is None
+    if mig_mode == "unsupported":
+        assert result["changed_gpus"] == [UUIDS[0]]
+        assert [d.get("before_header") for d in result["diff"]] == [f"GPU 0 ({UUIDS[0]}) NVIDIA H100 80GB HBM3", None]
+        assert "skipped, left as it is" in result["diff"][1]["prepared"]
+    else:
+        # A GPU that reports a MIG mode shows it has none only when the mode is set: check mode cannot know.
+        assert result["changed_gpus"] == [UUIDS[0], T4_UUID] and result["skipped_gpus"] == []
+    result = node.apply("all-balanced")
+    assert result["changed_gpus"] == [UUIDS[0]]
+    assert [gpu["index"] for gpu in result["gpus"]] == [0]
+    assert result["gpus"][0]["after"]["devices"] == MIXED[2]
+    assert [(gpu["index"], gpu["reason"]) for gpu in result["skipped_gpus"]] == [
+        (1, f"the product has no MIG ({skipped_because})")
+    ]
+    assert [names for _mode, names, _u in node.seen()] == [profiles(MIXED[2]), []]
+    again = node.apply("all-balanced")
+    assert again["changed"] is False and len(again["skipped_gpus"]) == 1
+    # By index, MIG on the T4 is refused before anything is written.
+    before = node.layout_bytes()
+    rc, result = node.mig("gpu1-balanced")
+    assert rc != 0
+    assert result["msg"].startswith(
+        f"MIG config gpu1-balanced (entry 0) cannot be applied to GPU 1 ({T4_UUID}, Tesla T4): {refused_because}, "
+    )
+    assert node.layout_bytes() == before
+
+
+def test_instances_are_created_where_the_plan_placed_them_whatever_the_drivers_placement_policy(node):
+    """A driver that puts a GPU instance on the lowest free placement makes 3g, 2g, 1g, 1g fail at the last 1g
+    when the driver places them; created at the placements the plan found, all-balanced fits."""
+    lowest = {"GPUOPS_MOCK_NVML_PLACEMENT": "lowest"}
+    rc, result = node.mig("all-balanced", env=lowest)
+    assert rc == 0, result.get("msg")
+    assert [names for _mode, names, _u in node.seen()] == [profiles(MIXED[2])] * 8
+    # (GPU-instance ID, profile index, first memory slice, memory slices): 3g.40gb on the upper half.
+    assert node.gpu_instances()[UUIDS[0]] == [(2, 2, 4, 4), (3, 1, 0, 2), (9, 0, 2, 1), (10, 0, 3, 1)]
+    rc, again = node.mig("all-balanced", env=lowest)
+    assert rc == 0 and again["changed"] is False
+
+
+def variants(node):
+    """Make the node's driver offer, beside the plain compute-instance profiles, NVML's variants of the same slices:
+    1_SLICE_REV1 (7) in the 1g.10gb and the 3g.40gb, 7_SLICE_NVL (8) in the 7g.80gb."""
+    extra = {"ci_profile 0 0 ": "ci_profile 0 7 1 1 16 0", "ci_profile 2 0 ": "ci_profile 2 7 1 3 16 0,1,2"}
+    extra["ci_profile 4 4 "] = "ci_profile 4 8 7 1 132 0"
+    lines = []
+    with open(node.state) as handle:
+        for line in handle.read().splitlines():
+            lines.append(line)
+            lines += [added for prefix, added in extra.items() if line.startswith(prefix)]
+    with open(node.state, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
+def test_where_the_driver_offers_profile_variants_the_plain_compute_instance_profile_is_made(node):
+    """mig-parted takes, for 1g.10gb, the first compute-instance profile of NVML's order whose name matches:
+    1_SLICE (0), not 1_SLICE_REV1 (7); 7_SLICE (4), not 7_SLICE_NVL (8)."""
+    variants(node)
+    node.apply("variants")
+    compute = {}
+    uuid = None
+    for line in node.layout_bytes().decode().splitlines():
+        fields = line.split()
+        if fields[0] == "gpu":
+            uuid = fields[1]
+        elif fields[0] == "ci":
+            compute.setdefault(uuid, []).append(int(fields[3]))  # ci GI CI PROFILE ...
+    assert compute == {UUIDS[0]: [4], UUIDS[1]: [0] * 7, UUIDS[2]: [3, 1, 0]}
+    assert [names for _mode, names, _u in node.seen()[:3]] == [
+        ["7g.80gb"],
+        ["1g.10gb"] * 7,
+        ["1c.3g.40gb", "2c.3g.40gb", "4g.40gb"],
+    ]
+    assert node.apply("variants")["changed"] is False
 
 
 def test_without_a_driver_and_without_the_config_file_one_sentence_each(node):

@@ -21,7 +21,8 @@
  *
  * Test knobs (never set on a node): $GPUOPS_MOCK_NVML_FAIL="fnA:code,fnB:code@N" makes those
  * functions return that NVML error (every call, or only the Nth of this process); $GPUOPS_MOCK_NVML_TRACE=FILE
- * appends each function's name to FILE as it is called; gpuopsMockNvmlResetGpu resets a GPU (what
+ * appends each function's name to FILE as it is called; $GPUOPS_MOCK_NVML_PLACEMENT=lowest puts a GPU instance
+ * created without a placement on the lowest free one (another driver's policy); gpuopsMockNvmlResetGpu resets a GPU (what
  * `nvidia-smi --gpu-reset` does), which applies a pending MIG mode.
  */
 #define _GNU_SOURCE
@@ -2113,11 +2114,17 @@ static unsigned int placements_taken(const mock_gpu_t *gpu, const mock_mig_t *mi
 static int choose_gi_start(const mock_gpu_t *gpu, const mock_mig_t *mig, int profile)
 {
     const mock_gi_profile_t *p = &gpu->gi_profile[profile];
+    /* Test knob: $GPUOPS_MOCK_NVML_PLACEMENT=lowest plays a driver with another placement policy, the lowest
+     * free placement (which fragments the GPU: 3g, 2g, 1g, 1g on an H100 then fails at the last 1g). */
+    const char *policy = getenv("GPUOPS_MOCK_NVML_PLACEMENT");
+    int lowest = policy != NULL && strcmp(policy, "lowest") == 0;
     int best = -1;
     unsigned int best_taken = 0;
     for (int s = 0; s < p->starts; s++) {
         if (!gi_fits(gpu, mig, profile, p->start[s]))
             continue;
+        if (lowest)
+            return (int)p->start[s];
         unsigned int taken = placements_taken(gpu, mig, p->start[s], p->memory_slices);
         if (best < 0 || taken < best_taken || (taken == best_taken && p->start[s] < (unsigned int)best)) {
             best = (int)p->start[s];

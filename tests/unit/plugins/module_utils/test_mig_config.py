@@ -154,12 +154,34 @@ def test_an_entry_is_read_with_its_defaults():
     ]
 
 
-def test_only_the_chosen_config_is_validated_and_an_empty_one_names_no_gpu():
+def test_every_config_is_read_and_an_empty_one_names_no_gpu():
     document = doc(entry(mig_devices={"1g.10gb": 7}))
-    document["mig-configs"]["other"] = [{"devices": "some"}]
+    # Another product's profile in another config is fine: only the format is checked there.
+    document["mig-configs"]["other"] = [entry(mig_devices={"1g.5gb": 7})]
     document["mig-configs"]["previous"] = []
     assert parse_config(document, "cfg", SOURCE)[0]["mig_devices"] == {"1g.10gb": 7}
     assert parse_config(document, "previous", SOURCE) == []
+
+
+@pytest.mark.parametrize(
+    ("sibling", "sentence"),
+    [
+        (3, "The config option, MIG config y is not a list of entries."),
+        ([{"devices": "some"}], "The config option, MIG config y, entry 0 has no mig-enabled."),
+        (
+            [entry(mig_devices={"1g.10": 1})],
+            "The config option, MIG config y, entry 0 has '1g.10' in mig-devices, which is not a MIG profile name "
+            "such as 1g.10gb, 1g.10gb+me or 1c.3g.40gb.",
+        ),
+    ],
+)
+def test_a_malformed_config_beside_the_chosen_one_is_refused_as_mig_parted_refuses_the_file(sibling, sentence):
+    document = doc(entry(mig_devices={"1g.10gb": 7}))
+    document["mig-configs"]["y"] = sibling
+    assert refusal(document) == sentence
+    # The chosen config's own faults are named first.
+    document["mig-configs"]["cfg"] = 3
+    assert refusal(document) == "The config option, MIG config cfg is not a list of entries."
 
 
 @pytest.mark.parametrize(

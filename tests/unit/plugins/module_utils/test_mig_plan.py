@@ -220,3 +220,10 @@ def test_without_a_name_from_nvml_a_profile_is_named_from_its_memory_as_nvidias_
 def test_the_products_are_what_their_names_say():
     assert sorted(product(A100_40GB).profiles)[:2] == ["1g.10gb", "1g.5gb"]
     assert (product(H200).compute_slices, product(H200).memory_mib) == (7, 143771)
+
+
+def test_of_two_profiles_with_one_name_the_first_nvml_lists_is_kept():
+    """mig-parted takes the first profile, in NVML's order, whose name matches."""
+    plain = GpuInstanceProfile(0, 19, "1g.10gb", 1, 7, 9984, ((0, 1),))
+    later = GpuInstanceProfile(9, 99, "1g.10gb", 1, 7, 9984, ((0, 1),))
+    assert make_product([plain, later], 81559).profiles["1g.10gb"].id == 19
