@@ -9,6 +9,8 @@
 - the README's Layout block and the tree: every directory, module, filter, helper, role and playbook named there
   exists, and each of them that exists is named (and every module and role has its row in "What is in it");
 - each role's README and its meta/main.yml: the sections a user of a role looks for, and the same platforms;
+- the ansible-core the collection claims: meta/runtime.yml, every role's meta/main.yml and the README name one
+  minimum, and it is the minor version CI runs (requirements/controller.txt);
 - the two EDA rulebooks: gpu_remediation_job_template.yml is gpu_remediation.yml (source, rules, throttle,
   strategy) but for its remediation action, which passes the same extra variables and the alert's node as the
   limit, and launches by default the job template docs/awx.md creates."""
@@ -321,3 +323,25 @@ def test_the_job_template_rulebook_is_the_playbook_rulebook_but_for_its_action()
     assert re.search(
         r"awx\.awx\.job_template:\n +name: gpu-remediate\n +project: \S+\n +playbook: remediate\.yml\n", awx
     )
+
+
+def test_one_ansible_core_minimum_everywhere_and_it_is_the_one_ci_runs():
+    """meta/runtime.yml's requires_ansible, each role's min_ansible_version and the README's controller line name
+    one minimum, and that minimum is the ansible-core minor version CI runs: none is claimed that no test ran."""
+    runtime = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())
+    match = re.fullmatch(r">=(\d+)\.(\d+)\.0", runtime["requires_ansible"])
+    assert match, runtime["requires_ansible"]
+    minimum = f"{match[1]}.{match[2]}"
+    roles = {
+        meta.parent.parent.name: str(yaml.safe_load(meta.read_text())["galaxy_info"]["min_ansible_version"])
+        for meta in sorted(REPO.glob("roles/*/meta/main.yml"))
+    }
+    assert {name: version for name, version in roles.items() if version != minimum} == {}
+    pins = dict(
+        line.split("==", 1)
+        for line in (REPO / "requirements" / "controller.txt").read_text().splitlines()
+        if "==" in line
+    )
+    assert pins["ansible-core"].rsplit(".", 1)[0] == minimum
+    readme = (REPO / "README.md").read_text()
+    assert f"Controller: ansible-core {minimum} " in readme
