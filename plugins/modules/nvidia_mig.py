@@ -368,6 +368,14 @@ class MigRun:
             chosen = _mig_config.select(self.entries, facts, label)
         except MigConfigError as exc:
             self.module.fail_json(msg=str(exc))
+        if gpus and not chosen:
+            # A product the config's entries do not name (an H100 NVL, a B200 under a file that knows A100, H100
+            # and H200) keeps its layout: said, as the node's GPUs may be what the config was meant for.
+            products = ", ".join(sorted({f"{g.name} (0x{g.device_id:08X})" for g in gpus}))
+            self.module.warn(
+                f"{label} has no entry for any GPU of this host ({products}): no GPU's layout changes. Its entries "
+                "name other products by device-filter; a config file of your own can name these."
+            )
         self.targets = []
         for fact, entry in chosen:
             gpu = gpus[fact["index"]]

@@ -521,6 +521,11 @@ def test_a_gpu_without_mig_is_skipped_under_devices_all_and_refused_by_index(
     # all-1g.10gb filters on the H100's PCI ID: the T4 is not named, so it is left alone and not listed.
     rc, result = t4.mig("all-1g.10gb")
     assert rc == 0 and result["gpus"] == [] and result["skipped_gpus"] == [] and result["changed"] is False
+    # Said, though: a node whose products the config does not name is told so, not left to guess.
+    assert result["warnings"] == [
+        "MIG config all-1g.10gb has no entry for any GPU of this host (Tesla T4 (0x1EB810DE)): no GPU's layout "
+        "changes. Its entries name other products by device-filter; a config file of your own can name these."
+    ]
 
 
 @pytest.mark.parametrize(("mig_mode", "skipped_because", "refused_because"), WITHOUT_MIG)
