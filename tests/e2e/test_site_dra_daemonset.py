@@ -13,6 +13,9 @@ nvidia.com/gpu. A loaded driver that changes (a test double: the version file re
 is /proc/sys/kernel/random/uuid, which reads differently each time) restarts the node's DRA driver pod. Where the wait
 fails, the play fails with a sentence that names the node left cordoned.
 
+`make test-full` adds a node that changes its deployment and its allocation in one run: from the DRA driver's
+DaemonSet to the device plugin's systemd service, and back.
+
 At the end the node goes back to the device plugin's DaemonSet, as test_upgrade_driver.py expects it.
 """
 
@@ -353,6 +356,9 @@ def test_dra_node_whose_wait_fails_is_named_as_left_cordoned(dra_upgrade: DraUpg
     assert f"{dra_upgrade.node} is left cordoned" in " ".join(stuck.output.split()), stuck.summary()
 
 
+# Two more converges of a DaemonSet node (about 2.5 minutes on 2 cores): make test-full. make test switches the
+# deployment alone (test_site_daemonset.py) and the allocation alone (test_site_dra.py, and this module's teardown).
+@pytest.mark.full
 def test_the_deployment_and_the_allocation_change_in_one_run(
     lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
 ) -> None:
