@@ -182,7 +182,7 @@ class PluginWatcherDouble:
             plugin.close()
 
     # -- what tests do and look at ---------------------------------------------------------------
-    def wait(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    def wait(self, predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
         with self.cond:
             return self.cond.wait_for(predicate, timeout)
 

@@ -115,7 +115,7 @@ class DaemonThread:
         return self.exit_code
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, step: float = 0.01) -> bool:
+def wait_until(predicate: Callable[[], bool], timeout: float = 15.0, step: float = 0.01) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

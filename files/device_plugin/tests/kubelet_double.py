@@ -144,7 +144,7 @@ class KubeletDouble(api_pb2_grpc.RegistrationServicer):
         self.start()
 
     # -- what tests look at -------------------------------------------------------------------------
-    def wait(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    def wait(self, predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
         with self.cond:
             return self.cond.wait_for(predicate, timeout)
 

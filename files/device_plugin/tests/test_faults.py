@@ -229,7 +229,7 @@ def test_xid_classes_from_the_config_move_xids_across_the_health_line(node, tmp_
     daemon = start(node, health_file=path, **config.load_file(str(config_file)))
     try:
         edit(node, g0={"xid": 13}, g1={"xid": 79})
-        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=2.0)
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=15.0)
         assert node.kubelet.health(GPU)[H100[1]] == "Healthy"
         assert wait_until(lambda: gpu_row(path, 0)["class"] == "reset")
         assert gpu_row(path, 0)["reason"] == "XID 13 is reset by the inventory's override"
@@ -242,7 +242,7 @@ def test_the_fault_class_gauge(node):
     daemon = start(node)
     try:
         edit(node, g2={"xid": 95})
-        node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=2.0)
+        node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=15.0)
 
         def gauge(uuid: str, name: str) -> str:
             return f'gpuops_gpu_fault_class{{class="{name}",gpu="{uuid}"}}'
@@ -326,7 +326,7 @@ def test_a_webhook_that_does_not_answer_never_holds_the_daemon(node, webhook):
         assert webhook.arrived.wait(5)
         # The POST hangs; the kubelet, the health file and the next alert's turn go on.
         edit(node, g1={"xid": 79}, g2={"xid": 95}, g4={"lost": True})
-        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=2.0)
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=15.0)
         assert wait_until(lambda: gpu_row(path, 4)["class"] == "reboot")
         assert len(webhook.bodies) == 1
         webhook.hold.set()
@@ -348,7 +348,7 @@ def test_a_webhook_that_is_away_is_logged_and_counted(node, tmp_path, caplog):
         assert daemon.daemon.faults.webhook_posts[0].result(10) is False
         assert 'gpu_device_plugin_errors_total{kind="alert_webhook"} 1.0' in daemon.daemon.metrics.render().decode()
         # The kubelet hears of the GPU on its own stream, which may come after the webhook's answer.
-        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=2.0)
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=15.0)
     finally:
         daemon.stop()
     assert any(r.getMessage() == "the alert webhook failed" for r in caplog.records)
@@ -418,7 +418,7 @@ def test_an_unwritable_health_file_is_logged_and_counted(node, tmp_path, caplog)
     daemon = start(node, health_file=str(blocker / "gpu-health.json"))
     try:
         edit(node, g0={"xid": 79})
-        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=2.0)
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=15.0)
         assert wait_until(
             lambda: 'gpu_device_plugin_errors_total{kind="health_file"}' in daemon.daemon.metrics.render().decode()
         )

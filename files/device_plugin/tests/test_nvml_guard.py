@@ -13,6 +13,7 @@ import ctypes
 import os
 import re
 import time
+from typing import Any
 
 from gpu_device_plugin._shared import gpu_discovery
 from gpu_device_plugin.health import NvmlEventWatcher
@@ -95,6 +96,18 @@ def collection_module_utils(name: str):
     return importlib.import_module(f"ansible_collections.gpuops.k8s.plugins.module_utils.{name}")
 
 
+class WithoutPlacement:
+    """The pynvml given, as one without nvmlDeviceCreateGpuInstanceWithPlacement (older than the function)."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "nvmlDeviceCreateGpuInstanceWithPlacement":
+            raise AttributeError(name)
+        return getattr(self._nvml, name)
+
+
 def run_the_mig_paths(library: MockNvml) -> None:
     """The nvidia_mig module's writes on one H100, as its runs make them: MIG on, two GPU instances with their
     compute instances, everything destroyed, the layout put back at its placements, MIG off."""
@@ -107,7 +120,8 @@ def run_the_mig_paths(library: MockNvml) -> None:
         gpu = layout.read_gpus(api)[0]
         assert layout.set_mode(api, gpu, True)
         layout.refresh(api, gpu)
-        layout.create(api, gpu, plan.gpu_instances({"3g.40gb": 1, "1c.3g.40gb": 3}))
+        planned = plan.gpu_instances({"3g.40gb": 1, "1c.3g.40gb": 3})
+        layout.create(api, gpu, planned, plan.check_fit(gpu.product, planned))
         layout.refresh(api, gpu)
         before = copy.copy(gpu)  # as the module keeps it: the read replaces the lists, never edits them
         assert gpu.layout()["devices"] == {"3g.40gb": 1, "1c.3g.40gb": 3}
@@ -116,6 +130,11 @@ def run_the_mig_paths(library: MockNvml) -> None:
         layout.refresh(api, gpu)
         assert gpu.layout()["devices"] == {"3g.40gb": 1, "1c.3g.40gb": 3}
         assert [gi.placement for gi in gpu.instances] == [gi.placement for gi in before.instances]
+        layout.destroy_all(api, gpu)
+        # A pynvml too old to create at a placement: the driver places the instances.
+        layout.create(layout.Nvml(WithoutPlacement(nvml)), gpu, planned, plan.check_fit(gpu.product, planned))
+        layout.refresh(api, gpu)
+        assert gpu.layout()["devices"] == {"3g.40gb": 1, "1c.3g.40gb": 3}
         layout.destroy_all(api, gpu)
         assert layout.set_mode(api, gpu, False)
     finally:
