@@ -102,11 +102,16 @@ _value:
           different tokens are told apart, and C(api_key_from), the first host whose own
           C(gpu_node_labels_api_key) holds it (empty when the hosts set none, and the role's value applies);
           the task that calls the API reads the token from that host's variables.
+        - The rest of the connection (C(gpu_node_labels_k8s_options), proxy, impersonation and the like, which
+          may hold credentials) is not in the result either. C(k8s_options_sha256) tells hosts with different
+          options apart, and C(k8s_options_from) names the first host whose own C(gpu_node_labels_k8s_options)
+          holds them (empty where the role's value applies).
       type: list
       elements: dict
 """
 
 import hashlib
+import json
 
 from ansible.errors import AnsibleFilterError
 
@@ -116,7 +121,17 @@ _API_SETTINGS = ("delegate_to", "kubeconfig", "context", "api_host", "validate_c
 _API_KEY = PREFIX + "api_key"
 # The settings whose defaults the calling host's own values must not give the other hosts (sharing, mig_strategy and
 # mig_config: the caller works that out itself, from the device-plugin and MIG settings too).
-_OWN_SETTINGS = ("user_labels", "taint", "taint_key", "taint_value", "taint_effect", *_API_SETTINGS, "api_key")
+_K8S_OPTIONS = PREFIX + "k8s_options"
+_OWN_SETTINGS = (
+    "user_labels",
+    "taint",
+    "taint_key",
+    "taint_value",
+    "taint_effect",
+    *_API_SETTINGS,
+    "api_key",
+    "k8s_options",
+)
 _DEVICE_PLUGIN_CONFIG = "device_plugin_config"
 # Labels another role of the collection decided for the host in this play, as a fact of the host.
 _MIG_ROLE_LABELS = "nvidia_mig_node_labels"
@@ -202,8 +217,16 @@ def node_label_requests(
         api = {name: setting(name) for name in _API_SETTINGS}
         token = setting("api_key") or ""
         api["api_key_sha256"] = hashlib.sha256(token.encode("utf-8")).hexdigest() if token else ""
+        options = setting("k8s_options") or {}
+        if not isinstance(options, dict):
+            raise AnsibleFilterError(
+                f"node_label_requests: {host}'s gpu_node_labels_k8s_options must be a dict of connection options."
+            )
+        given = json.dumps(options, sort_keys=True, default=str) if options else ""
+        api["k8s_options_sha256"] = hashlib.sha256(given.encode("utf-8")).hexdigest() if given else ""
         if not any(all(known[k] == v for k, v in api.items()) for known in apis):
             api["api_key_from"] = host if token and _API_KEY in own else ""
+            api["k8s_options_from"] = host if options and _K8S_OPTIONS in own else ""
             apis.append(api)
     return {"nodes": nodes, "no_facts": no_facts, "apis": apis}
 

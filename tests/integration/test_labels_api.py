@@ -693,6 +693,42 @@ def test_the_action_group_gives_host_and_token_to_the_roles_api_calls(apiserver)
     assert TOKEN not in output
 
 
+def test_the_roles_take_the_rest_of_the_connection_from_their_k8s_options(apiserver):
+    """A role's module_defaults for the action group replace the play's, so the roles carry the rest of the connection
+    themselves: gpu_node_labels reaches the API through the proxy its k8s_options name, and node_drain, whose
+    options default to gpu_node_labels', acts as the user they impersonate. A password among them is not shown."""
+    name = "gpu-labels-options-1"
+    core = apiserver["core"]
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    token = {"api_host": apiserver["server"], "api_key": TOKEN, "validate_certs": False}
+    proxy = ConnectProxy()
+    try:
+        labels = {f"gpu_node_labels_{key}": value for key, value in token.items()}
+        secret = "gpuops-password-that-must-not-show"
+        labels.update(
+            gpu_node_labels_node_name=name,
+            gpu_node_labels_simulate_from=str(SPEC),
+            gpu_node_labels_k8s_options={"proxy": proxy.url, "username": "someone", "password": secret},
+        )
+        rc, output = _play_verbose(apiserver, "gpu_node_labels", labels)
+        assert rc == 0, output[-4000:]
+        assert core.read_node(name).metadata.labels["nvidia.com/gpu.count"] == "8"
+        assert proxy.targets and all(target.startswith("CONNECT ") for target in proxy.targets), proxy.targets
+        assert secret not in output and TOKEN not in output
+    finally:
+        proxy.close()
+
+    drain = {f"node_drain_{key}": value for key, value in token.items()}
+    drain.update(
+        node_drain_node_name=name,
+        node_drain_reason="the test changes it",
+        gpu_node_labels_k8s_options={"impersonate_user": "gpuops-nobody"},
+    )
+    rc, output = _play_verbose(apiserver, "node_drain", drain)
+    assert rc != 0
+    assert "forbidden" in output.lower() and "gpuops-nobody" in output, output[-4000:]
+
+
 def test_a_failed_api_call_does_not_show_the_token(apiserver):
     """kubernetes.core returns its arguments, the token too, with a failed call: the role's block hides them."""
     secret = "gpuops-token-that-must-not-show"

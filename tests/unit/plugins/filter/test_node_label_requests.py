@@ -36,6 +36,8 @@ def test_each_host_gets_its_own_facts_and_settings_and_the_defaults_fill_the_res
             **{k: DEFAULTS[k] for k in ("delegate_to", "kubeconfig", "context", "api_host", "validate_certs")},
             "api_key_sha256": "",
             "api_key_from": "",
+            "k8s_options_sha256": "",
+            "k8s_options_from": "",
         }
     ]
 
@@ -225,3 +227,21 @@ def test_the_callers_own_settings_are_not_the_defaults_of_the_other_hosts():
     assert second["user_labels"] == {"rack": "r1"}
     with pytest.raises(AnsibleFilterError, match="role_defaults has no gpu_node_labels_user_labels"):
         node_label_requests(["gpu-1"], hostvars, seen_on_first, caller="gpu-1", role_defaults={})
+
+
+def test_the_rest_of_the_connection_is_told_apart_by_its_hash_and_read_from_the_host_that_set_it():
+    """gpu_node_labels_k8s_options may hold credentials: the result names the host and a hash, never the options."""
+    options = {"proxy": "http://proxy.example:3128", "password": "s3cret"}
+    hostvars = {
+        "gpu-1": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_k8s_options": options},
+        "gpu-2": {"gpu_node_labels_gpu_info": FACTS, "gpu_node_labels_k8s_options": dict(options)},
+    }
+    out = node_label_requests(["gpu-1", "gpu-2"], hostvars, dict(DEFAULTS, k8s_options={}))
+    (api,) = out["apis"]
+    assert api["k8s_options_from"] == "gpu-1" and len(api["k8s_options_sha256"]) == 64
+    assert "s3cret" not in repr(out)
+    hostvars["gpu-2"]["gpu_node_labels_k8s_options"] = {"proxy": "http://other.example:3128"}
+    assert len(node_label_requests(["gpu-1", "gpu-2"], hostvars, dict(DEFAULTS, k8s_options={}))["apis"]) == 2
+    hostvars["gpu-2"]["gpu_node_labels_k8s_options"] = "http://proxy.example:3128"
+    with pytest.raises(AnsibleFilterError, match="gpu-2's gpu_node_labels_k8s_options must be a dict"):
+        node_label_requests(["gpu-1", "gpu-2"], hostvars, dict(DEFAULTS, k8s_options={}))
