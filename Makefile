@@ -7,12 +7,18 @@ GPUOPS_CACHE ?= $(HOME)/.cache/gpuops
 export GPUOPS_CACHE
 # Every file requirements/test.txt includes is hashed with it, so that a changed pin makes a new environment
 # (scripts/bootstrap.sh computes the same hash).
-REQ_HASH := $(shell cat requirements/controller.txt requirements/test.txt requirements/mitogen.txt | sha256sum | cut -c1-12)
+REQ_HASH := $(shell cat requirements/controller-oldest.txt requirements/test.txt requirements/mitogen.txt | sha256sum | cut -c1-12)
 VENV := $(GPUOPS_CACHE)/venv-$(REQ_HASH)
 export PATH := $(VENV)/bin:$(PATH)
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build
 COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
-PYTHON_VERSION := 3.11
+# The ansible-core versions the collection supports, one per minor from the oldest to the newest, each with the
+# Python its sanity and units run on (scripts/ansible-test-matrix.sh): the oldest is requirements/controller-oldest.txt's,
+# the newest requirements/controller.txt's. README "Version matrix" says the same (tests/integration/test_agreements.py).
+ANSIBLE_CORE_MATRIX := 2.19.14/3.11 2.20.10/3.13 2.21.5/3.13
+# The newest controller's environment (requirements/e2e.txt) on the CPython scripts/build-python.sh builds: the e2e
+# tier and the demo run ansible-playbook from it. Every other tier runs on the oldest controller ($(VENV)).
+NEWEST = venv=$$(scripts/python-env.sh e2e "$$(scripts/build-python.sh)" -r requirements/e2e.txt) && export PATH="$$venv/bin:$$PATH"
 PLUGIN_DIR := files/device_plugin
 
 .PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
@@ -59,12 +65,10 @@ lint: setup
 	scripts/galaxy-importer.sh
 
 sanity: setup collection
-	scripts/ansible-test-pip.sh
-	cd $(COLLECTION) && ansible-test sanity --venv --python $(PYTHON_VERSION) --color no
+	scripts/ansible-test-matrix.sh sanity $(ANSIBLE_CORE_MATRIX)
 
 units: setup collection
-	scripts/ansible-test-pip.sh
-	cd $(COLLECTION) && ansible-test units --venv --python $(PYTHON_VERSION) --color no
+	scripts/ansible-test-matrix.sh units $(ANSIBLE_CORE_MATRIX)
 
 integration: setup
 	scripts/build-containerd2.sh >/dev/null && scripts/build-containerd24.sh >/dev/null
@@ -90,7 +94,7 @@ daemon-image: setup
 # run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
 LAB_NODES ?= 2
 e2e: setup
-	python -m pytest -q -p no:cacheprovider tests/e2e
+	$(NEWEST) && python -m pytest -q -p no:cacheprovider tests/e2e
 
 # The AWX path: the execution environment built (make ee), then site.yml run as AWX runs a job
 # (ansible-runner transmit | the EE's ansible-runner worker | process) over SSH against a lab of its own
@@ -119,15 +123,15 @@ clean:
 # The README's first command: set up, bring the lab up, run site.yml on two simulated GPU nodes
 # (8 x H100 and 1 x T4) and print validate.yml's table (docs/demo.md). GPUOPS_LAB_INSTANCE picks the lab.
 demo: setup collection
-	python demo/lab_demo.py
+	$(NEWEST) && python demo/lab_demo.py
 
 demo-clean:
 	tests/e2e/lab.py down
 
 # make test-full's run of the demo: the lab is removed afterwards whether the demo passed or not.
 demo-test: setup collection
-	rc=0; python demo/lab_demo.py --removed-after || rc=$$?; tests/e2e/lab.py down; exit $$rc
+	$(NEWEST) && rc=0; python demo/lab_demo.py --removed-after || rc=$$?; tests/e2e/lab.py down; exit $$rc
 
 # The modules alone on sample configs, in check mode with diffs; changes nothing on this machine.
 demo-modules: setup collection
-	ANSIBLE_STDOUT_CALLBACK=default ansible-playbook demo/modules.yml --diff
+	$(NEWEST) && ANSIBLE_STDOUT_CALLBACK=default ansible-playbook demo/modules.yml --diff

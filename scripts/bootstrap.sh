@@ -19,6 +19,8 @@ apt_packages=(
   openjdk-17-jdk-headless
   # gpu_faults' tests write real journal files (kernel messages over several boots) for journalctl to read.
   systemd-journal-remote
+  # The CPython of the newest controller, built from source (scripts/build-python.sh).
+  make libssl-dev zlib1g-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev uuid-dev
 )
 
 need_apt=()
@@ -53,7 +55,7 @@ fi
 
 # The Python environment, keyed by the requirement files (test.txt and every file it includes) so a change
 # rebuilds it; the Makefile's REQ_HASH is the same hash.
-req_hash=$(cat "$here/requirements/controller.txt" "$here/requirements/test.txt" "$here/requirements/mitogen.txt" \
+req_hash=$(cat "$here/requirements/controller-oldest.txt" "$here/requirements/test.txt" "$here/requirements/mitogen.txt" \
   | sha256sum | cut -c1-12)
 venv="$cache/venv-$req_hash"
 if [ ! -x "$venv/bin/ansible-playbook" ] || [ ! -f "$venv/.complete" ]; then

@@ -30,7 +30,8 @@ mkdir -p "$cache/images" "$cache/wheels" "$cache/ee"
 exec 9>"$cache/ee/.lock"
 flock 9
 
-pin() { grep -hE "^$1==" "$here"/requirements/*.txt | head -n 1; }
+# The EE's base is Debian 12 (Python 3.11): the oldest controller's ansible-core (requirements/controller-oldest.txt).
+pin() { grep -hE "^$1==" "$here"/requirements/controller-oldest.txt "$here"/requirements/test.txt | head -n 1; }
 ansible_core=$(pin ansible-core)
 ansible_runner=$(pin ansible-runner)
 { [ -n "$ansible_core" ] && [ -n "$ansible_runner" ]; } || die "requirements/*.txt must pin ansible-core and ansible-runner."

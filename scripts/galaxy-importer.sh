@@ -1,24 +1,15 @@
 #!/usr/bin/env bash
 # Runs galaxy-importer, the check Galaxy and Automation Hub run on import, on the collection tarball as
 # `ansible-galaxy collection build` makes it from the files git knows about. Its environment (requirements/
-# galaxy-importer.txt) is cached under $GPUOPS_CACHE by the requirements' hash, and holds ansible-doc and
+# galaxy-importer.txt) is cached under $GPUOPS_CACHE (scripts/python-env.sh), and holds ansible-doc and
 # ansible-lint, so none of the importer's checks is skipped. Fails when the import fails and when the
 # importer warns about anything.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
 python=${PYTHON:-python3.11}
 log() { printf '[galaxy-importer] %s\n' "$*" >&2; }
 
-req="$here/requirements/galaxy-importer.txt"
-venv="$cache/venv-galaxy-importer-$( ("$python" -VV; cat "$req") | sha256sum | cut -c1-12)"
-if [ ! -f "$venv/.complete" ]; then
-  log "creating $venv"
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req"
-  touch "$venv/.complete"
-fi
+venv=$("$here/scripts/python-env.sh" galaxy-importer "$python" -r "$here/requirements/galaxy-importer.txt")
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

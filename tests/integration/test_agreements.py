@@ -10,7 +10,8 @@
   exists, and each of them that exists is named (and every module and role has its row in "What is in it");
 - each role's README and its meta/main.yml: the sections a user of a role looks for, and the same platforms;
 - the ansible-core the collection claims: meta/runtime.yml, every role's meta/main.yml and the README name one
-  minimum, and it is the minor version CI runs (requirements/controller.txt);
+  minimum, and it is the oldest minor version CI runs (requirements/controller-oldest.txt); the Makefile's matrix
+  holds every minor from there to the newest (requirements/controller.txt), as the README's "Version matrix" says;
 - the two EDA rulebooks: gpu_remediation_job_template.yml is gpu_remediation.yml (source, rules, throttle,
   strategy) but for its remediation action, which passes the same extra variables and the alert's node as the
   limit, and launches by default the job template docs/awx.md creates."""
@@ -325,9 +326,29 @@ def test_the_job_template_rulebook_is_the_playbook_rulebook_but_for_its_action()
     )
 
 
+def pins(name: str) -> dict[str, str]:
+    """The ``name==version`` pins of requirements/NAME.txt."""
+    return dict(
+        line.split("==", 1) for line in (REPO / "requirements" / f"{name}.txt").read_text().splitlines() if "==" in line
+    )
+
+
+def ansible_core_matrix() -> list[tuple[str, str]]:
+    """The Makefile's ANSIBLE_CORE_MATRIX: (ansible-core version, Python) from the oldest to the newest."""
+    match = re.search(r"^ANSIBLE_CORE_MATRIX := (.+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert match, "the Makefile has no ANSIBLE_CORE_MATRIX"
+    return [tuple(entry.split("/")) for entry in match[1].split()]
+
+
+def minor(version: str) -> tuple[int, int]:
+    major, minor_, *_ = version.split(".")
+    return int(major), int(minor_)
+
+
 def test_one_ansible_core_minimum_everywhere_and_it_is_the_one_ci_runs():
     """meta/runtime.yml's requires_ansible, each role's min_ansible_version and the README's controller line name
-    one minimum, and that minimum is the ansible-core minor version CI runs: none is claimed that no test ran."""
+    one minimum, and that minimum is the oldest ansible-core CI runs (requirements/controller-oldest.txt): none is
+    claimed that no test ran."""
     runtime = yaml.safe_load((REPO / "meta" / "runtime.yml").read_text())
     match = re.fullmatch(r">=(\d+)\.(\d+)\.0", runtime["requires_ansible"])
     assert match, runtime["requires_ansible"]
@@ -337,11 +358,41 @@ def test_one_ansible_core_minimum_everywhere_and_it_is_the_one_ci_runs():
         for meta in sorted(REPO.glob("roles/*/meta/main.yml"))
     }
     assert {name: version for name, version in roles.items() if version != minimum} == {}
-    pins = dict(
-        line.split("==", 1)
-        for line in (REPO / "requirements" / "controller.txt").read_text().splitlines()
-        if "==" in line
-    )
-    assert pins["ansible-core"].rsplit(".", 1)[0] == minimum
+    assert pins("controller-oldest")["ansible-core"].rsplit(".", 1)[0] == minimum
     readme = (REPO / "README.md").read_text()
     assert f"Controller: ansible-core {minimum} " in readme
+
+
+def test_the_version_matrix_is_every_minor_from_the_oldest_to_the_newest_and_the_readme_says_it():
+    """The Makefile's ANSIBLE_CORE_MATRIX (what sanity and units run on) holds one version per ansible-core minor,
+    from the oldest controller's pin to the newest's with none left out, and the README's "Version matrix" table
+    has the same rows: version and Python, and the ansible package beside the two controllers' versions."""
+    matrix = ansible_core_matrix()
+    oldest, newest = pins("controller-oldest"), pins("controller")
+    assert matrix[0][0] == oldest["ansible-core"]
+    assert matrix[-1][0] == newest["ansible-core"]
+    minors = [minor(version) for version, _ in matrix]
+    assert minors == [(minors[0][0], m) for m in range(minors[0][1], minors[-1][1] + 1)]
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("### Version matrix") :].split("\n\n")[2]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:] if line.startswith("|")
+    ]
+    packages = {oldest["ansible-core"]: oldest["ansible"], newest["ansible-core"]: newest["ansible"]}
+    expected = [
+        (f"{version} (ansible {packages[version]})" if version in packages else version, python)
+        for version, python in matrix
+    ]
+    assert [(row[0], row[1]) for row in rows] == expected
+
+
+def test_the_requirement_files_name_the_controller_they_run():
+    """requirements/test.txt (the tools' environment, Python 3.11) and eda.txt are on the oldest controller, e2e.txt
+    on the newest, and the execution environment's ansible-core is the oldest's (its base has Python 3.11)."""
+    include = {
+        name: re.findall(r"^-r (\S+)$", (REPO / "requirements" / f"{name}.txt").read_text(), re.MULTILINE)
+        for name in ("test", "eda", "e2e")
+    }
+    assert "controller-oldest.txt" in include["test"] and "controller.txt" not in include["test"]
+    assert "controller-oldest.txt" in include["eda"] and "controller.txt" not in include["eda"]
+    assert "controller.txt" in include["e2e"] and "controller-oldest.txt" not in include["e2e"]

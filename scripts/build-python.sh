@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds the CPython that the newest ansible-core needs on the controller (2.20 and later need Python 3.12 or
+# newer; Debian 12 has 3.11, and the 3.13 binaries of Debian's next release need its newer glibc) from the source
+# tarball in Debian's source pool, through the mirror this machine's apt uses, checked against the checksum that
+# Debian's python3.13_3.13.5-2.dsc gives.
+# Installed into $GPUOPS_CACHE/python-<version>-<hash of the source and the configure flags> once (scripts/build-once.sh); prints the
+# interpreter's path. Every build dependency (gcc, make and the -dev packages of ssl, ffi, zlib, bz2, lzma,
+# sqlite3, readline, ncurses, uuid) comes from scripts/bootstrap.sh's list.
+#   scripts/build-python.sh            -> /root/.cache/gpuops/python-3.13.5-<hash>/bin/python3.13
+#   scripts/build-python.sh --minor    -> 3.13 (what it builds; builds nothing)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${GPUOPS_CACHE:-$HOME/.cache/gpuops}
+version=3.13.5
+minor=${version%.*}
+if [ "${1:-}" = --minor ]; then echo "$minor"; exit 0; fi
+tarball=python${minor}_${version}.orig.tar.xz
+sha256=93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640
+# How it is built; with the source's checksum, the key of the cached build.
+configure_flags=(--with-ensurepip=install)
+out="$cache/python-$version-$(printf '%s\n' "$sha256" "${configure_flags[@]}" | sha256sum | cut -c1-12)"
+# shellcheck source=scripts/build-once.sh
+. "$here/scripts/build-once.sh"
+build_once "$out" "$out/bin/python$minor" "CPython $version"
+
+log() { printf '[build-python] %s\n' "$*" >&2; }
+die() { printf 'build-python.sh: %s\n' "$*" >&2; exit 1; }
+# The Debian mirror: GPUOPS_DEBIAN_MIRROR, else the first one this machine's own apt sources use (as
+# scripts/build-base-image.sh finds it).
+host_mirror() {
+  { sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\/debian\)[[:space:]]*$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null || true
+    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\/debian\)[[:space:]]\+bookworm[[:space:]].*/\2/p' \
+      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true
+  } | head -n 1 || true
+}
+mirror=${GPUOPS_DEBIAN_MIRROR:-$(host_mirror)}
+[ -n "$mirror" ] || die "no Debian mirror found in this machine's apt sources; set GPUOPS_DEBIAN_MIRROR."
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+src="$cache/sources/$tarball"
+if [ ! -f "$src" ] || ! echo "$sha256  $src" | sha256sum -c --status; then
+  log "downloading $tarball"
+  mkdir -p "$cache/sources"
+  curl -fsSL --retry 3 -o "$work/$tarball" "$mirror/pool/main/p/python$minor/$tarball"
+  echo "$sha256  $work/$tarball" | sha256sum -c --status || die "$tarball does not have the checksum this script expects."
+  mv "$work/$tarball" "$src"
+fi
+start=$(date +%s)
+tar -xJf "$src" -C "$work"
+cd "$work/Python-$version"
+rm -rf "$out"
+./configure -q --prefix="$out" "${configure_flags[@]}" >"$work/configure.log" 2>&1 || { tail -n 30 "$work/configure.log" >&2; die "configure failed."; }
+make -s -j"$(nproc)" >"$work/make.log" 2>&1 || { tail -n 30 "$work/make.log" >&2; die "make failed."; }
+make -s install >"$work/install.log" 2>&1 || { tail -n 30 "$work/install.log" >&2; die "make install failed."; }
+# The modules pip, venv and ansible-core need; a missing -dev package leaves one out without failing the build.
+"$out/bin/python$minor" -c 'import ssl, sqlite3, ctypes, lzma, bz2, zlib, readline, venv, ensurepip' \
+  || die "the built Python lacks a module (a -dev package was missing at build time)."
+touch "$out/.complete"
+log "CPython $version built in $(($(date +%s) - start)) s"
+echo "$out/bin/python$minor"
