@@ -97,6 +97,16 @@ def _labels_vars(apiserver, **more):
     return base
 
 
+def _local_batch_vars(apiserver):
+    """The group variables every host of a local batch shares: this Python, the simulated spec, the kubeconfig."""
+    return {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "gpu_node_labels_simulate_from": str(SPEC),
+        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
+    }
+
+
 def _node(apiserver):
     return apiserver["core"].read_node(NODE)
 
@@ -327,12 +337,7 @@ def test_a_batch_is_read_with_one_list_and_written_once_per_changed_node(apiserv
     for name in names:
         apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
     hosts = {name: {"gpu_node_labels_user_labels": {"rack": f"r{i}"}} for i, name in enumerate(names, 1)}
-    common = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-        "gpu_node_labels_simulate_from": str(SPEC),
-        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
-    }
+    common = _local_batch_vars(apiserver)
 
     changed, made = _play_batch(apiserver, hosts, common)
     assert changed == set(names)
@@ -401,12 +406,7 @@ def test_each_host_is_labelled_and_tainted_by_its_own_settings_never_the_first_h
         names[1]: {},
         names[2]: {"gpu_node_labels_user_labels": {"rack": "r3"}, "gpu_node_labels_taint": False},
     }
-    common = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-        "gpu_node_labels_simulate_from": str(SPEC),
-        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
-    }
+    common = _local_batch_vars(apiserver)
     changed, _made = _play_batch(apiserver, hosts, common)
     assert changed == set(names)
     nodes = [apiserver["core"].read_node(name) for name in names]
@@ -441,12 +441,7 @@ def test_the_mig_labels_follow_the_hosts_plugin_config_and_survive_a_run_without
         names[0]: {"gpu_node_labels_simulate_from": str(MIG_SPEC), "device_plugin_config": mixed, **stage_ran},
         names[1]: dict(stage_ran),
     }
-    common = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-        "gpu_node_labels_simulate_from": str(SPEC),
-        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
-    }
+    common = _local_batch_vars(apiserver)
     changed, _made = _play_batch(apiserver, hosts, common)
     assert changed == set(names)
     first, second = (apiserver["core"].read_node(name).metadata.labels for name in names)
@@ -510,12 +505,7 @@ def test_a_batch_with_different_credentials_fails_with_a_sentence(apiserver, own
         apiserver["core"].create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
     hosts = {name: {} for name in names}
     hosts[names[own]] = {"gpu_node_labels_context": "another-cluster"}
-    common = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": sys.executable,
-        "gpu_node_labels_simulate_from": str(SPEC),
-        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
-    }
+    common = _local_batch_vars(apiserver)
     report, made = _play_batch(apiserver, hosts, common, expect_ok=False)
     messages = _failed_messages(report)
     assert any("set gpu_node_labels_delegate_to, _kubeconfig, _context" in m for m in messages), messages

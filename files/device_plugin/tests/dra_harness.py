@@ -67,7 +67,7 @@ class DraNodeFixture:
         daemon.start()
         self.daemons.append(daemon)
         if wait_registered:
-            registered = self.kubelet.wait(lambda: self.kubelet.registered(DRIVER) > before, timeout=15)
+            registered = self.kubelet.wait(lambda: self.kubelet.registered(DRIVER) > before)
             assert registered, f"the plugin did not register (plugin-watcher double: {self.kubelet.errors})"
         return daemon
 

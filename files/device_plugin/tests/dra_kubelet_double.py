@@ -78,7 +78,7 @@ class HealthWatch:
         except grpc.RpcError:
             pass
 
-    def wait(self, predicate: Callable[[dict[str, tuple[str, str]]], bool], timeout: float = 10.0) -> bool:
+    def wait(self, predicate: Callable[[dict[str, tuple[str, str]]], bool], timeout: float = 15.0) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: bool(self.updates) and predicate(self.updates[-1]), timeout)
 

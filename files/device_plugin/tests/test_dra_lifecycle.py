@@ -201,14 +201,14 @@ def test_the_slices_are_reconciled_periodically_and_a_failing_reconcile_keeps_th
     monkeypatch.setattr(node, "SLICE_RECONCILE_SECONDS", 0.05)
     dra.publisher.reconcile_error = ConnectionRefusedError(111, "API server away")
     dra.start()
-    assert wait_until(lambda: dra.publisher.reconciles >= 2, timeout=10)
+    assert wait_until(lambda: dra.publisher.reconciles >= 2)
     assert "cannot reconcile the node's ResourceSlices" in caplog.text
     # Still serving: a claim is prepared while reconciles keep failing.
     claim = dra.allocate("during", "5e1f0000-0000-4000-8000-000000000064", ["gpu-0"])
     assert dra.kubelet.prepare(DRIVER, [claim])["5e1f0000-0000-4000-8000-000000000064"].error == ""
     dra.publisher.reconcile_error = None
     seen = dra.publisher.reconciles
-    assert wait_until(lambda: dra.publisher.reconciles >= seen + 2, timeout=10)
+    assert wait_until(lambda: dra.publisher.reconciles >= seen + 2)
 
 
 def _prepared_claims(dra, count: int) -> list[tuple]:
@@ -243,10 +243,10 @@ def test_with_the_api_server_not_answering_the_sockets_serve_at_once_and_claims_
     finally:
         hang.set()
     # The API server answers: the claim deleted meanwhile is unprepared, the slice is published.
-    assert wait_until(lambda: _checkpoint_uids(dra) == sorted(c[2] for c in claims[1:]), timeout=10)
-    assert wait_until(lambda: dra.spec_of(gone[2]) is None, timeout=10)  # removed after the checkpoint entry
+    assert wait_until(lambda: _checkpoint_uids(dra) == sorted(c[2] for c in claims[1:]))
+    assert wait_until(lambda: dra.spec_of(gone[2]) is None)  # removed after the checkpoint entry
     assert all(dra.spec_of(c[2]) is not None for c in claims[1:])
-    assert wait_until(lambda: len(dra.publisher.calls) > published, timeout=10)
+    assert wait_until(lambda: len(dra.publisher.calls) > published)
 
 
 def test_claims_the_api_server_could_not_be_asked_about_are_reconciled_when_it_is_back(dra, monkeypatch):
@@ -258,13 +258,13 @@ def test_claims_the_api_server_could_not_be_asked_about_are_reconciled_when_it_i
     dra.claims.unreachable = True
     dra.claims.reads.clear()
     dra.start()
-    assert wait_until(lambda: len(dra.claims.reads) >= 2, timeout=10)  # asked, and asked again
+    assert wait_until(lambda: len(dra.claims.reads) >= 2)  # asked, and asked again
     assert _checkpoint_uids(dra) == sorted(c[2] for c in claims)
     dra.claims.unreachable = False
     # The gone claim is unprepared: out of the checkpoint, then its CDI spec removed (a crash between the two
     # leaves a spec of no claim, which the next start removes).
-    assert wait_until(lambda: _checkpoint_uids(dra) == sorted(c[2] for c in claims[:2]), timeout=10)
-    assert wait_until(lambda: dra.spec_of(claims[2][2]) is None, timeout=10)
+    assert wait_until(lambda: _checkpoint_uids(dra) == sorted(c[2] for c in claims[:2]))
+    assert wait_until(lambda: dra.spec_of(claims[2][2]) is None)
     reads = len(dra.claims.reads)
     assert not wait_until(lambda: len(dra.claims.reads) > reads, timeout=0.5)  # done: not asked again
 
@@ -292,6 +292,6 @@ def test_dra_readyz_waits_for_the_registration_and_the_published_slice(dra):
         assert detail["not_ready"] == ["the ResourceSlice has not been published yet"], detail
     finally:
         hang.set()
-    assert wait_until(lambda: get(base + "/readyz")[0] == 200, timeout=10)
+    assert wait_until(lambda: get(base + "/readyz")[0] == 200)
     code, detail = get(base + "/readyz")
     assert detail["registered"] is True and detail["slice_published"] is True and detail["not_ready"] == []

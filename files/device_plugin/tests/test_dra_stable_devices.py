@@ -41,7 +41,7 @@ def without_gpu_0(mock_nvml) -> None:
         finally:
             nvml.nvmlShutdown()
 
-    assert wait_until(seven, timeout=10)
+    assert wait_until(seven)
 
 
 def checkpoint_devices(dra) -> dict[str, list[tuple[str, str]]]:

@@ -214,7 +214,7 @@ def test_the_class_is_the_highest_since_the_gpu_became_healthy_and_starts_over_a
         assert wait_until(lambda: len(gpu_row(path, 5)["xids"]) == 2)
         assert gpu_row(path, 5)["class"] == "reboot"
         edit(node)  # the standing XID is gone: the quiet period brings the GPU back
-        assert wait_until(lambda: gpu_row(path, 5)["healthy"], timeout=5)
+        assert wait_until(lambda: gpu_row(path, 5)["healthy"])
         assert (gpu_row(path, 5)["class"], gpu_row(path, 5)["xids"]) == ("none", [])
         edit(node, g5={"xid": 48})
         assert wait_until(lambda: gpu_row(path, 5)["class"] == "reset")
@@ -229,7 +229,7 @@ def test_xid_classes_from_the_config_move_xids_across_the_health_line(node, tmp_
     daemon = start(node, health_file=path, **config.load_file(str(config_file)))
     try:
         edit(node, g0={"xid": 13}, g1={"xid": 79})
-        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy")
         assert node.kubelet.health(GPU)[H100[1]] == "Healthy"
         assert wait_until(lambda: gpu_row(path, 0)["class"] == "reset")
         assert gpu_row(path, 0)["reason"] == "XID 13 is reset by the inventory's override"
@@ -242,7 +242,7 @@ def test_the_fault_class_gauge(node):
     daemon = start(node)
     try:
         edit(node, g2={"xid": 95})
-        node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=15.0)
+        node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy")
 
         def gauge(uuid: str, name: str) -> str:
             return f'gpuops_gpu_fault_class{{class="{name}",gpu="{uuid}"}}'
@@ -326,7 +326,7 @@ def test_a_webhook_that_does_not_answer_never_holds_the_daemon(node, webhook):
         assert webhook.arrived.wait(5)
         # The POST hangs; the kubelet, the health file and the next alert's turn go on.
         edit(node, g1={"xid": 79}, g2={"xid": 95}, g4={"lost": True})
-        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy")
         assert wait_until(lambda: gpu_row(path, 4)["class"] == "reboot")
         assert len(webhook.bodies) == 1
         webhook.hold.set()
@@ -348,7 +348,7 @@ def test_a_webhook_that_is_away_is_logged_and_counted(node, tmp_path, caplog):
         assert daemon.daemon.faults.webhook_posts[0].result(10) is False
         assert 'gpu_device_plugin_errors_total{kind="alert_webhook"} 1.0' in daemon.daemon.metrics.render().decode()
         # The kubelet hears of the GPU on its own stream, which may come after the webhook's answer.
-        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy")
     finally:
         daemon.stop()
     assert any(r.getMessage() == "the alert webhook failed" for r in caplog.records)
@@ -359,7 +359,7 @@ def test_the_node_condition_names_the_gpu_and_the_xid_and_comes_back(node):
     conditions.fail = 1  # the API server is away at first: the condition is retried
     daemon = start(node, conditions=conditions, node_name="gpu-node-1", health_recovery_seconds=0.3)
     try:
-        assert wait_until(lambda: conditions.last() is not None, timeout=5)
+        assert wait_until(lambda: conditions.last() is not None)
         assert conditions.calls[0] == (
             "gpu-node-1",
             {"type": CONDITION_TYPE, "status": "True", "reason": "GPUsHealthy", "message": "All 8 GPUs are healthy."},
@@ -377,7 +377,7 @@ def test_the_node_condition_names_the_gpu_and_the_xid_and_comes_back(node):
             f"GPU 2 ({H100[2]}): class reset, XID 48 (double bit ECC error): catalog WORKFLOW_XID_48."
         )
         edit(node)
-        assert wait_until(lambda: (conditions.last() or {}).get("status") == "True", timeout=5)
+        assert wait_until(lambda: (conditions.last() or {}).get("status") == "True")
     finally:
         daemon.stop()
 
@@ -418,7 +418,7 @@ def test_an_unwritable_health_file_is_logged_and_counted(node, tmp_path, caplog)
     daemon = start(node, health_file=str(blocker / "gpu-health.json"))
     try:
         edit(node, g0={"xid": 79})
-        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy")
         assert wait_until(
             lambda: 'gpu_device_plugin_errors_total{kind="health_file"}' in daemon.daemon.metrics.render().decode()
         )
@@ -484,7 +484,7 @@ def test_xid_154_through_the_library_that_reports_no_recovery_action(node, mock_
         spec = fixture("h100x8.yaml")
         spec["gpus"][4]["xid"] = 154
         write_spec(mock_nvml.spec, spec)
-        assert wait_until(lambda: gpu_row(path, 4)["xids"], timeout=5)
+        assert wait_until(lambda: gpu_row(path, 4)["xids"])
         (xid,) = gpu_row(path, 4)["xids"]
         assert (xid["xid"], xid["data"], xid["class"]) == (154, None, "device")
         assert xid["reason"] == "XID 154 without its recovery action: device"
@@ -584,7 +584,7 @@ def test_the_alert_is_sent_again_while_the_gpu_stays_faulty_and_stops_when_it_is
         assert all(body == webhook.bodies[0] for body in webhook.bodies)
         assert (webhook.bodies[0]["uuid"], webhook.bodies[0]["class"]) == (H100[1], "reboot")
         edit(node)  # the GPU is quiet: healthy again after the recovery period, and the alerts stop
-        assert wait_until(lambda: gpu_row(path, 1)["healthy"], timeout=5)
+        assert wait_until(lambda: gpu_row(path, 1)["healthy"])
         sent = len(webhook.bodies)
         # Longer than the longest pause (0.2 s) twice over: nothing more comes.
         assert not wait_until(lambda: len(webhook.bodies) > sent, timeout=0.5)
@@ -748,7 +748,7 @@ def test_the_condition_loop_goes_on_after_an_answer_it_cannot_read(node, caplog)
     conditions.unreadable = 1  # the first answer is a 200 that is not JSON
     daemon = start(node, conditions=conditions, node_name="gpu-node-1")
     try:
-        assert wait_until(lambda: conditions.last() is not None, timeout=5)
+        assert wait_until(lambda: conditions.last() is not None)
     finally:
         daemon.stop()
     assert conditions.last() == {

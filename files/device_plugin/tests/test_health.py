@@ -50,7 +50,7 @@ def test_ignored_xid_keeps_the_gpu_healthy_and_a_critical_one_does_not(node):
     try:
         edit(node, 0, xid=13)
         edit(node, 1, xid=79)
-        assert node.kubelet.wait(lambda: health_of(node, 1) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: health_of(node, 1) == "Unhealthy")
         assert health_of(node, 0) == "Healthy"
     finally:
         daemon.stop()
@@ -74,7 +74,7 @@ def test_healthcheck_variables(node, env, xid, expected):
         spec["gpus"][3]["xid"] = xid
         remove_gpu(spec, 7)
         write_spec(node.spec, spec)
-        assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU)) == 7, timeout=15.0)
+        assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU)) == 7)
         assert health_of(node, 3) == expected
     finally:
         daemon.stop()
@@ -84,7 +84,7 @@ def test_a_gpu_off_the_bus_is_unhealthy(node):
     daemon = run(node)
     try:
         edit(node, 4, lost=True)
-        assert node.kubelet.wait(lambda: health_of(node, 4) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: health_of(node, 4) == "Unhealthy")
     finally:
         daemon.stop()
 
@@ -93,18 +93,18 @@ def test_recovery_when_configured_after_the_fault_clears(node):
     daemon = run(node, health_recovery_seconds=0.5)
     try:
         edit(node, 2, xid=79)
-        assert node.kubelet.wait(lambda: health_of(node, 2) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: health_of(node, 2) == "Unhealthy")
         time.sleep(0.7)
         # Still Unhealthy: the spec still shows the XID as a standing fault.
         assert health_of(node, 2) == "Unhealthy"
         edit(node, 2, xid=None)
-        assert node.kubelet.wait(lambda: health_of(node, 2) == "Healthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: health_of(node, 2) == "Healthy")
         # A new critical XID restarts the quiet period.
         edit(node, 2, xid=48)
-        assert node.kubelet.wait(lambda: health_of(node, 2) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: health_of(node, 2) == "Unhealthy")
         edit(node, 2, xid=None)
         started = time.monotonic()
-        assert node.kubelet.wait(lambda: health_of(node, 2) == "Healthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: health_of(node, 2) == "Healthy")
         assert time.monotonic() - started > 0.3
     finally:
         daemon.stop()
@@ -157,10 +157,10 @@ def test_nvml_xid_events_and_a_lost_gpu(node):
         assert [d["id"] for d in node.kubelet.devices(GPU)] == H100
         double.inject_xid(H100[1], 31)  # ignored by default
         double.inject_xid(H100[6], 78)
-        assert node.kubelet.wait(lambda: health_of(node, 6) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: health_of(node, 6) == "Unhealthy")
         assert health_of(node, 1) == "Healthy"
         double.lose(H100[0])
-        assert node.kubelet.wait(lambda: health_of(node, 0) == "Unhealthy", timeout=15.0)
+        assert node.kubelet.wait(lambda: health_of(node, 0) == "Unhealthy")
         text = daemon.daemon.metrics.render().decode()
         assert f'gpu_device_plugin_xid_events_total{{critical="true",device="{H100[6]}",xid="78"}} 1.0' in text
         assert f'gpu_device_plugin_xid_events_total{{critical="false",device="{H100[1]}",xid="31"}} 1.0' in text
@@ -181,11 +181,11 @@ def test_nvml_init_failure_keeps_running_with_no_devices_and_retries(node):
     settings = make_config(node.kubelet_socket, None, fail_on_init_error=False, init_retry_seconds=0.2)
     daemon = DaemonThread(settings, nvml=double).start()
     try:
-        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) == [], timeout=15.0)
-        assert wait_until(lambda: double.init_calls >= 3, timeout=15.0)
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) == [])
+        assert wait_until(lambda: double.init_calls >= 3)
         assert "NVML Shared Library Not Found" in daemon.daemon.healthz()[1]["backend_error"]
         failing["on"] = False
-        assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU) or []) == 8, timeout=15.0)
+        assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU) or []) == 8)
         assert daemon.daemon.healthz()[1]["backend_error"] is None
     finally:
         daemon.stop()

@@ -26,8 +26,8 @@ def test_fifty_kubelet_restarts_in_a_row_each_re_registered(node):
             handle.write("{}")
         for n in range(2, 52):
             node.kubelet.restart()
-            assert node.kubelet.wait(lambda n=n: node.kubelet.registered(GPU) == n, timeout=15.0), f"restart {n - 1}"
-            assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None, timeout=15.0)
+            assert node.kubelet.wait(lambda n=n: node.kubelet.registered(GPU) == n), f"restart {n - 1}"
+            assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
             assert [d["id"] for d in node.kubelet.devices(GPU)] == H100
         assert os.path.exists(checkpoint)
     finally:
@@ -48,7 +48,7 @@ def test_registers_when_kubelet_sock_appears_after_the_daemon_started(tmp_path):
         assert os.path.exists(plugin_dir / SOCKET)
         assert daemon.daemon.readyz()[1]["not_ready"] == [f"not registered with the kubelet: {GPU}"]
         kubelet.start()
-        assert kubelet.wait(lambda: kubelet.registered(GPU) == 1, timeout=15.0)
+        assert kubelet.wait(lambda: kubelet.registered(GPU) == 1)
         assert kubelet.wait(lambda: kubelet.devices(GPU) is not None)
         assert [d["id"] for d in kubelet.devices(GPU)] == ["GPU-7e570000-0000-4000-8000-0000000000f4"]
         # Files the kubelet owns come and go without a new registration. The daemon hears of the
@@ -118,7 +118,7 @@ def test_sigterm_stops_cleanly_and_removes_the_socket(node):
         ]
     )
     try:
-        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None, timeout=10)
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
         endpoint = node.kubelet.endpoints[GPU]
         proc.send_signal(signal.SIGTERM)
         out, _err = proc.communicate(timeout=10)
@@ -152,11 +152,11 @@ def test_sighup_reloads_the_config_file_and_registers_again(node, tmp_path):
     )
     output = _Output(proc)
     try:
-        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None, timeout=10)
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
         assert node.kubelet.devices(GPU)[0]["id"] == H100[0]
         config_file.write_text("version: v1\nflags:\n  plugin:\n    deviceIDStrategy: index\n")
         proc.send_signal(signal.SIGHUP)
-        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 2, timeout=5)
+        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 2)
         assert node.kubelet.wait(
             lambda: [d["id"] for d in node.kubelet.devices(GPU) or []] == [str(i) for i in range(8)], timeout=5
         )
@@ -169,7 +169,7 @@ def test_sighup_reloads_the_config_file_and_registers_again(node, tmp_path):
         # the refused one neither stopped the daemon nor registered it again.
         config_file.write_text("version: v1\nflags:\n  plugin:\n    deviceIDStrategy: uuid\n")
         proc.send_signal(signal.SIGHUP)
-        assert node.kubelet.wait(lambda: [d["id"] for d in node.kubelet.devices(GPU) or []] == H100, timeout=5)
+        assert node.kubelet.wait(lambda: [d["id"] for d in node.kubelet.devices(GPU) or []] == H100)
         assert node.kubelet.registered(GPU) == 3
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
@@ -298,12 +298,12 @@ def test_readyz_answers_200_only_once_registered_with_the_kubelet_while_healthz_
         assert code == 503 and detail["ready"] is False
         assert any("not registered with the kubelet" in reason for reason in detail["not_ready"]), detail
         node.kubelet.start()
-        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 1, timeout=10)
+        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 1)
         assert wait_until(lambda: _get(base + "/readyz")[0] == 200)
         assert _get(base + "/readyz")[1]["not_ready"] == []
         # A kubelet restart: not ready until the plugin has registered again.
         node.kubelet.restart()
-        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 1, timeout=10)
+        assert node.kubelet.wait(lambda: node.kubelet.registered(GPU) == 1)
         assert wait_until(lambda: _get(base + "/readyz")[0] == 200)
     finally:
         daemon.stop()
@@ -337,7 +337,7 @@ def test_the_kubelet_double_does_not_register_a_plugin_that_stopped_waiting(tmp_
         with grpc.insecure_channel("unix:" + kubelet.socket_path) as channel, pytest.raises(grpc.RpcError) as raised:
             api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=0.3)
         assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert wait_until(lambda: kubelet.register_errors, timeout=5)
+        assert wait_until(lambda: kubelet.register_errors)
         assert kubelet.registrations == [] and "example.com/slow" not in kubelet.endpoints
     finally:
         plugin.stop(grace=None)

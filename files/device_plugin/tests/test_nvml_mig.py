@@ -486,11 +486,11 @@ def test_the_declared_layout_holds_until_clients_change_it_and_a_new_declaration
         edited = fixture("a100-mig.yaml")
         edited["gpus"][0]["numa_node"] = 1
         write_spec(spec, edited)
-        assert wait_until(lambda: nvml.nvmlDeviceGetNumaNodeId(gpu) == 1, timeout=5)
+        assert wait_until(lambda: nvml.nvmlDeviceGetNumaNodeId(gpu) == 1)
         assert [gi for _name, gi, _ci, _mib in mig_devices(nvml, gpu)] == [1, 11, 12, 13]
         edited["gpus"][0]["mig_devices"] = edited["gpus"][0]["mig_devices"][:1]
         write_spec(spec, edited)
-        assert wait_until(lambda: [d[1] for d in mig_devices(nvml, gpu)] == [1], timeout=5)
+        assert wait_until(lambda: [d[1] for d in mig_devices(nvml, gpu)] == [1])
     finally:
         nvml.nvmlShutdown()
         mock.close()

@@ -69,11 +69,11 @@ def test_list_and_watch_follows_spec_edits(node, plugin):
     spec = fixture("h100x8.yaml")
     spec["gpus"][2]["xid"] = 79
     write_spec(node.spec, spec)
-    assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy", timeout=15.0)
+    assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[2]) == "Unhealthy")
     assert list(node.kubelet.health(GPU).values()).count("Unhealthy") == 1
     remove_gpu(spec, 7)
     write_spec(node.spec, spec)
-    assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU)) == 7, timeout=15.0)
+    assert node.kubelet.wait(lambda: len(node.kubelet.devices(GPU)) == 7)
     # Recovery is off by default: the XID entry going away does not make the GPU Healthy.
     del spec["gpus"][2]["xid"]
     write_spec(node.spec, spec)
@@ -90,7 +90,7 @@ def test_an_invalid_spec_edit_keeps_the_last_good_devices(node, plugin):
     spec = fixture("h100x8.yaml")
     spec["gpus"][0]["xid"] = 48
     write_spec(node.spec, spec)
-    assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy", timeout=15.0)
+    assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[0]) == "Unhealthy")
     assert len(node.kubelet.devices(GPU)) == 8
 
 
@@ -128,7 +128,7 @@ def test_allocate_refuses_an_unhealthy_gpu(node, plugin):
     spec = fixture("h100x8.yaml")
     spec["gpus"][5]["lost"] = True
     write_spec(node.spec, spec)
-    assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[5]) == "Unhealthy", timeout=15.0)
+    assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[5]) == "Unhealthy")
     with pytest.raises(grpc.RpcError) as caught:
         allocate(node, [H100[4], H100[5]])
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -312,7 +312,7 @@ def test_pre_start_container_when_configured_refuses_an_unhealthy_gpu(node, plug
     spec = fixture("h100x8.yaml")
     spec["gpus"][1]["xid"] = 48
     write_spec(node.spec, spec)
-    assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[1]) == "Unhealthy", timeout=15.0)
+    assert node.kubelet.wait(lambda: node.kubelet.health(GPU).get(H100[1]) == "Unhealthy")
     with pytest.raises(grpc.RpcError) as caught:
         stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=[H100[1]]), timeout=5)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -100,7 +100,7 @@ def test_mig_mixed_follows_spec_edits_that_add_a_profile(node, daemon, tmp_path)
     assert node.kubelet.wait(lambda: node.kubelet.devices("nvidia.com/mig-1g.5gb") is not None)
     spec["gpus"][0]["mig_devices"][0]["profile"] = "2g.10gb"
     write_spec(spec_path, spec)
-    assert node.kubelet.wait(lambda: node.kubelet.devices("nvidia.com/mig-2g.10gb") is not None, timeout=15.0)
+    assert node.kubelet.wait(lambda: node.kubelet.devices("nvidia.com/mig-2g.10gb") is not None)
     assert [d["id"] for d in node.kubelet.devices("nvidia.com/mig-2g.10gb")] == [MIGS[0]]
 
 
