@@ -341,8 +341,8 @@ def ansible_core_matrix() -> list[tuple[str, str]]:
 
 
 def minor(version: str) -> tuple[int, int]:
-    major, minor_, *_ = version.split(".")
-    return int(major), int(minor_)
+    parts = version.split(".")
+    return int(parts[0]), int(parts[1])
 
 
 def test_one_ansible_core_minimum_everywhere_and_it_is_the_one_ci_runs():
@@ -371,7 +371,7 @@ def test_the_version_matrix_is_every_minor_from_the_oldest_to_the_newest_and_the
     oldest, newest = pins("controller-oldest"), pins("controller")
     assert matrix[0][0] == oldest["ansible-core"]
     assert matrix[-1][0] == newest["ansible-core"]
-    minors = [minor(version) for version, _ in matrix]
+    minors = [minor(entry[0]) for entry in matrix]
     assert minors == [(minors[0][0], m) for m in range(minors[0][1], minors[-1][1] + 1)]
     readme = (REPO / "README.md").read_text()
     table = readme[readme.index("### Version matrix") :].split("\n\n")[2]
