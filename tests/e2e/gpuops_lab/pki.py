@@ -31,7 +31,14 @@ def sign_cert(pki: Path, name: str, subject: str, extensions: list[str] | None =
     key, csr, ext = pki / f"{name}.key", pki / f"{name}.csr", pki / f"{name}.ext"
     genkey(key)
     _quiet(["openssl", "req", "-new", "-key", key, "-subj", subject, "-out", csr], "openssl req")
-    lines = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature"]
+    # The extensions RFC 5280 asks of an issued certificate, which Python 3.13's default TLS context checks
+    # (VERIFY_X509_STRICT): the issuer's key identifier among them.
+    lines = [
+        "basicConstraints=CA:FALSE",
+        "keyUsage=critical,digitalSignature",
+        "subjectKeyIdentifier=hash",
+        "authorityKeyIdentifier=keyid",
+    ]
     lines += extensions or ["extendedKeyUsage=clientAuth"]
     ext.write_text("".join(f"{line}\n" for line in lines))
     _quiet(
@@ -87,6 +94,11 @@ def make_pki(cfg: LabConfig) -> None:
                 "30",
                 "-subj",
                 "/CN=gpuops-lab-ca",
+                # A CA's key usage: without it Python 3.13's strict verification refuses the CA.
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
             ],
             "openssl req -x509",
         )
