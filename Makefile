@@ -74,7 +74,7 @@ integration: setup
 	scripts/build-containerd2.sh >/dev/null && scripts/build-containerd24.sh >/dev/null
 	scripts/build-containerd17.sh >/dev/null
 	scripts/build-nvidia-device-plugin.sh >/dev/null && scripts/build-toolkit-repo.sh >/dev/null
-	python -m pytest -q -p no:cacheprovider --durations=20 tests/integration
+	python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=20 tests/integration
 
 daemon: setup
 	cd $(PLUGIN_DIR) && mypy --config-file pyproject.toml --cache-dir $(GPUOPS_CACHE)/mypy-device-plugin

@@ -24,7 +24,9 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import tomllib
@@ -327,7 +329,10 @@ def cri_plugin(binary, config):
     """(status, why) of the CRI plugin when containerd starts on ``config`` (its own root, state and socket)."""
     run = config.parent / "run"
     run.mkdir()
-    socket = run / "containerd.sock"
+    # A socket path must fit in 108 bytes with containerd's ".ttrpc" beside it, which a test's own directory under
+    # pytest-xdist's worker directories may not.
+    short = Path(tempfile.mkdtemp(prefix="ctrd-"))
+    socket = short / "containerd.sock"
     log = (run / "log").open("w")
     args = [binary, "--config", str(config), "--root", str(run / "root"), "--state", str(run / "state")]
     daemon = subprocess.Popen([*args, "--address", str(socket)], stdout=log, stderr=subprocess.STDOUT)
@@ -344,6 +349,7 @@ def cri_plugin(binary, config):
         daemon.terminate()
         daemon.wait(timeout=30)
         log.close()
+        shutil.rmtree(short, ignore_errors=True)
     status = next(
         line.split()[-1] for line in listing.splitlines() if line.split()[:2] == ["io.containerd.grpc.v1", "cri"]
     )
