@@ -36,17 +36,20 @@ if ! podman image exists "$tag"; then
   # Wheels come from the package index through pip, once per dependency set, outside the build.
   # The dependencies at the lower bounds pyproject.toml declares: the versions the tests use.
   deps=$("$python" "$here/lower_bounds.py")
-  wheels="$cache/wheels/device-plugin-$(printf '%s' "$deps" | sha256sum | cut -c1-12)"
+  # For the image's Python (Debian 12's python3), whichever Python runs this script.
+  for_image=(--only-binary=:all: --implementation cp --python-version 3.11)
+  wheels="$cache/wheels/device-plugin-$(printf '%s %s' "$deps" "${for_image[*]}" | sha256sum | cut -c1-12)"
   if [ ! -f "$wheels/.complete" ]; then
     log "downloading wheels into $wheels"
     mkdir -p "$wheels"
     printf '%s\n' "$deps" > "$wheels/requirements.txt"
-    "$python" -m pip download -q --only-binary=:all: -d "$wheels" -r "$wheels/requirements.txt"
+    "$python" -m pip download -q "${for_image[@]}" -d "$wheels" -r "$wheels/requirements.txt"
     touch "$wheels/.complete"
   fi
   context=$(mktemp -d)
   trap 'rm -rf "$context"' EXIT
-  "$python" -m pip install -q --no-index --find-links "$wheels" --target "$context/site" -r "$wheels/requirements.txt"
+  "$python" -m pip install -q "${for_image[@]}" --no-index --find-links "$wheels" --target "$context/site" \
+    -r "$wheels/requirements.txt"
   # -L: src/gpu_device_plugin/_shared links to the collection's module_utils; the image gets the files.
   cp -rL "$here/src/gpu_device_plugin" "$context/site/"
   find "$context/site" -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -303,6 +303,10 @@ def resolve_spec(spec: str, specs: Path = SPECS) -> Path:
     raise LabError(f"no simulated-GPU spec '{spec}' (give a file, or one of: {known})")
 
 
+# The Python of the lab's nodes: Debian 12's python3 (the local base image, scripts/build-base-image.sh).
+NODE_PYTHON = "3.11"
+
+
 def wheelhouse(cfg: LabConfig) -> Path:
     """The device plugin's pinned dependencies in both allocation modes (roles/device_plugin/defaults),
     with what they need, downloaded once into a wheelhouse keyed by the pins."""
@@ -322,12 +326,14 @@ def wheelhouse(cfg: LabConfig) -> Path:
     if read.returncode != 0:
         raise LabError(f"cannot read the plugin's pins with {cfg.python} (it needs PyYAML)")
     pins = read.stdout
-    key = hashlib.sha256(pins.encode()).hexdigest()[:12]
+    # For the nodes' python3 (Debian 12's), whichever Python runs the lab.
+    for_nodes = ["--only-binary=:all:", "--implementation", "cp", "--python-version", NODE_PYTHON]
+    key = hashlib.sha256(" ".join([pins, *for_nodes]).encode()).hexdigest()[:12]
     directory = cfg.cache / "wheels" / f"cluster-plugin-{key}"
     if not (directory / ".complete").is_file():
         log(f"downloading the device plugin's pinned wheels into {directory}")
         run(
-            [cfg.python, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", directory, *pins.split()],
+            [cfg.python, "-m", "pip", "download", "-q", *for_nodes, "-d", directory, *pins.split()],
             what="pip download",
             stdout=sys.stderr,
         )
