@@ -18,7 +18,7 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 ANSIBLE_CORE_MATRIX := 2.19.14/3.11 2.20.10/3.13 2.21.5/3.13
 # The newest controller's environment (requirements/e2e.txt) on the CPython scripts/build-python.sh builds: the e2e
 # tier and the demo run ansible-playbook from it. Every other tier runs on the oldest controller ($(VENV)).
-NEWEST = venv=$$(scripts/python-env.sh e2e "$$(scripts/build-python.sh)" -r requirements/e2e.txt) && export PATH="$$venv/bin:$$PATH"
+NEWEST = venv=$$(scripts/e2e-env.sh) && export PATH="$$venv/bin:$$PATH"
 PLUGIN_DIR := files/device_plugin
 
 .PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make test's builds started early: with the first tier, at low priority, while setup (downloads), lint, sanity and
 # units (mostly one process at a time on 2 cores) leave a core idle. Builds the CPython of the newer ansible-core
-# versions' sanity and units (the first tiers that need a build), then what the integration tier needs: Kubernetes,
-# containerd 2.1/2.4/1.7 and NVIDIA's device plugin. Each build script takes its own lock and
+# versions' sanity and units (the first tiers that need a build) and the newest controller's environment on it (the
+# e2e tier's), then what the integration tier needs: Kubernetes, containerd 2.1/2.4/1.7 and NVIDIA's device plugin. Each build script takes its own lock and
 # caches its output, so the tier that needs a build waits for this one, or builds it itself if this one
 # failed (its error is then the tier's). Warm, every call returns at once.
 # The build scripts run Go's compiler and linker with GOGC=400 (GPUOPS_BUILD_GOGC): `go build std` from an empty
@@ -15,8 +15,8 @@ log=${1:-/dev/null}
 {
   # The Kubernetes build times itself with /usr/bin/time, which the setup tier installs on a machine without it.
   for _ in $(seq 900); do [ -x /usr/bin/time ] && break; sleep 1; done
-  for build in scripts/build-python.sh tests/e2e/build-kubernetes.sh scripts/build-containerd2.sh scripts/build-containerd24.sh \
-    scripts/build-containerd17.sh scripts/build-nvidia-device-plugin.sh; do
+  for build in scripts/build-python.sh scripts/e2e-env.sh tests/e2e/build-kubernetes.sh scripts/build-containerd2.sh \
+    scripts/build-containerd24.sh scripts/build-containerd17.sh scripts/build-nvidia-device-plugin.sh; do
     start=$(date +%s)
     if "$here/$build" >/dev/null; then rc=0; else rc=$?; fi
     printf '[build-early] %s: exit %s in %s s\n' "$build" "$rc" "$(($(date +%s) - start))"

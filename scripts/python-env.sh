@@ -23,13 +23,15 @@ files_of() {
     files_of "$(dirname "$file")/$include"
   done
 }
-files=()
+# The key: the interpreter, the arguments but the requirement files' paths (a clone elsewhere shares the
+# environment), and those files' contents.
+files=() words=()
 previous=''
 for arg in "$@"; do
-  if [ "$previous" = -r ]; then mapfile -t -O "${#files[@]}" files < <(files_of "$arg"); fi
+  if [ "$previous" = -r ]; then mapfile -t -O "${#files[@]}" files < <(files_of "$arg"); else words+=("$arg"); fi
   previous=$arg
 done
-key=$( ("$python" -VV; printf '%s\n' "$@"; [ ${#files[@]} -eq 0 ] || cat "${files[@]}") | sha256sum | cut -c1-12)
+key=$( ("$python" -VV; printf '%s\n' "${words[@]}"; [ ${#files[@]} -eq 0 ] || cat "${files[@]}") | sha256sum | cut -c1-12)
 venv="$cache/venv-$name-$key"
 # shellcheck source=scripts/build-once.sh
 . "$here/scripts/build-once.sh"
