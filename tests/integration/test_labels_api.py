@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import socket
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 from local_api import token_admin_api_server
+from playbook_env import loaded_versions, loaded_versions_task, playbook_env
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "gpu-labels-test-1"
@@ -34,10 +34,13 @@ SPEC = ROOT / "tests/fixtures/simulated/h100x8.yaml"
 API_SERVER = token_admin_api_server(TOKEN)
 
 
-@pytest.fixture(scope="module")
-def apiserver(control_plane):
+def labels_apiserver(control_plane, token, env, loaded=None):
+    """What the tests below use: the API as an administrator (bearer ``token``) with the Node NODE registered, and
+    the environment ``_play`` runs the roles in. With ``loaded`` (collection: version), each run reports the versions
+    of the collections it loaded and ``_play`` checks that they are those. test_dependency_floors.py runs some of
+    these tests with one of its own."""
     work = control_plane.work
-    kubeconfig = control_plane.kubeconfig(work / "kubeconfig", token=TOKEN)
+    kubeconfig = control_plane.kubeconfig(work / "kubeconfig", token=token)
     api = config.new_client_from_config(str(kubeconfig))
     core = client.CoreV1Api(api)
     core.create_node(
@@ -48,40 +51,46 @@ def apiserver(control_plane):
             "spec": {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
         }
     )
-    return {"kubeconfig": str(kubeconfig), "api": api, "core": core, "work": work, "server": control_plane.server}
+    return {
+        "kubeconfig": str(kubeconfig),
+        "api": api,
+        "core": core,
+        "work": work,
+        "server": control_plane.server,
+        "env": env,
+        "loaded": loaded,
+    }
+
+
+@pytest.fixture(scope="module")
+def apiserver(control_plane):
+    return labels_apiserver(control_plane, TOKEN, _ansible_env())
 
 
 def _ansible_env():
     """ansible-playbook's environment: the collection from this tree, JSON results, no localhost warning."""
-    collections = subprocess.run(
-        [str(ROOT / "scripts/collection-tree.sh")], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    return dict(
-        os.environ,
-        ANSIBLE_COLLECTIONS_PATH=str(Path(collections).parents[2]),
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-        ANSIBLE_LOCALHOST_WARNING="false",
-    )
+    return playbook_env()
 
 
 def _play(apiserver, role, extra, check=False):
     """Run one role on localhost; returns (changed task count, the result of each task)."""
     playbook = apiserver["work"] / f"play-{role}.yml"
-    playbook.write_text(
-        yaml.safe_dump(
-            [{"name": "test", "hosts": "localhost", "gather_facts": True, "roles": [{"role": f"gpuops.k8s.{role}"}]}]
-        )
-    )
+    play = {"name": "test", "hosts": "localhost", "gather_facts": True, "roles": [{"role": f"gpuops.k8s.{role}"}]}
+    if apiserver["loaded"]:
+        play["pre_tasks"] = [loaded_versions_task()]
+    playbook.write_text(yaml.safe_dump([play]))
     extra_file = apiserver["work"] / "extra.json"
     # The roles' Kubernetes calls need the kubernetes client, which this (the controller's) Python has.
     extra_file.write_text(json.dumps(dict(extra, ansible_python_interpreter=sys.executable)))
-    env = dict(_ansible_env(), ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
+    env = apiserver["env"]
     argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{extra_file}"]
     if check:
         argv += ["--check", "--diff"]
     run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     report = json.loads(run.stdout)
+    if apiserver["loaded"]:
+        assert loaded_versions(report) == [apiserver["loaded"]], "the run did not load the collections it was to load"
     tasks = {t["task"]["name"]: t["hosts"].get("localhost", {}) for p in report["plays"] for t in p["tasks"]}
     return report["stats"]["localhost"]["changed"], tasks
 

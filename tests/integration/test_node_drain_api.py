@@ -11,21 +11,21 @@ the last, an evicted pod stays Terminating: a drain whose pods do not go.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from local_api import token_admin_api_server
+from playbook_env import loaded_versions, loaded_versions_task, playbook_env
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "gpuops-node-drain-test-admin-token"
 NAMESPACE = "ml"
 ANNOTATION = "gpuops.k8s/cordoned-by"
@@ -50,27 +50,21 @@ PLAY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cluster(control_plane):
+def drain_cluster(control_plane, token, env, loaded=None):
+    """What the tests below use: the API as an administrator (bearer ``token``), the namespace the pods run in, and
+    PLAY to run with ansible-playbook in ``env``. With ``loaded`` (collection: version), each run reports the versions
+    of the collections it loaded and ``drain`` checks that they are those. test_dependency_floors.py runs these tests
+    with one of its own."""
+    first_tasks = [loaded_versions_task()] if loaded else []
     work = control_plane.work
-    kubeconfig = control_plane.kubeconfig(work / "kubeconfig", token=TOKEN)
+    kubeconfig = control_plane.kubeconfig(work / "kubeconfig", token=token)
     api = config.new_client_from_config(str(kubeconfig))
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     # The ServiceAccount admission plugin wants the namespace's default account (no controller manager makes it).
     core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
-    collections = subprocess.run(
-        [str(ROOT / "scripts/collection-tree.sh")], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    env = dict(
-        os.environ,
-        ANSIBLE_COLLECTIONS_PATH=str(Path(collections).parents[2]),
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-        ANSIBLE_LOCALHOST_WARNING="false",
-        ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
-    )
     playbook = work / "drain-play.yml"
-    playbook.write_text(yaml.safe_dump(PLAY))
+    playbook.write_text(yaml.safe_dump([dict(play, tasks=[*first_tasks, *play["tasks"]]) for play in PLAY]))
     return {
         "kubeconfig": str(kubeconfig),
         "core": core,
@@ -78,7 +72,13 @@ def cluster(control_plane):
         "work": work,
         "env": env,
         "playbook": playbook,
+        "loaded": loaded,
     }
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane):
+    return drain_cluster(control_plane, TOKEN, playbook_env())
 
 
 def make_node(cluster, name, cordoned=False):
@@ -150,8 +150,39 @@ def finish_deletion(cluster, name):
             raise
 
 
-def drain(cluster, node, allowed):
-    """Run the play for NODE; (rc, the messages of the tasks that failed, the names of the tasks that ran)."""
+@contextlib.contextmanager
+def kubelet_stopping(cluster, name, after):
+    """The kubelet's part for pod NAME while the block runs: once the pod is being deleted, its containers take
+    ``after`` seconds to stop, then the deletion is finished."""
+    done = threading.Event()
+
+    def terminating():
+        try:
+            return cluster["core"].read_namespaced_pod(name, NAMESPACE).metadata.deletion_timestamp
+        except ApiException as error:
+            if error.status == 404:
+                return True
+            raise
+
+    def kubelet():
+        while not done.wait(0.2):
+            if terminating():
+                time.sleep(after)
+                finish_deletion(cluster, name)
+                return
+
+    thread = threading.Thread(target=kubelet, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=after + 30)
+
+
+def drain(cluster, node, allowed, **settings):
+    """Run the play for NODE (``settings``: more of the role's variables); (rc, the messages of the tasks that
+    failed, the names of the tasks that ran)."""
     extra = cluster["work"] / f"extra-{node}.json"
     extra.write_text(
         json.dumps(
@@ -163,6 +194,7 @@ def drain(cluster, node, allowed):
                 "node_drain_retry_delay": 1,
                 # The role's Kubernetes calls need the kubernetes client, which this (the controller's) Python has.
                 "ansible_python_interpreter": sys.executable,
+                **settings,
             }
         )
     )
@@ -172,6 +204,8 @@ def drain(cluster, node, allowed):
         report = json.loads(run.stdout)
     except ValueError as error:
         raise AssertionError(run.stdout[-3000:] + run.stderr[-3000:]) from error
+    if cluster["loaded"]:
+        assert loaded_versions(report) == [cluster["loaded"]], "the run did not load the collections it was to load"
     failed, ran = [], []
     for play in report["plays"]:
         for task in play["tasks"]:
@@ -240,3 +274,15 @@ def test_a_persons_cordon_stays_through_a_failed_drain_and_the_next_run(cluster)
     rc, failed, ran = drain(cluster, "gpu-c", allowed=True)
     assert rc == 0 and "The change" in ran
     assert node_state(cluster, "gpu-c") == (True, None)
+
+
+def test_the_drain_waits_for_a_pod_that_takes_a_moment_to_stop(cluster):
+    """k8s_drain waits for the pods it evicted to go (kubernetes.core 5.0.0's did not where the node had one pod: the
+    role then found it still on the node, and failed)."""
+    make_node(cluster, "gpu-d")
+    make_gpu_pod(cluster, "infer-0", "gpu-d")
+
+    with kubelet_stopping(cluster, "infer-0", after=3):
+        rc, failed, ran = drain(cluster, "gpu-d", allowed=True, node_drain_timeout=60)
+    assert rc == 0 and failed == [] and "The change" in ran, failed
+    assert node_state(cluster, "gpu-d") == (False, None)
