@@ -3,6 +3,9 @@
 - the daemon's default metrics address, the device_plugin role's default and validate.yml's fallback;
 - the daemon's dependencies as the role installs them on a node, the ranges its pyproject.toml declares and the
   versions its tests run with (the lower bounds, which have wheels for Python 3.9);
+- the versions of the collections this one depends on: galaxy.yml's ranges hold the ones the ansible package of each
+  controller CI runs ships (requirements/controller*.txt) and start at the floors scripts/collections-floor.sh
+  installs for the integration tests, and the README names the same ranges;
 - the example systemd unit shipped with the daemon and the unit the role writes with its defaults;
 - the example inventory and the README: an unprivileged user with sudo, never root;
 - the README's table of what `make test-full` adds and the tests that add it;
@@ -19,6 +22,8 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import json
 import os
 import re
 import shlex
@@ -29,6 +34,7 @@ from pathlib import Path
 import jinja2
 import yaml
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "files" / "device_plugin"
@@ -88,6 +94,49 @@ def test_the_role_installs_the_daemons_tested_dependency_versions() -> None:
     for text in re.findall(r'^\s*"([^"]+)",', dependencies.group(1), re.M):
         requirement = Requirement(text)
         assert requirement.specifier.contains(pins[requirement.name.lower()]), (text, pins[requirement.name.lower()])
+
+
+def shipped_versions(tree: Path) -> dict[str, str]:
+    """The version of each collection under ``tree``/ansible_collections, from its MANIFEST.json."""
+    return {
+        f"{manifest.parts[-3]}.{manifest.parts[-2]}": json.loads(manifest.read_text())["collection_info"]["version"]
+        for manifest in tree.glob("ansible_collections/*/*/MANIFEST.json")
+    }
+
+
+def built_tree(*argv: str) -> Path:
+    """The directory a script that builds an ansible_collections tree prints."""
+    run = subprocess.run([str(REPO / "scripts" / argv[0]), *argv[1:]], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, f"scripts/{argv[0]} failed:\n{run.stderr[-3000:]}"
+    return Path(run.stdout.strip().splitlines()[-1])
+
+
+def test_the_dependency_ranges_hold_what_ci_runs_and_start_at_the_tested_floors():
+    """Each range in galaxy.yml's dependencies holds the version that the ansible package of each controller CI runs
+    ships (read from the installed package for the environment these tests run in, from that release's wheel for
+    another controller), starts at the floor the floor tests run (scripts/collections-floor.sh) and ends before a
+    major version; the README's requirements name the same ranges."""
+    ranges = yaml.safe_load((REPO / "galaxy.yml").read_text())["dependencies"]
+    assert set(ranges) == {"kubernetes.core", "community.general"}, ranges
+    shipped = {}
+    for requirements in sorted((REPO / "requirements").glob("controller*.txt")):
+        pinned = dict(line.split("==", 1) for line in requirements.read_text().splitlines() if "==" in line)
+        release = pinned["ansible"]
+        if importlib.metadata.version("ansible") == release:
+            tree = Path(importlib.metadata.distribution("ansible").locate_file("."))
+        else:
+            tree = built_tree("ansible-collections.sh", release)
+        shipped[f"{requirements.name} (ansible {release})"] = shipped_versions(tree)
+    assert shipped, "no requirements/controller*.txt"
+    floors = shipped_versions(built_tree("collections-floor.sh"))
+    readme = (REPO / "README.md").read_text()
+    for name, spec in ranges.items():
+        match = re.fullmatch(r">=(\d+\.\d+\.\d+),<(\d+)\.0\.0", spec)
+        assert match, f"galaxy.yml gives {name} {spec!r}, not a floor and the next major version (>=X.Y.Z,<N.0.0)"
+        assert floors[name] == match[1], (name, floors[name])
+        outside = {where: found[name] for where, found in shipped.items() if found[name] not in SpecifierSet(spec)}
+        assert outside == {}, f"{name} {spec} does not hold what these controllers ship: {outside}"
+        assert f"`{name}` {spec.replace(',', ', ')}" in readme, f"the README does not name {name} {spec}"
 
 
 def unit_lines(text: str) -> list[str]:
