@@ -35,6 +35,7 @@ import jinja2
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "files" / "device_plugin"
@@ -114,8 +115,9 @@ def built_tree(*argv: str) -> Path:
 def test_the_dependency_ranges_hold_what_ci_runs_and_start_at_the_tested_floors():
     """Each range in galaxy.yml's dependencies holds the version that the ansible package of each controller CI runs
     ships (read from the installed package for the environment these tests run in, from that release's wheel for
-    another controller), starts at the floor the floor tests run (scripts/collections-floor.sh) and ends before a
-    major version; the README's requirements name the same ranges."""
+    another controller), starts at the floor the floor tests run (scripts/collections-floor.sh) and ends before the
+    major version after the newest that a controller ships: no major version is claimed that no test ran. The
+    README's requirements name the same ranges."""
     ranges = yaml.safe_load((REPO / "galaxy.yml").read_text())["dependencies"]
     assert set(ranges) == {"kubernetes.core", "community.general"}, ranges
     shipped = {}
@@ -136,6 +138,8 @@ def test_the_dependency_ranges_hold_what_ci_runs_and_start_at_the_tested_floors(
         assert floors[name] == match[1], (name, floors[name])
         outside = {where: found[name] for where, found in shipped.items() if found[name] not in SpecifierSet(spec)}
         assert outside == {}, f"{name} {spec} does not hold what these controllers ship: {outside}"
+        newest = max(Version(found[name]) for found in shipped.values())
+        assert int(match[2]) == newest.major + 1, f"{name} {spec}: the newest version CI runs is {newest}"
         assert f"`{name}` {spec.replace(',', ', ')}" in readme, f"the README does not name {name} {spec}"
 
 
