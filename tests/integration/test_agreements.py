@@ -122,8 +122,7 @@ def test_the_dependency_ranges_hold_what_ci_runs_and_start_at_the_tested_floors(
     assert set(ranges) == {"kubernetes.core", "community.general"}, ranges
     shipped = {}
     for requirements in sorted((REPO / "requirements").glob("controller*.txt")):
-        pinned = dict(line.split("==", 1) for line in requirements.read_text().splitlines() if "==" in line)
-        release = pinned["ansible"]
+        release = pins(requirements.stem)["ansible"]
         if importlib.metadata.version("ansible") == release:
             tree = Path(importlib.metadata.distribution("ansible").locate_file("."))
         else:
