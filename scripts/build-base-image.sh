@@ -11,14 +11,9 @@ script_hash=$(sha256sum "$0" | cut -c1-12)
 tag="$image_repo:$script_hash"
 tarball="$cache/images/debian12-$script_hash.tar"
 # The Debian mirror: GPUOPS_DEBIAN_MIRROR, else the first one this machine's own apt sources use.
-host_mirror() {
-  { sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\/debian\)[[:space:]]*$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null || true
-    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\/debian\)[[:space:]]\+bookworm[[:space:]].*/\2/p' \
-      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true
-  } | head -n 1 || true  # a sources file that does not exist is not an error here
-}
-mirror=${GPUOPS_DEBIAN_MIRROR:-$(host_mirror)}
-[ -n "$mirror" ] || { echo "build-base-image.sh: no Debian mirror found in this machine's apt sources; set GPUOPS_DEBIAN_MIRROR." >&2; exit 1; }
+# shellcheck source=scripts/debian-mirror.sh
+. "$(dirname "$0")/debian-mirror.sh"
+mirror=$(debian_mirror build-base-image.sh)
 
 log() { printf '[base-image] %s\n' "$*" >&2; }
 

@@ -25,16 +25,9 @@ build_once "$out" "$out/bin/python$minor" "CPython $version"
 
 log() { printf '[build-python] %s\n' "$*" >&2; }
 die() { printf 'build-python.sh: %s\n' "$*" >&2; exit 1; }
-# The Debian mirror: GPUOPS_DEBIAN_MIRROR, else the first one this machine's own apt sources use (as
-# scripts/build-base-image.sh finds it).
-host_mirror() {
-  { sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\/debian\)[[:space:]]*$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null || true
-    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]*\/debian\)[[:space:]]\+bookworm[[:space:]].*/\2/p' \
-      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true
-  } | head -n 1 || true
-}
-mirror=${GPUOPS_DEBIAN_MIRROR:-$(host_mirror)}
-[ -n "$mirror" ] || die "no Debian mirror found in this machine's apt sources; set GPUOPS_DEBIAN_MIRROR."
+# shellcheck source=scripts/debian-mirror.sh
+. "$here/scripts/debian-mirror.sh"
+mirror=$(debian_mirror build-python.sh)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
