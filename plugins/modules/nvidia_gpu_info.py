@@ -278,6 +278,16 @@ pci_devices:
       description: The PCI device ID; null with O(simulate_from).
       type: str
       sample: "0x2330"
+    architecture:
+      description:
+        - The architecture family the PCI device ID belongs to (C(kepler), C(maxwell), C(pascal), C(volta), C(turing),
+          C(ampere), C(ada-lovelace), C(hopper), C(blackwell)), with the names of RV(gpus[].architecture); C(undefined)
+          for a device ID the collection does not know. It is known before any driver is installed, so a play can
+          choose the kernel modules (NVIDIA's open modules drive Turing and later GPUs only).
+        - With O(simulate_from), the architecture the simulated GPU's compute capability belongs to.
+        - The device ID blocks of each family, and their sources, are in the collection's C(docs/gpu-generations.md).
+      type: str
+      sample: hopper
     class:
       description: The PCI class code.
       type: str
@@ -310,6 +320,7 @@ host_pci:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuops.k8s.plugins.module_utils import _simulated_spec
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import gpu_family
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     DiscoveryError,
@@ -330,6 +341,11 @@ NO_PYNVML_REASON = (
 SIMULATED_REASON = "simulate_from is set, so NVML was not queried and the GPUs come from the simulated-GPU spec."
 
 
+def _with_architecture(pci_devices):
+    """The PCI GPU functions, each with the architecture family its device ID belongs to."""
+    return [dict(device, architecture=gpu_family(device["device_id"])) for device in pci_devices]
+
+
 def _simulated(path, sysfs_root):
     spec = facts_from_spec(_simulated_spec.load_spec(path))
     host_pci, host_nvswitch = scan_pci(sysfs_root)
@@ -341,6 +357,7 @@ def _simulated(path, sysfs_root):
             "class": "0x030200",
             "numa_node": gpu["numa_node"],
             "driver": "nvidia",
+            "architecture": gpu["architecture"],
         }
         for gpu in spec["gpus"]
     ]
@@ -354,7 +371,7 @@ def _simulated(path, sysfs_root):
         gpu_count=len(spec["gpus"]),
         pci_devices=pci_devices,
         nvswitch_devices=[],
-        host_pci=dict(pci_devices=host_pci, nvswitch_devices=host_nvswitch),
+        host_pci=dict(pci_devices=_with_architecture(host_pci), nvswitch_devices=host_nvswitch),
     )
 
 
@@ -364,7 +381,7 @@ def discover(nvml, sysfs_root):
     Raises DiscoveryError with one sentence when discovery fails.
     """
     pci_devices, nvswitch_devices = scan_pci(sysfs_root)
-    result = dict(pci_devices=pci_devices, nvswitch_devices=nvswitch_devices)
+    result = dict(pci_devices=_with_architecture(pci_devices), nvswitch_devices=nvswitch_devices)
     if nvml is None:
         reason = NO_PYNVML_REASON
     else:

@@ -42,6 +42,12 @@ UUID1 = "GPU-6f1c0a3e-0000-4000-8000-000000000002"
 UUID2 = "GPU-7e570000-0000-4000-8000-0000000000f4"
 MIG0 = "MIG-8a2b0000-0000-4000-8000-0000000000a1"
 MIG1 = "MIG-8a2b0000-0000-4000-8000-0000000000a2"
+# What the module returns for fake_sysfs's GPU functions: the architecture of each device ID (0x2330 H100, 0x1eb8 T4).
+HOST_GPUS_RETURNED = [
+    dict(NVIDIA_HOST_GPUS[0], architecture="hopper"),
+    dict(NVIDIA_HOST_GPUS[1], architecture="hopper"),
+    dict(NVIDIA_HOST_GPUS[2], architecture="turing"),
+]
 
 
 # nvmlDeviceGetAttributes_v2 of an H100's 3g.40gb MIG device (`nvidia-smi mig -lgip`: 60 SMs, 3 copy engines,
@@ -219,7 +225,7 @@ def test_nvml_reports_every_field(monkeypatch, capsys, sysfs, check_mode):
     assert result["cuda_driver_version"] == "13.0"
     assert result["gpu_count"] == 3
     assert result["gpus"] == EXPECTED_GPUS
-    assert result["pci_devices"] == NVIDIA_HOST_GPUS
+    assert result["pci_devices"] == HOST_GPUS_RETURNED
     assert result["nvswitch_devices"] == NVIDIA_HOST_NVSWITCHES
 
 
@@ -401,7 +407,7 @@ def test_nvml_init_failure_falls_back_to_sysfs(monkeypatch, capsys, sysfs, error
     assert result["driver_version"] is None
     assert result["cuda_driver_version"] is None
     assert result["gpus"] == []
-    assert result["pci_devices"] == NVIDIA_HOST_GPUS
+    assert result["pci_devices"] == HOST_GPUS_RETURNED
     assert result["nvswitch_devices"] == NVIDIA_HOST_NVSWITCHES
     assert result["gpu_count"] == 3
     assert nvml.calls == ["nvmlInit"]
@@ -413,7 +419,7 @@ def test_without_pynvml_falls_back_to_sysfs(monkeypatch, capsys, sysfs):
     assert result["source"] == "sysfs"
     assert result["nvml_available"] is False
     assert result["nvml_unavailable_reason"] == nvidia_gpu_info.NO_PYNVML_REASON
-    assert result["pci_devices"] == NVIDIA_HOST_GPUS
+    assert result["pci_devices"] == HOST_GPUS_RETURNED
     assert result["gpu_count"] == 3
 
 
@@ -471,6 +477,7 @@ def test_simulated_fixture(monkeypatch, capsys, spec_path, check_mode):
         assert set(source.get("nvlink_peers", [])) <= set(gpu["nvlink_peers"])
         assert result["pci_devices"][index]["bus_id"] == source["pci_bus_id"]
         assert result["pci_devices"][index]["numa_node"] == source.get("numa_node")
+        assert result["pci_devices"][index]["architecture"] == gpu["architecture"]
 
 
 def test_simulated_gpus_come_with_the_real_pci_bus(monkeypatch, capsys, sysfs, tmp_path):
@@ -480,7 +487,7 @@ def test_simulated_gpus_come_with_the_real_pci_bus(monkeypatch, capsys, sysfs, t
     code, result = run_module(monkeypatch, capsys, nvml, simulate_from=spec, sysfs_root=str(sysfs))
     assert code == 0
     assert result["gpu_count"] == 8
-    assert result["host_pci"] == {"pci_devices": NVIDIA_HOST_GPUS, "nvswitch_devices": NVIDIA_HOST_NVSWITCHES}
+    assert result["host_pci"] == {"pci_devices": HOST_GPUS_RETURNED, "nvswitch_devices": NVIDIA_HOST_NVSWITCHES}
     empty = tmp_path / "empty-sys"
     (empty / "bus" / "pci" / "devices").mkdir(parents=True)
     code, result = run_module(monkeypatch, capsys, nvml, simulate_from=spec, sysfs_root=str(empty))
