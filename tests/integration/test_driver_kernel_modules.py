@@ -1,5 +1,5 @@
 """The nvidia_driver role stops, before it reads or installs anything, where no kernel module flavour drives the
-node's GPUs. The role runs for real with
+node's GPUs, and passes this machine's platform (Debian 12) through its platform check. The role runs for real with
 ansible-playbook against this machine, in check mode, given the PCI scan gpuops.k8s.nvidia_gpu_info would return
 for real device IDs (nvidia_driver_gpu_info: the play's scan; this machine has no NVIDIA GPU)."""
 
@@ -82,4 +82,5 @@ def test_gpus_no_flavour_drives_stop_the_role_before_the_read(tmp_path, devices,
     names = [name for name, _result in tasks]
     assert names[-1] == "Check that the kernel modules can drive the node's GPUs"
     assert tasks[-1][1]["msg"] == message
+    assert dict(tasks)["Check that the role supports this platform"].get("failed") is not True
     assert not any(name.startswith(("Read", "Install", "Configure", "Bring")) for name in names)
