@@ -95,27 +95,6 @@ def test_driver_default_source_and_branch(platform, vars_file, source, branch):
     assert role.get("__nvidia_driver_branch") == branch
 
 
-def test_driver_ubuntu_canonical_server_packages_open_from_560():
-    role = RoleVars("nvidia_driver", "ubuntu2404")
-    assert role.get("__nvidia_driver_open") is True
-    assert role.get("__nvidia_driver_packages") == [
-        "nvidia-driver-580-server-open",
-        "nvidia-utils-580-server",
-    ]
-    assert role.get("__nvidia_driver_headers_package") == f"linux-headers-{KERNEL}"
-    assert role.get("__nvidia_driver_fabricmanager_package") == "nvidia-fabricmanager-580"
-    assert role.get("__nvidia_driver_src")["repository"] is False
-
-
-def test_driver_ubuntu_proprietary_older_branch():
-    role = RoleVars("nvidia_driver", "ubuntu2204", nvidia_driver_branch="535")
-    assert role.get("__nvidia_driver_open") is False
-    assert role.get("__nvidia_driver_packages") == [
-        "nvidia-driver-535-server",
-        "nvidia-utils-535-server",
-    ]
-
-
 @pytest.mark.parametrize(
     ("platform", "dist"),
     [("ubuntu2204", "ubuntu2204"), ("ubuntu2404", "ubuntu2404"), ("debian12", "debian12")],
