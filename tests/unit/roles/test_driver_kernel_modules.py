@@ -101,7 +101,8 @@ def test_kernel_modules_by_gpu_branch_and_setting(device, branch, setting, expec
         assert refusal == ""
         assert decided.get("__nvidia_driver_open") is (expected == OPEN)
         flavour = "-open" if expected == OPEN else ""
-        assert decided.get("__nvidia_driver_packages")[0] == f"nvidia-driver-{branch}-server{flavour}"
+        # Canonical's name for the driver the packages are chosen by (nvidia-headless-no-dkms-<flavour>, ...).
+        assert decided.get("__nvidia_driver_ubuntu_flavour") == f"{branch}-server{flavour}"
     else:
         assert expected in refusal
         assert refusal.startswith(HOST + " has ")

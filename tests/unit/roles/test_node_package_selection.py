@@ -58,7 +58,8 @@ class RoleVars:
         loader = DataLoader()
         role_dir = ROLES / role
         facts = dict(FACTS[platform], architecture=arch, kernel=KERNEL)
-        variables: dict = {}
+        # role_path as a play sets it, for the vars that read the role's files.
+        variables: dict = {"role_path": str(role_dir)}
         variables.update(loader.load_from_file(str(role_dir / "defaults" / "main.yml"), trusted_as_template=True))
         variables.update(inventory)
         variables.update(loader.load_from_file(str(role_dir / "vars" / "main.yml"), trusted_as_template=True))
