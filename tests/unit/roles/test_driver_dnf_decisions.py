@@ -82,6 +82,7 @@ def converged(**inventory) -> dict:
         packages[name] = {"version": "580.105.08-1.el9", "held": None}
     packages["dkms"] = {"version": "3.2.1-1.el9", "held": None}
     packages[f"kernel-devel-{KERNEL}"] = {"version": "5.14.0-570.el9", "held": None}
+    packages["kernel-devel-matched"] = {"version": "5.14.0-570.el9", "held": None}
     return {
         "changed": False,
         "paths": paths,
@@ -156,6 +157,8 @@ def test_a_converged_rocky_node_has_nothing_to_do():
         ("the CUDA repository's file edited", lambda n: n["record"].update(current=False), {"cuda_repository"}, False),
         ("the headers removed", lambda n: n["packages"][f"kernel-devel-{KERNEL}"].update(version=None), {"index"},
          False),
+        ("the headers metapackage removed", lambda n: n["packages"]["kernel-devel-matched"].update(version=None),
+         {"headers"}, False),
     ],
 )  # fmt: skip
 def test_each_drift_is_the_step_that_repairs_it(what, change, steps, switch):
