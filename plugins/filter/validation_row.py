@@ -65,6 +65,18 @@ options:
     description: Whether the driver answered (NVML, or the simulated spec in labs).
     type: bool
     default: true
+  driver_reason:
+    description: Why the driver did not answer (M(gpuops.k8s.nvidia_gpu_info)'s RV(nvml_unavailable_reason)); the row's
+      C(reason) says it where O(driver_ok) is false.
+    type: str
+    default: ""
+  boot:
+    description:
+      - Whether the kernel the node boots next has the driver's module (docs/kernel-updates.md), as C(judged) (a
+        kernel was found) and C(problem) (empty where it has the module). Where judged, the row has the check
+        C(boot_module), and a problem goes into its C(reason).
+    type: dict
+    default: {}
   health:
     description: The M(ansible.builtin.uri) result of the plugin's C(/healthz) (its C(status)); empty when not asked.
     type: dict
@@ -150,8 +162,14 @@ _value:
       description: The cgroup v1 sentence, or empty.
       type: str
     checks:
-      description: Check name to true (green) or false (red); C(published) only on a DRA node.
+      description:
+        - Check name to true (green) or false (red); C(published) only on a DRA node, C(boot_module) only where
+          O(boot) was judged.
       type: dict
+    reason:
+      description: Why the driver or the boot kernel's module is red, where O(driver_reason) or O(boot) says.
+      type: str
+      returned: when the driver or the boot kernel's module is red with a reason
 """
 
 from ansible.errors import AnsibleFilterError
@@ -206,6 +224,8 @@ def validation_row(
     daemonset=False,
     metrics_address="",
     driver_ok=True,
+    driver_reason="",
+    boot=None,
     health=None,
     sockets=None,
     dra_socket=None,
@@ -254,7 +274,12 @@ def validation_row(
     }
     if dra:
         checks["published"] = len(devices) > 0 and (mig or len(devices) == len(gpus))
-    return {
+    reasons = [f"driver: {driver_reason}"] if not driver_ok and driver_reason else []
+    if (boot or {}).get("judged") and _truthy_bool((boot or {}).get("judged")):
+        problem = str(boot.get("problem") or "").strip()
+        checks["boot_module"] = not problem
+        reasons += [f"boot_module: {problem}"] if problem else []
+    row = {
         "node": node_name,
         "mode": "dra" if dra else "device-plugin",
         "model": gpus[0].get("name", "-") if gpus else "-",
@@ -269,6 +294,14 @@ def validation_row(
         "cgroup_note": _cgroup_note(cgroupfs or {}, node_name, found),
         "checks": checks,
     }
+    if reasons:
+        row["reason"] = "; ".join(reasons)
+    return row
+
+
+def _truthy_bool(value):
+    """A template's bool, which older ansible-core hands over as text."""
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")
 
 
 class FilterModule:

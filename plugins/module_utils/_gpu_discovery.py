@@ -278,6 +278,21 @@ def _codes(nvml, *names):
     return tuple(getattr(nvml, "NVML_ERROR_" + name) for name in names if hasattr(nvml, "NVML_ERROR_" + name))
 
 
+# nvml.h: the loaded kernel module is not the library's version, which nvidia-smi calls a "Driver/library version
+# mismatch"; NVML's own words for it, and what the reason adds.
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+LIB_RM_VERSION_MISMATCH_NVML_WORDS = "RM has detected an NVML/RM version mismatch"
+LIB_RM_VERSION_MISMATCH_HINT = (
+    ": Driver/library version mismatch, the loaded NVIDIA kernel module is not the installed driver library's version;"
+    " reboot the node to load the installed driver"
+)
+
+
+def unavailable_reason(words):
+    """The sentence for an nvmlInit that failed with WORDS."""
+    return f"NVML could not be initialised ({words}), so the GPUs were read from the PCI bus in sysfs."
+
+
 def _error_code(exc):
     return getattr(exc, "value", None)
 
@@ -291,9 +306,10 @@ def nvml_discover(nvml, sysfs_root):
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        raise NvmlUnavailable(
-            f"NVML could not be initialised ({nvml_message(exc)}), so the GPUs were read from the PCI bus in sysfs."
-        ) from None
+        words = nvml_message(exc)
+        if _error_code(exc) == NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+            words += LIB_RM_VERSION_MISMATCH_HINT
+        raise NvmlUnavailable(unavailable_reason(words)) from None
     try:
         return discover_initialised(nvml, sysfs_root)
     finally:

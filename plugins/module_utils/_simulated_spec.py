@@ -24,6 +24,9 @@ except ImportError as exc:  # pragma: no cover - exercised by the sanity import 
     YAML_IMPORT_ERROR = exc
 
 TOP_LEVEL_KEYS = ("driver_version", "cuda_driver_version", "gpus")
+# The loaded kernel module's version, where it is not the library's (driver_version): NVML's nvmlInit then fails
+# with NVML_ERROR_LIB_RM_VERSION_MISMATCH, as after new driver packages over the old module.
+OPTIONAL_TOP_LEVEL_KEYS = ("kernel_module_version",)
 GPU_REQUIRED_KEYS = ("uuid", "name", "memory_mib", "pci_bus_id", "compute_capability")
 GPU_OPTIONAL_KEYS = (
     "numa_node",
@@ -96,7 +99,7 @@ def parse_spec(data, path):
     if not isinstance(data, dict):
         raise SpecError(f"Simulated-GPU spec {path} must be a YAML mapping at the top level.")
     for key in sorted(data, key=str):
-        if key not in TOP_LEVEL_KEYS:
+        if key not in TOP_LEVEL_KEYS + OPTIONAL_TOP_LEVEL_KEYS:
             raise SpecError(f"Simulated-GPU spec {path} has unknown top-level key '{key}'.")
     for key in TOP_LEVEL_KEYS:
         if key not in data:
@@ -108,6 +111,9 @@ def parse_spec(data, path):
         raise SpecError(f'Simulated-GPU spec {path}: cuda_driver_version must be a string "MAJOR.MINOR", not {cuda!r}.')
     if not isinstance(data["gpus"], list):
         raise SpecError(f"Simulated-GPU spec {path}: gpus must be a list.")
+    module = data.get("kernel_module_version", data["driver_version"])
+    if not _is_str(module) or not module:
+        raise SpecError(f"Simulated-GPU spec {path}: kernel_module_version must be a non-empty string.")
 
     gpus = []
     seen_uuids = {}
@@ -117,11 +123,14 @@ def parse_spec(data, path):
         gpus.append(gpu)
 
     _resolve_peers(gpus, path)
-    return {
+    spec = {
         "driver_version": data["driver_version"],
         "cuda_driver_version": cuda,
         "gpus": gpus,
     }
+    if module != data["driver_version"]:
+        spec["kernel_module_version"] = module
+    return spec
 
 
 def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
@@ -486,6 +495,8 @@ def mock_nvml_state_text(spec, path="<spec>"):
         "nvml_version {}.{}".format(cuda.split(".")[0], spec["driver_version"]),
         f"cuda_driver_version {_nvml_cuda_version(cuda)}",
     ]
+    if spec.get("kernel_module_version", spec["driver_version"]) != spec["driver_version"]:
+        lines.append("kernel_module_version " + spec["kernel_module_version"])
     for gpu in spec["gpus"]:
         device_id = _PCI_DEVICE_IDS.get(gpu["name"], 0)
         numa = gpu["numa_node"]

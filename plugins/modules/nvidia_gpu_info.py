@@ -40,6 +40,9 @@ options:
       - An invalid spec (unknown key, duplicate UUID or PCI bus ID, an NVLink peer that is not in the
         file, MIG devices unless C(mig_mode) is C(enabled), ...) fails the task with one sentence naming
         the file and the GPU.
+      - A spec whose C(kernel_module_version) is not its C(driver_version) describes a driver/library mismatch,
+        and the result is then what NVML's failed C(nvmlInit) gives (RV(source) is C(sysfs), no GPUs, the reason
+        in RV(nvml_unavailable_reason)).
       - Needs PyYAML on the target.
     type: path
 extends_documentation_fragment:
@@ -325,10 +328,13 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     DiscoveryError,
     NvmlUnavailable,
+    LIB_RM_VERSION_MISMATCH_HINT,
+    LIB_RM_VERSION_MISMATCH_NVML_WORDS,
     installed_pynvml,
     facts_from_spec,
     nvml_discover,
     scan_pci,
+    unavailable_reason,
 )
 
 # The pynvml module, or None without nvidia-ml-py; unit tests put an NVML test double here.
@@ -347,7 +353,8 @@ def _with_architecture(pci_devices):
 
 
 def _simulated(path, sysfs_root):
-    spec = facts_from_spec(_simulated_spec.load_spec(path))
+    parsed = _simulated_spec.load_spec(path)
+    spec = facts_from_spec(parsed)
     host_pci, host_nvswitch = scan_pci(sysfs_root)
     pci_devices = [
         {
@@ -361,6 +368,22 @@ def _simulated(path, sysfs_root):
         }
         for gpu in spec["gpus"]
     ]
+    if "kernel_module_version" in parsed:
+        # The loaded module is not the library's version: NVML answers nothing, as on a node in that state.
+        return dict(
+            source="sysfs",
+            nvml_available=False,
+            nvml_unavailable_reason=unavailable_reason(
+                LIB_RM_VERSION_MISMATCH_NVML_WORDS + LIB_RM_VERSION_MISMATCH_HINT
+            ),
+            driver_version=None,
+            cuda_driver_version=None,
+            gpus=[],
+            gpu_count=len(pci_devices),
+            pci_devices=pci_devices,
+            nvswitch_devices=[],
+            host_pci=dict(pci_devices=host_pci, nvswitch_devices=host_nvswitch),
+        )
     return dict(
         source="simulated",
         nvml_available=False,

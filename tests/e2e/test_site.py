@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -533,3 +534,72 @@ def test_validate_names_a_node_it_cannot_reach(lab: Lab, flow: SiteFlow) -> None
     # The reachable node was checked and is green.
     assert re.search(rf'"{re.escape(flow.node)}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok\s+on\s+healthy\s+-"', run.output)
     assert run.recap[flow.node]["failed"] == 0
+
+
+GREEN_ROW = r'"{node}\s+NVIDIA H100 80GB HBM3\s+8\s+8\s+ok\s+on\s+healthy\s+-"'
+
+
+def validate_until_green(flow: SiteFlow, timeout: float = 90) -> PlaybookRun:
+    """validate.yml again until the node is green (the plugin may take its time to answer after a change)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = run_playbook("validate.yml", flow.inventory, extra_vars=flow.extra_vars, limit=flow.node)
+        if run.returncode == 0 or time.monotonic() > deadline:
+            assert run.returncode == 0, run.summary()
+            return run
+        time.sleep(2)
+
+
+def test_validate_is_red_on_a_driver_library_mismatch_and_green_after(lab: Lab, flow: SiteFlow) -> None:
+    """New driver packages over the old module: NVML's nvmlInit fails with NVML_ERROR_LIB_RM_VERSION_MISMATCH. The
+    node's spec gives the loaded module another version than the library's (kernel_module_version); the mock
+    library (a TEST DOUBLE) answers nvmlInit so, and validate.yml's driver check is red with that reason."""
+    spec_path = Path(run_lab("spec-path", flow.node.rsplit("-", 1)[1]).strip())
+    original = spec_path.read_text()
+    spec = yaml.safe_load(original)
+    try:
+        write_in_place(spec_path, yaml.safe_dump({**spec, "kernel_module_version": "535.216.01"}, sort_keys=False))
+        # The node's own NVML (the mock library through the real bindings) refuses to initialise.
+        probe = lab.wait_until(
+            "NVML reports the mismatch",
+            lambda: (
+                (
+                    r := lab.node_exec(flow.node, "python3", "-c", "import pynvml; pynvml.nvmlInit()", check=False)
+                ).returncode
+                != 0
+                and r
+            ),
+            timeout=30,
+        )
+        assert "RM has detected an NVML/RM version mismatch" in probe.stderr, probe.stderr
+        red = run_playbook("validate.yml", flow.inventory, extra_vars=flow.extra_vars, limit=flow.node)
+        assert red.returncode != 0, red.summary()
+        line = next((x for x in red.output.splitlines() if f"{flow.node}: red: " in x), "")
+        assert re.search(r"red: ([a-z_]+, )*driver\b", line), red.summary()
+        assert "driver: NVML could not be initialised (RM has detected an NVML/RM version mismatch: Driver/library" \
+            " version mismatch" in line, red.summary()  # fmt: skip
+    finally:
+        write_in_place(spec_path, original)
+    assert re.search(GREEN_ROW.format(node=re.escape(flow.node)), validate_until_green(flow).output)
+
+
+# A kernel the lab node "boots next": a kernel image name under the node's /boot, newer than any there (a lab node is
+# a container, whose /boot holds no kernel, so validate.yml judges only this one).
+FAKE_KERNEL = "99.0.0-1-gpuops-lab"
+
+
+def test_validate_is_red_where_the_next_kernel_has_no_module_and_green_after(lab: Lab, flow: SiteFlow) -> None:
+    """The state a kernel update without headers leaves: the newest /boot/vmlinuz-* (GRUB's default entry) has no
+    nvidia.ko under its /lib/modules. The lab shows it with an empty kernel image file (a TEST DOUBLE of one) and no
+    module tree; validate.yml is red (boot_module) with the reason, and green again once the kernel is gone."""
+    assert lab.node_exec(flow.node, "sh", "-c", "ls /boot/vmlinuz-* 2>/dev/null", check=False).stdout == ""
+    try:
+        lab.node_exec(flow.node, "sh", "-c", f"mkdir -p /boot && : > /boot/vmlinuz-{FAKE_KERNEL}")
+        red = run_playbook("validate.yml", flow.inventory, extra_vars=flow.extra_vars, limit=flow.node)
+        assert red.returncode != 0, red.summary()
+        line = next((x for x in red.output.splitlines() if f"{flow.node}: red: " in x), "")
+        assert f"{flow.node}: red: boot_module (boot_module: the kernel it boots next ({FAKE_KERNEL}) has no NVIDIA" \
+            " kernel module)" in line, red.summary()  # fmt: skip
+    finally:
+        lab.node_exec(flow.node, "rm", "-f", f"/boot/vmlinuz-{FAKE_KERNEL}")
+    assert re.search(GREEN_ROW.format(node=re.escape(flow.node)), validate_until_green(flow).output)

@@ -117,6 +117,25 @@ def test_nvml_without_a_driver_falls_back_to_sysfs_with_the_reason(ansible_env, 
     )
 
 
+def test_nvml_with_another_kernel_module_is_a_driver_library_mismatch(ansible_env, mock_nvml_dir, tmp_path):
+    """A spec whose kernel_module_version is not its driver_version: the mock library's nvmlInit answers
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH (18) through the real pynvml, and the module says so."""
+    spec = tmp_path / "mismatch.yaml"
+    with open(SPECS[0]) as source:
+        spec.write_text(source.read() + "\nkernel_module_version: 1.0.0\n")
+    state = tmp_path / "nvml.state"
+    subprocess.run([sys.executable, os.path.join(REPO, "tests", "mock_nvml", "nvml_state.py"), spec, state], check=True)
+    env = dict(ansible_env, LD_LIBRARY_PATH=mock_nvml_dir, GPUOPS_MOCK_NVML_STATE=str(state))
+    rc, result, _stats = run_adhoc(env, f"sysfs_root={tmp_path}")
+    assert rc == 0, result
+    assert result["source"] == "sysfs" and result["nvml_available"] is False
+    assert result["nvml_unavailable_reason"].startswith(
+        "NVML could not be initialised (RM has detected an NVML/RM version mismatch: Driver/library version mismatch,"
+    )
+    _rc, simulated, _stats = run_adhoc(ansible_env, f"simulate_from={spec}")
+    assert simulated["nvml_unavailable_reason"] == result["nvml_unavailable_reason"]
+
+
 # A MIG manager's work, in a process of its own: GPU 2 of h100x8 in MIG mode, partitioned as mig-parted's
 # all-balanced (3g.40gb, 2g.20gb, two 1g.10gb), through the real pynvml on the library.
 PARTITION = """

@@ -235,6 +235,8 @@ typedef struct {
     char driver_version[80];
     int cuda_version;
     char nvml_version[80];
+    /* the loaded kernel module's version where the spec gives one apart from the library's (driver_version) */
+    char kernel_module_version[80];
     int count;
     mock_gpu_t gpu[MAX_GPUS];
 } mock_state_t;
@@ -512,6 +514,8 @@ static int parse_state(FILE *file, mock_state_t *out)
             copy_text(out->driver_version, sizeof out->driver_version, value);
         } else if (strcmp(key, "nvml_version") == 0) {
             copy_text(out->nvml_version, sizeof out->nvml_version, value);
+        } else if (strcmp(key, "kernel_module_version") == 0) {
+            copy_text(out->kernel_module_version, sizeof out->kernel_module_version, value);
         } else if (strcmp(key, "cuda_driver_version") == 0) {
             out->cuda_version = atoi(value);
         } else if (strcmp(key, "gpu") == 0) {
@@ -1021,6 +1025,9 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     pthread_mutex_lock(&lock);
     if (refresh_locked() != 0)
         return end(NVML_ERROR_DRIVER_NOT_LOADED);
+    /* As NVIDIA's library answers where the loaded kernel module is not its own version. */
+    if (state.kernel_module_version[0] && strcmp(state.kernel_module_version, state.driver_version) != 0)
+        return end(NVML_ERROR_LIB_RM_VERSION_MISMATCH);
     if (refcount++ == 0)
         client_register();
     return end(NVML_SUCCESS);

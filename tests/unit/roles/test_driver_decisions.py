@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from ansible.plugins.loader import init_plugin_loader
+from ansible_collections.gpuops.k8s.tests.unit.roles import test_node_package_selection
 from ansible_collections.gpuops.k8s.tests.unit.roles.test_node_package_selection import KERNEL, RoleVars
 
 # The record's key reads cuda_repository's files with the file and fileglob lookups.
@@ -33,6 +35,9 @@ OPTIONS = "/etc/modprobe.d/gpuops-nouveau-options.conf"
 PERSISTENCED = "/lib/systemd/system/nvidia-persistenced.service"
 LOADED_VERSION = "/sys/module/nvidia/version"
 HEADERS = f"linux-headers-{KERNEL}"
+HEADERS_FOLLOW = "linux-headers-amd64"
+# What the read's boot_kernel command prints on a node whose next kernel is the running one, with the driver's module.
+BOOT_CONVERGED = f"kernel={KERNEL}\nmodule=/lib/modules/{KERNEL}/updates/dkms/nvidia.ko\nversion=535.247.01\n"
 DEBIAN_PACKAGES = ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libnvidia-ml1", "nvidia-persistenced"]
 
 
@@ -75,6 +80,7 @@ def converged(**inventory) -> dict:
     }
     installed = {name: {"version": "535.247.01-1~deb12u1", "held": False} for name in DEBIAN_PACKAGES}
     installed[HEADERS] = {"version": "6.1.140-1", "held": False}
+    installed[HEADERS_FOLLOW] = {"version": "6.1.140-1", "held": False}
     installed["python3-pynvml"] = {"version": "12.535.133-1", "held": False}
     return {
         "changed": False,
@@ -94,7 +100,12 @@ def converged(**inventory) -> dict:
             }
         },
         "systemd": True,
-        "commands": {"headers": {"rc": 0, "stdout": f"Package: {HEADERS}\n", "stderr": ""}, "mokutil": None},
+        "commands": {
+            "headers": {"rc": 0, "stdout": f"Package: {HEADERS}\n", "stderr": ""},
+            "headers_follow": {"rc": 0, "stdout": f"Package: {HEADERS_FOLLOW}\n", "stderr": ""},
+            "mokutil": None,
+            "boot_kernel": {"rc": 0, "stdout": BOOT_CONVERGED, "stderr": ""},
+        },
     }
 
 
@@ -144,6 +155,7 @@ def drifted(change) -> dict:
         ("a driver package removed", lambda n: n["packages"]["nvidia-smi"].update(version=None), {"install"}),
         ("pynvml removed", lambda n: n["packages"]["python3-pynvml"].update(version=None), {"pynvml"}),
         ("the headers removed", lambda n: n["packages"][HEADERS].update(version=None), {"headers"}),
+        ("the headers metapackage removed", lambda n: n["packages"][HEADERS_FOLLOW].update(version=None), {"headers"}),
         ("the daemon disabled", lambda n: n["units"]["nvidia-persistenced.service"].update(unit_file_state="disabled"),
          {"services"}),
         ("the daemon stopped", lambda n: n["units"]["nvidia-persistenced.service"].update(active_state="inactive"),
@@ -290,6 +302,7 @@ def test_the_cuda_repository_is_included_where_the_record_does_not_hold():
     node["packages"] = {
         "nvidia-open-580": {"version": "580.95.05-1", "held": False},
         HEADERS: {"version": "6.1.140-1", "held": False},
+        HEADERS_FOLLOW: {"version": "6.1.140-1", "held": False},
         "python3-pynvml": {"version": "12.535.133-1", "held": False},
     }
     node["record"] = {"key": key, "current": True, "differs": []}
@@ -340,3 +353,142 @@ def test_the_reboot_and_its_warning_follow_the_loaded_module_not_this_runs_insta
     ):
         when = str(by_name[name]["when"])
         assert "__nvidia_driver_module_stale" in when and "is changed" not in when, name
+
+
+@pytest.mark.parametrize(
+    ("platform", "kernel", "package", "spec"),
+    [
+        ("debian12", "6.1.0-28-amd64", "linux-headers-amd64", "linux-headers-amd64"),
+        ("debian12", "6.1.0-28-cloud-amd64", "linux-headers-cloud-amd64", "linux-headers-cloud-amd64"),
+        ("debian12", "6.1.0-28-rt-amd64", "linux-headers-rt-amd64", "linux-headers-rt-amd64"),
+        ("debian12", "6.1.0-28-arm64", "linux-headers-arm64", "linux-headers-arm64"),
+        ("debian12", "6.12.12+bpo-amd64", "linux-headers-amd64", "linux-headers-amd64"),
+        # A kernel built locally has no flavour Debian packages headers for.
+        ("debian12", "6.6.0", "", ""),
+        ("rocky9", "5.14.0-427.13.1.el9_4.x86_64", "kernel-devel-matched",
+         "kernel-devel-matched-5.14.0-427.13.1.el9_4.x86_64"),
+        ("ubuntu2404", "6.8.0-45-generic", "", ""),
+    ],
+)  # fmt: skip
+def test_the_headers_metapackage_is_the_running_kernels_flavour(monkeypatch, platform, kernel, package, spec):
+    monkeypatch.setattr(test_node_package_selection, "KERNEL", kernel)
+    role = RoleVars("nvidia_driver", platform)
+    assert role.get("__nvidia_driver_headers_follow_package") == package
+    assert role.get("__nvidia_driver_headers_follow_spec") == spec
+    assert (package in role.get("__nvidia_driver_read_packages")) is bool(package)
+
+
+def test_the_headers_metapackage_is_installed_where_the_index_has_it():
+    missing = drifted(lambda n: n["packages"][HEADERS_FOLLOW].update(version=None))
+    assert decide(missing).get("__nvidia_driver_headers_follow_todo") is True
+    assert todo(missing) == {"headers"}
+    # Not in the index (a kernel flavour without a metapackage in the node's sources): nothing to install.
+    missing["commands"]["headers_follow"] = {"rc": 100, "stdout": "", "stderr": "E: No packages found\n"}
+    assert todo(missing) == set()
+    # Where the refreshed index has it (tasks/index.yml registers its answer), it is installed.
+    answered = decide(missing, __nvidia_driver_headers_follow_probe={"rc": 0, "stdout": f"Package: {HEADERS_FOLLOW}\n"})
+    assert answered.get("__nvidia_driver_headers_follow_todo") is True
+    # Without the kernel headers wanted, or in a container, neither.
+    assert todo(drifted(lambda n: n["packages"][HEADERS_FOLLOW].update(version=None)),
+                nvidia_driver_kernel_headers=False) == set()  # fmt: skip
+
+
+def boot(stdout: str) -> str:
+    """The refusal the role would give for the read's boot_kernel answer STDOUT, on a node whose loaded module is not
+    the installed driver and that may reboot."""
+    node = drifted(lambda n: n["contents"].update({LOADED_VERSION: "535.216.01\n"}))
+    node["commands"]["boot_kernel"] = {"rc": 0, "stdout": stdout, "stderr": ""}
+    role = decide(node, nvidia_driver_reboot=True)
+    assert role.get("__nvidia_driver_module_stale") is True
+    return role.get("__nvidia_driver_boot_refusal")
+
+
+NEXT = "6.1.0-31-amd64"
+
+
+@pytest.mark.parametrize(
+    ("what", "stdout", "refusal"),
+    [
+        ("the running kernel with the installed driver's module", BOOT_CONVERGED, ""),
+        ("a newer kernel with the installed driver's module, compressed, where DKMS puts it",
+         f"kernel={NEXT}\nmodule=/lib/modules/{NEXT}/updates/dkms/nvidia.ko.xz\nversion=535.247.01\n", ""),
+        ("a module file where modinfo is not installed", f"kernel={NEXT}\nmodule=/lib/modules/{NEXT}/extra/nvidia.ko\n",
+         ""),
+        ("a newer kernel without a module", f"kernel={NEXT}\nversion=\n",
+         f"gpu-1 boots kernel {NEXT} next, which has no NVIDIA kernel module (no nvidia.ko under /lib/modules/{NEXT}),"
+         " so it is not rebooted; build the module for that kernel (install its headers, then dkms autoinstall -k"
+         f" {NEXT}) and run again."),
+        ("a newer kernel with the old driver's module",
+         f"kernel={NEXT}\nmodule=/lib/modules/{NEXT}/updates/dkms/nvidia.ko\nversion=535.216.01\n",
+         f"gpu-1 boots kernel {NEXT} next, whose NVIDIA kernel module is 535.216.01, not the installed driver"
+         f" 535.247.01, so it is not rebooted; rebuild the module for that kernel (dkms autoinstall -k {NEXT}, then"
+         " depmod) and run again."),
+        ("a module file depmod has not indexed",
+         f"kernel={NEXT}\nmodule=/lib/modules/{NEXT}/extra/nvidia.ko\nversion=\n",
+         f"gpu-1 boots kernel {NEXT} next, whose NVIDIA kernel module is not one modinfo finds, not the installed"
+         f" driver 535.247.01, so it is not rebooted; rebuild the module for that kernel (dkms autoinstall -k {NEXT},"
+         " then depmod) and run again."),
+        ("no kernel found", "",
+         "gpu-1 would reboot, but the role cannot tell which kernel it boots next (no /boot/vmlinuz-*), so it is not"
+         " rebooted; fix the boot loader or reboot it yourself."),
+    ],
+)  # fmt: skip
+def test_a_reboot_is_refused_where_the_next_kernel_has_no_module_of_the_installed_driver(what, stdout, refusal):
+    assert boot(stdout) == refusal, what
+
+
+def test_the_boot_kernel_is_refused_before_the_drain():
+    """tasks/module.yml: the refusal comes before node_drain, on the same conditions as the reboot."""
+    tasks = yaml.safe_load((ROLES / "nvidia_driver" / "tasks" / "module.yml").read_text())
+    names = [task["name"] for task in tasks]
+    refuse = names.index("Refuse a reboot into a kernel without the installed driver's module")
+    assert refuse < names.index("Drain the node before rebooting it for the installed driver")
+    when = " ".join(tasks[refuse]["when"])
+    assert "__nvidia_driver_module_stale" in when and "nvidia_driver_reboot" in when
+    assert tasks[refuse]["ansible.builtin.fail"]["msg"] == "{{ __nvidia_driver_boot_refusal }}"
+
+
+def run_boot_kernel_script(tmp_path: Path, method: str, programs: dict[str, str]) -> str:
+    """The read's boot_kernel command, run here with stand-ins (TEST DOUBLES) for the programs that read the node's
+    /boot, boot loader and module index: each of PROGRAMS is a shell script put first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, body in programs.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    argv = decide(converged()).get("__nvidia_driver_read_commands")["boot_kernel"]
+    argv = [argv[0], argv[1], argv[2], argv[3], method]
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
+
+
+def test_the_next_kernel_is_the_newest_in_version_order_as_grub_mkconfig_sorts_them(tmp_path):
+    listing = [
+        "System.map-6.1.0-9-amd64", "config-6.1.0-10-amd64", "initrd.img-6.1.0-10-amd64", "vmlinuz-6.1.0-9-amd64",
+        "vmlinuz-6.1.0-10-amd64", "vmlinuz-6.1.0-28-amd64.dpkg-tmp", "vmlinuz-6.1.0-30-amd64.old",
+    ]  # fmt: skip
+    out = run_boot_kernel_script(
+        tmp_path,
+        "grub",
+        {
+            "ls": f"[ \"$2\" = /boot ] && printf '%s\\n' {' '.join(listing)}\n",
+            "find": '[ "$1" = /lib/modules/6.1.0-10-amd64 ] && echo "$1/updates/dkms/nvidia.ko.zst"\n',
+            "modinfo": "[ \"$1 $2 $3 $4 $5\" = '-k 6.1.0-10-amd64 -F version nvidia' ] && echo 535.247.01\n",
+        },
+    )
+    assert out == (
+        "kernel=6.1.0-10-amd64\nmodule=/lib/modules/6.1.0-10-amd64/updates/dkms/nvidia.ko.zst\nversion=535.247.01\n"
+    )
+
+
+def test_the_next_kernel_on_rhel_is_grubbys_default(tmp_path):
+    kernel = "5.14.0-503.14.1.el9_5.x86_64"
+    out = run_boot_kernel_script(
+        tmp_path,
+        "grubby",
+        {"grubby": f"[ \"$1\" = --default-kernel ] && echo /boot/vmlinuz-{kernel}\n", "find": "exit 0\n",
+         "modinfo": "exit 1\n"},
+    )  # fmt: skip
+    assert out == f"kernel={kernel}\nversion=\n"
+    # No kernel found (a container's empty /boot): no kernel line.
+    assert run_boot_kernel_script(tmp_path / "none", "grub", {"ls": "exit 2\n"}) == ""

@@ -212,3 +212,29 @@ def test_a_registered_result_that_is_not_a_dict_is_one_sentence():
 
 def test_the_filter_is_registered():
     assert FilterModule().filters()["validation_row"] is validation_row
+
+
+def test_a_driver_that_did_not_answer_is_red_with_nvmls_reason():
+    reason = (
+        "NVML could not be initialised (RM has detected an NVML/RM version mismatch: Driver/library version mismatch)"
+    )
+    result = row(driver_ok=False, driver_reason=reason)
+    assert [name for name, green in result["checks"].items() if not green] == ["driver"]
+    assert result["reason"] == f"driver: {reason}"
+    # A green driver's reason (simulate_from's note) is no reason for the row.
+    assert "reason" not in row(driver_reason="simulate_from is set, so NVML was not queried")
+
+
+def test_the_boot_kernels_module_is_a_check_where_a_kernel_was_found():
+    assert "boot_module" not in row(boot={"judged": False, "problem": ""})["checks"]
+    assert "boot_module" not in row()["checks"]
+    green = row(boot={"judged": True, "problem": ""})
+    assert green["checks"]["boot_module"] is True and "reason" not in green
+    problem = "the kernel it boots next (6.1.0-31-amd64) has no NVIDIA kernel module"
+    red = row(boot={"judged": "True", "problem": problem})
+    assert [name for name, ok in red["checks"].items() if not ok] == ["boot_module"]
+    assert red["reason"] == f"boot_module: {problem}"
+    both = row(
+        driver_ok=False, driver_reason="NVML could not be initialised", boot={"judged": True, "problem": problem}
+    )
+    assert both["reason"] == f"driver: NVML could not be initialised; boot_module: {problem}"

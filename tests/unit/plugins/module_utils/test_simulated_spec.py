@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import SpecError, parse_spec
+from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import (
+    SpecError,
+    mock_nvml_state_text,
+    parse_spec,
+)
 
 
 def spec(*gpus, **top):
@@ -198,3 +202,16 @@ def test_the_mig_seed_names_the_declared_layout_only():
 def test_a_declared_mig_layout_the_product_cannot_hold_is_one_sentence(gpu_data, message):
     with pytest.raises(SpecError, match=message):
         state_of(spec(gpu_data))
+
+
+def test_a_kernel_module_of_another_version_is_a_driver_library_mismatch_in_the_mock_state():
+    """kernel_module_version: the loaded module's version, where it is not the library's (driver_version); the mock
+    library's state carries it only then, and its nvmlInit answers NVML_ERROR_LIB_RM_VERSION_MISMATCH."""
+    same = parse_spec(spec(gpu(1), kernel_module_version="580.95.05"), "lab.yaml")
+    assert "kernel_module_version" not in same
+    assert "kernel_module_version" not in mock_nvml_state_text(same)
+    other = parse_spec(spec(gpu(1), kernel_module_version="580.82.07"), "lab.yaml")
+    assert other["kernel_module_version"] == "580.82.07"
+    assert "\nkernel_module_version 580.82.07\n" in mock_nvml_state_text(other)
+    with pytest.raises(SpecError, match=r"^Simulated-GPU spec lab.yaml: kernel_module_version must be a non-empty"):
+        parse_spec(spec(gpu(1), kernel_module_version=580), "lab.yaml")

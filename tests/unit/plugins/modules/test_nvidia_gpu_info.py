@@ -391,7 +391,11 @@ def test_nvml_error_during_enumeration_fails_with_one_sentence(
     [
         (real_pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"),
         (real_pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found"),
-        (real_pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "RM has detected an NVML/RM version mismatch"),
+        (
+            real_pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+            "RM has detected an NVML/RM version mismatch: Driver/library version mismatch, the loaded NVIDIA kernel"
+            " module is not the installed driver library's version; reboot the node to load the installed driver",
+        ),
     ],
 )
 def test_nvml_init_failure_falls_back_to_sysfs(monkeypatch, capsys, sysfs, error, words):
@@ -603,3 +607,21 @@ def test_every_returned_key_is_documented(monkeypatch, capsys, sysfs):
         simulated_result["gpus"][0]["mig_devices"][0]
     )
     assert set(documented["pci_devices"]["contains"]) == set(sysfs_result["pci_devices"][0])
+
+
+def test_a_simulated_driver_library_mismatch_is_what_nvml_reports(monkeypatch, capsys, tmp_path):
+    """A spec whose kernel_module_version is not its driver_version: NVML would not initialise, so the result is the
+    sysfs fallback with NVML's reason, the spec's PCI devices kept for the driver role."""
+    with open(os.path.join(COLLECTION_ROOT, "tests", "fixtures", "simulated", "h100x8.yaml")) as source:
+        text = source.read()
+    spec = tmp_path / "mismatch.yaml"
+    spec.write_text(text + "\nkernel_module_version: 1.0.0\n")
+    code, result = run_module(monkeypatch, capsys, None, simulate_from=str(spec))
+    assert code == 0
+    assert (result["source"], result["nvml_available"], result["gpus"]) == ("sysfs", False, [])
+    assert result["nvml_unavailable_reason"] == (
+        "NVML could not be initialised (RM has detected an NVML/RM version mismatch: Driver/library version mismatch,"
+        " the loaded NVIDIA kernel module is not the installed driver library's version; reboot the node to load the"
+        " installed driver), so the GPUs were read from the PCI bus in sysfs."
+    )
+    assert len(result["pci_devices"]) == 8
