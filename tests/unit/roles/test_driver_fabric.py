@@ -11,7 +11,11 @@ gpuops.k8s.nvidia_gpu_info returns for real PCI device IDs: the fabric is the mo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
+from ansible.template import trust_as_template
 from ansible_collections.gpuops.k8s.plugins.module_utils._nvlink_fabric import nvlink_fabric, with_generation
 from ansible_collections.gpuops.k8s.tests.unit.roles.test_node_package_selection import RoleVars
 
@@ -153,3 +157,36 @@ CUDA_DRIVER = {"nvidia-compute-utils-580": "580.95.05-1"}
 def test_the_fabric_step_runs_where_the_read_finds_a_package_missing_or_imex_of_another_version(shape, packages, due):
     decided = role(shape, nvidia_driver_source="cuda", __nvidia_driver_node=node(packages))
     assert decided.get("__nvidia_driver_todo.fabric") is due
+
+
+TASKS = Path(__file__).resolve().parents[3] / "roles" / "nvidia_driver" / "tasks" / "main.yml"
+
+
+def assertion(name: str) -> dict:
+    return next(task["ansible.builtin.assert"] for task in yaml.safe_load(TASKS.read_text()) if task["name"] == name)
+
+
+@pytest.mark.parametrize(
+    ("task", "shape", "words"),
+    [
+        (
+            "Check that Fabric Manager can be installed where NVSwitch needs it",
+            "hgx-b200",
+            "gpu-1 needs NVIDIA Fabric Manager (its NVLink fabric is nvlink5-hgx, or nvidia_driver_fabricmanager is"
+            " set), but the distro source on Debian does not package it. Use nvidia_driver_source=cuda.",
+        ),
+        (
+            "Check that the NVLink fabric's other services can be installed where the node needs them",
+            "gb200-nvl",
+            "gpu-1 needs IMEX (nvidia_driver_imex) (its NVLink fabric is nvlink5-rack, or the setting asks for it), but"
+            " the distro source on Debian does not package it. Use nvidia_driver_source=cuda.",
+        ),
+    ],
+)
+def test_a_source_without_a_needed_service_stops_the_role_with_one_sentence(task, shape, words):
+    check = assertion(task)
+    decided = role(shape, "debian12", inventory_hostname="gpu-1")
+    that = check["that"] if isinstance(check["that"], str) else check["that"][0]
+    assert decided.get(that) is False
+    message = decided._templar.template(trust_as_template(check["fail_msg"]))
+    assert " ".join(message.split()) == words
