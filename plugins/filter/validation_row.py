@@ -77,6 +77,22 @@ options:
         C(boot_module), and a problem goes into its C(reason).
     type: dict
     default: {}
+  fabric_settings:
+    description:
+      - The NVLink fabric services' settings, C(fabricmanager), C(nvlsm) and C(imex) to C(auto), C(always) or
+        C(never), as the nvidia_driver role takes them (C(nvidia_driver_fabricmanager) and so on); a service
+        not given is C(auto). C(auto) needs a service where the input's C(nvlink_fabric) (from
+        M(gpuops.k8s.nvidia_gpu_info)) names it.
+    type: dict
+    default: {}
+  fabric_state:
+    description:
+      - The M(gpuops.k8s.node_state) result for the units C(nvidia-fabricmanager.service) and
+        C(nvidia-imex.service) and the path C(/opt/nvidia/nvlsm/sbin/nvlsm). Where the node needs a fabric
+        service, the row has the check C(fabric), red where Fabric Manager's or IMEX's unit is not active, or the
+        NVLink Subnet Manager is not installed; the row's C(fabric) says each needed service's state.
+    type: dict
+    default: {}
   health:
     description: The M(ansible.builtin.uri) result of the plugin's C(/healthz) (its C(status)); empty when not asked.
     type: dict
@@ -161,21 +177,31 @@ _value:
     cgroup_note:
       description: The cgroup v1 sentence, or empty.
       type: str
+    fabric:
+      description:
+        - The NVLink fabric services the node needs, each with its state (C(active), C(inactive), C(installed) or
+          C(missing)), such as C(nvlsm installed, fabricmanager active); C(-) where it needs none.
+      type: str
     checks:
       description:
         - Check name to true (green) or false (red); C(published) only on a DRA node, C(boot_module) only where
-          O(boot) was judged.
+          O(boot) was judged, C(fabric) only where the node needs an NVLink fabric service.
       type: dict
     reason:
-      description: Why the driver or the boot kernel's module is red, where O(driver_reason) or O(boot) says.
+      description: Why the driver, the boot kernel's module or the fabric services are red, where known.
       type: str
-      returned: when the driver or the boot kernel's module is red with a reason
+      returned: when the driver, the boot kernel's module or the fabric services are red with a reason
 """
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpuops.k8s.plugins.filter.cgroup_v1_note import cgroup_v1_note
 
 _GPU = "nvidia.com/gpu"
+# The NVLink fabric services in the order they start (plugins/module_utils/_nvlink_fabric.py): Fabric Manager and
+# IMEX are judged by their units, the NVLink Subnet Manager (which Fabric Manager's service starts) by its program.
+_FABRIC_SERVICES = ("nvlsm", "fabricmanager", "imex")
+_FABRIC_UNITS = {"fabricmanager": "nvidia-fabricmanager.service", "imex": "nvidia-imex.service"}
+NVLSM_PROGRAM = "/opt/nvidia/nvlsm/sbin/nvlsm"
 
 
 def _int(value):
@@ -213,6 +239,31 @@ def _cgroup_note(cgroupfs, node_name, node):
     return cgroup_v1_note(str(cgroupfs.get("stdout", "")).strip(), node=node_name, kubelet_version=kubelet)
 
 
+def _fabric(gpu_info, settings, state):
+    """[(service, state)] for each NVLink fabric service the node needs, in start order."""
+    auto = ((gpu_info.get("nvlink_fabric") or {}).get("services")) or []
+    settings = settings or {}
+    found = []
+    for service in _FABRIC_SERVICES:
+        setting = str(settings.get(service) or "auto")
+        if setting not in ("auto", "always", "never"):
+            raise AnsibleFilterError(
+                f"validation_row: fabric_settings {service} must be auto, always or never, not {setting}."
+            )
+        if setting == "never" or (setting == "auto" and service not in auto):
+            continue
+        if service in _FABRIC_UNITS:
+            unit = ((state or {}).get("units") or {}).get(_FABRIC_UNITS[service]) or {}
+            if unit.get("load_state", "not-found") == "not-found":
+                found.append((service, "missing"))
+            else:
+                found.append((service, "active" if unit.get("active_state") == "active" else "inactive"))
+        else:
+            path = ((state or {}).get("paths") or {}).get(NVLSM_PROGRAM) or {}
+            found.append((service, "missing" if path.get("type", "absent") == "absent" else "installed"))
+    return found
+
+
 def validation_row(
     gpu_info,
     node_name,
@@ -233,6 +284,8 @@ def validation_row(
     slices=None,
     claims=0,
     cgroupfs=None,
+    fabric_settings=None,
+    fabric_state=None,
 ):
     if not isinstance(gpu_info, dict) or not isinstance(gpu_info.get("gpus"), list):
         raise AnsibleFilterError("validation_row: the input must be a gpuops.k8s.nvidia_gpu_info result with gpus.")
@@ -279,6 +332,11 @@ def validation_row(
         problem = str(boot.get("problem") or "").strip()
         checks["boot_module"] = not problem
         reasons += [f"boot_module: {problem}"] if problem else []
+    fabric = _fabric(gpu_info, fabric_settings, fabric_state)
+    if fabric:
+        down = [service for service, state in fabric if state in ("missing", "inactive")]
+        checks["fabric"] = not down
+        reasons += ["fabric: " + ", ".join(f"{s} {state}" for s, state in fabric if s in down)] if down else []
     row = {
         "node": node_name,
         "mode": "dra" if dra else "device-plugin",
@@ -292,6 +350,7 @@ def validation_row(
         "taint": "on" if taints else "off",
         "plugin": plugin,
         "cgroup_note": _cgroup_note(cgroupfs or {}, node_name, found),
+        "fabric": ", ".join(f"{service} {state}" for service, state in fabric) or "-",
         "checks": checks,
     }
     if reasons:

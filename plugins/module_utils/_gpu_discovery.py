@@ -169,7 +169,8 @@ def facts_from_spec(spec):
     """
     gpus = []
     for gpu in spec["gpus"]:
-        fields = dict((key, value) for key, value in gpu.items() if key != "memory_mib")
+        # The PCI device ID is the bus's fact (nvidia_gpu_info's pci_devices), not NVML's.
+        fields = dict((key, value) for key, value in gpu.items() if key not in ("memory_mib", "pci_device_id"))
         fields["memory_total_mib"] = gpu["memory_mib"]
         gpus.append(gpu_fact(**fields))
     return {"driver_version": spec["driver_version"], "cuda_driver_version": spec["cuda_driver_version"], "gpus": gpus}

@@ -26,7 +26,11 @@ except ImportError as exc:  # pragma: no cover - exercised by the sanity import 
 TOP_LEVEL_KEYS = ("driver_version", "cuda_driver_version", "gpus")
 # The loaded kernel module's version, where it is not the library's (driver_version): NVML's nvmlInit then fails
 # with NVML_ERROR_LIB_RM_VERSION_MISMATCH, as after new driver packages over the old module.
-OPTIONAL_TOP_LEVEL_KEYS = ("kernel_module_version",)
+# The host's NVSwitch PCI functions (an HGX board's), each with its PCI device ID: gpuops.k8s.nvidia_gpu_info
+# returns them in nvswitch_devices, as the sysfs scan would (docs/nvlink-fabric.md).
+OPTIONAL_TOP_LEVEL_KEYS = ("kernel_module_version", "nvswitches")
+NVSWITCH_REQUIRED_KEYS = ("pci_bus_id", "device_id")
+NVSWITCH_OPTIONAL_KEYS = ("numa_node",)
 GPU_REQUIRED_KEYS = ("uuid", "name", "memory_mib", "pci_bus_id", "compute_capability")
 GPU_OPTIONAL_KEYS = (
     "numa_node",
@@ -38,12 +42,14 @@ GPU_OPTIONAL_KEYS = (
     "lost",
     "mig_mode",
     "mig_devices",
+    "pci_device_id",
 )
 MIG_DEVICE_KEYS = ("uuid", "profile", "memory_mib")
 MIG_MODES = ("enabled", "disabled", "unsupported")
 
 _MAJOR_MINOR = re.compile(r"^[0-9]+\.[0-9]+$")
 _PCI_BUS_ID = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_PCI_DEVICE_ID = re.compile(r"^0x[0-9a-fA-F]{4}$")
 
 
 class SpecError(Exception):
@@ -94,7 +100,8 @@ def parse_spec(data, path):
     """Validate already-loaded spec ``data`` (from file ``path``).
 
     Returns driver_version, cuda_driver_version and gpus: per GPU every key of the format with its
-    default filled in, the PCI bus ID in lower case, and nvlink_peers made symmetric (in index order).
+    default filled in, the PCI bus ID in lower case, and nvlink_peers made symmetric (in index order); and
+    kernel_module_version and nvswitches where the spec gives them.
     """
     if not isinstance(data, dict):
         raise SpecError(f"Simulated-GPU spec {path} must be a YAML mapping at the top level.")
@@ -123,6 +130,7 @@ def parse_spec(data, path):
         gpus.append(gpu)
 
     _resolve_peers(gpus, path)
+    nvswitches = _parse_nvswitches(data.get("nvswitches", []), path, seen_bus_ids)
     spec = {
         "driver_version": data["driver_version"],
         "cuda_driver_version": cuda,
@@ -130,7 +138,43 @@ def parse_spec(data, path):
     }
     if module != data["driver_version"]:
         spec["kernel_module_version"] = module
+    if nvswitches:
+        spec["nvswitches"] = nvswitches
     return spec
+
+
+def _parse_nvswitches(raw, path, seen_bus_ids):
+    """The spec's NVSwitch PCI functions: bus ID and device ID in lower case, numa_node None where not given."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise SpecError(f"Simulated-GPU spec {path}: nvswitches must be a list.")
+    switches = []
+    for index, entry in enumerate(raw):
+        where = f"Simulated-GPU spec {path}, NVSwitch {index}"
+        if not isinstance(entry, dict):
+            raise SpecError(f"{where}: each entry of nvswitches must be a mapping.")
+        for key in sorted(entry, key=str):
+            if key not in NVSWITCH_REQUIRED_KEYS + NVSWITCH_OPTIONAL_KEYS:
+                raise SpecError(f"{where}: unknown key '{key}'.")
+        for key in NVSWITCH_REQUIRED_KEYS:
+            if key not in entry:
+                raise SpecError(f"{where}: the required key '{key}' is missing.")
+        bus_id = entry["pci_bus_id"]
+        if not _is_str(bus_id) or not _PCI_BUS_ID.match(bus_id):
+            raise SpecError(f"{where}: pci_bus_id must be a string DDDD:BB:DD.F, not {bus_id!r}.")
+        bus_id = bus_id.lower()
+        if bus_id in seen_bus_ids:
+            raise SpecError(f"{where}: pci_bus_id {bus_id} is already used by {seen_bus_ids[bus_id]}.")
+        seen_bus_ids[bus_id] = f"NVSwitch {index}"
+        device_id = entry["device_id"]
+        if not _is_str(device_id) or not _PCI_DEVICE_ID.match(device_id):
+            raise SpecError(f'{where}: device_id must be a string "0xNNNN" (four hex digits), not {device_id!r}.')
+        numa_node = entry.get("numa_node")
+        if numa_node is not None and not _is_int(numa_node):
+            raise SpecError(f"{where}: numa_node must be an integer or null.")
+        switches.append({"pci_bus_id": bus_id, "device_id": device_id.lower(), "numa_node": numa_node})
+    return switches
 
 
 def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
@@ -175,6 +219,10 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
     numa_node = raw.get("numa_node")
     if numa_node is not None and not _is_int(numa_node):
         fail("numa_node must be an integer or null")
+
+    pci_device_id = raw.get("pci_device_id")
+    if pci_device_id is not None and (not _is_str(pci_device_id) or not _PCI_DEVICE_ID.match(pci_device_id)):
+        fail(f'pci_device_id must be a string "0xNNNN" (four hex digits), not {pci_device_id!r}')
 
     pcie_switch = raw.get("pcie_switch")
     if pcie_switch is not None and not _is_str(pcie_switch):
@@ -231,6 +279,7 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
         "pcie_switch": pcie_switch,
         "xid": xid,
         "lost": raw.get("lost", False),
+        "pci_device_id": pci_device_id.lower() if pci_device_id else None,
     }
 
 

@@ -77,9 +77,9 @@ EXAMPLES = r"""
     msg: "{{ gpu_info.pci_devices | length }} GPU(s) found, driver needed: {{ not gpu_info.nvml_available }}"
   when: gpu_info.pci_devices | length > 0
 
-- name: Fabric Manager is needed only with NVSwitches
+- name: The fabric services the node's NVLink fabric needs
   ansible.builtin.set_fact:
-    needs_fabric_manager: "{{ gpu_info.nvswitch_devices | length > 0 }}"
+    needs_fabric_manager: "{{ 'fabricmanager' in gpu_info.nvlink_fabric.services }}"
 
 - name: Read a sysfs tree of your own (tests and labs)
   gpuops.k8s.nvidia_gpu_info:
@@ -278,7 +278,7 @@ pci_devices:
       type: str
       sample: "0x10de"
     device_id:
-      description: The PCI device ID; null with O(simulate_from).
+      description: The PCI device ID; with O(simulate_from), the spec's C(pci_device_id) (null where it gives none).
       type: str
       sample: "0x2330"
     architecture:
@@ -305,25 +305,54 @@ pci_devices:
       sample: nvidia
 nvswitch_devices:
   description:
-    - NVIDIA NVSwitch functions (vendor C(0x10de), class C(0x0680xx)) on the PCI bus in sysfs, with the same
-      keys as RV(pci_devices). Empty with O(simulate_from).
+    - NVIDIA NVSwitch functions (vendor C(0x10de), class C(0x0680xx)) on the PCI bus in sysfs, with the keys of
+      RV(pci_devices) but C(architecture), and C(generation). With O(simulate_from), the spec's C(nvswitches).
   returned: always
   type: list
   elements: dict
   sample: []
+  contains:
+    generation:
+      description:
+        - The NVSwitch generation of the device ID (C(2) for HGX A100's, C(3) for HGX H100/H200's); null for a
+          device ID the collection does not know. The device IDs and their sources are in the collection's
+          C(docs/nvlink-fabric.md).
+      type: int
+      sample: 3
+nvlink_fabric:
+  description:
+    - The NVLink fabric the node is part of, from RV(pci_devices) and RV(nvswitch_devices), and the fabric services
+      it needs (C(docs/nvlink-fabric.md)).
+  returned: always
+  type: dict
+  sample: {shape: nvswitch, services: [fabricmanager]}
+  contains:
+    shape:
+      description:
+        - C(nvswitch) (NVSwitch PCI functions on the host, HGX A100/H100/H200), C(nvlink5-hgx) (HGX B200/B300
+          GPUs), C(nvlink5-rack) (GB200/GB300 NVL GPUs, switch trays outside the host) or C(none).
+      type: str
+    services:
+      description:
+        - The fabric services the shape needs on the host, of C(nvlsm) (NVLink Subnet Manager),
+          C(fabricmanager) (Fabric Manager) and C(imex) (IMEX), in the order they start.
+      type: list
+      elements: str
 host_pci:
   description:
-    - With O(simulate_from), what the PCI bus in sysfs really holds, under the keys C(pci_devices) and
-      C(nvswitch_devices) (as RV(pci_devices) and RV(nvswitch_devices) would be without O(simulate_from)), so
+    - With O(simulate_from), what the PCI bus in sysfs really holds, under the keys C(pci_devices),
+      C(nvswitch_devices) and C(nvlink_fabric) (as RV(pci_devices), RV(nvswitch_devices) and RV(nvlink_fabric)
+      would be without O(simulate_from)), so
       that a role deciding whether to install a driver reads the real machine from the same run.
   returned: with O(simulate_from)
   type: dict
-  sample: {pci_devices: [], nvswitch_devices: []}
+  sample: {pci_devices: [], nvswitch_devices: [], nvlink_fabric: {shape: none, services: []}}
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuops.k8s.plugins.module_utils import _simulated_spec
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import gpu_family
+from ansible_collections.gpuops.k8s.plugins.module_utils._nvlink_fabric import nvlink_fabric, with_generation
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     DiscoveryError,
@@ -356,11 +385,12 @@ def _simulated(path, sysfs_root):
     parsed = _simulated_spec.load_spec(path)
     spec = facts_from_spec(parsed)
     host_pci, host_nvswitch = scan_pci(sysfs_root)
+    device_ids = {gpu["pci_bus_id"]: gpu["pci_device_id"] for gpu in parsed["gpus"]}
     pci_devices = [
         {
             "bus_id": gpu["pci_bus_id"],
             "vendor_id": "0x10de",
-            "device_id": None,
+            "device_id": device_ids[gpu["pci_bus_id"]],
             "class": "0x030200",
             "numa_node": gpu["numa_node"],
             "driver": "nvidia",
@@ -368,6 +398,26 @@ def _simulated(path, sysfs_root):
         }
         for gpu in spec["gpus"]
     ]
+    # As the sysfs scan finds an NVSwitch: class 0x068000, bound to the nvidia module's NVSwitch driver.
+    nvswitch_devices = with_generation(
+        [
+            {
+                "bus_id": switch["pci_bus_id"],
+                "vendor_id": "0x10de",
+                "device_id": switch["device_id"],
+                "class": "0x068000",
+                "numa_node": switch["numa_node"],
+                "driver": "nvidia-nvswitch",
+            }
+            for switch in parsed.get("nvswitches", [])
+        ]
+    )
+    host_pci = _with_architecture(host_pci)
+    host_pci = dict(
+        pci_devices=host_pci,
+        nvswitch_devices=with_generation(host_nvswitch),
+        nvlink_fabric=nvlink_fabric(host_pci, host_nvswitch),
+    )
     if "kernel_module_version" in parsed:
         # The loaded module is not the library's version: NVML answers nothing, as on a node in that state.
         return dict(
@@ -381,8 +431,9 @@ def _simulated(path, sysfs_root):
             gpus=[],
             gpu_count=len(pci_devices),
             pci_devices=pci_devices,
-            nvswitch_devices=[],
-            host_pci=dict(pci_devices=host_pci, nvswitch_devices=host_nvswitch),
+            nvswitch_devices=nvswitch_devices,
+            nvlink_fabric=nvlink_fabric(pci_devices, nvswitch_devices),
+            host_pci=host_pci,
         )
     return dict(
         source="simulated",
@@ -393,8 +444,9 @@ def _simulated(path, sysfs_root):
         gpus=spec["gpus"],
         gpu_count=len(spec["gpus"]),
         pci_devices=pci_devices,
-        nvswitch_devices=[],
-        host_pci=dict(pci_devices=_with_architecture(host_pci), nvswitch_devices=host_nvswitch),
+        nvswitch_devices=nvswitch_devices,
+        nvlink_fabric=nvlink_fabric(pci_devices, nvswitch_devices),
+        host_pci=host_pci,
     )
 
 
@@ -404,7 +456,11 @@ def discover(nvml, sysfs_root):
     Raises DiscoveryError with one sentence when discovery fails.
     """
     pci_devices, nvswitch_devices = scan_pci(sysfs_root)
-    result = dict(pci_devices=_with_architecture(pci_devices), nvswitch_devices=nvswitch_devices)
+    result = dict(
+        pci_devices=_with_architecture(pci_devices),
+        nvswitch_devices=with_generation(nvswitch_devices),
+        nvlink_fabric=nvlink_fabric(pci_devices, nvswitch_devices),
+    )
     if nvml is None:
         reason = NO_PYNVML_REASON
     else:

@@ -107,7 +107,16 @@ def test_env_values_are_checked():
         config.resolve({}, {"PASS_DEVICE_SPECS": "perhaps"})
 
 
-@pytest.mark.parametrize("name", sorted(os.listdir(FIXTURES)))
+# Every spec, those of the NVLink fabric shapes (fabric/) included.
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        os.path.relpath(os.path.join(top, file), FIXTURES)
+        for top, _dirs, files in os.walk(FIXTURES)
+        for file in files
+        if file.endswith(".yaml")
+    ),
+)
 def test_every_fixture_parses(name):
     inventory = simspec.load(os.path.join(FIXTURES, name))
     assert inventory.gpus

@@ -156,7 +156,10 @@ def test_driver_rocky_module_streams(modules, stream):
     assert repository.get("__cuda_repository_url") == base
     assert repository.get("__cuda_repository_key_url") == f"{base}/D42D0685.pub"
     assert role.get("__nvidia_driver_headers_package") == f"kernel-devel-{KERNEL}"
-    assert role.get("__nvidia_driver_fabricmanager_package") == "nvidia-fabric-manager"
+    # Fabric Manager's RPM lost its dash with branch 580.
+    assert role.get("__nvidia_driver_fabricmanager_package") == "nvidia-fabricmanager"
+    older = RoleVars("nvidia_driver", "rocky9", nvidia_driver_kernel_modules=modules, nvidia_driver_branch="570")
+    assert older.get("__nvidia_driver_fabricmanager_package") == "nvidia-fabric-manager"
     # No distro pynvml on RHEL: pip is used instead.
     assert role.get("__nvidia_driver_pynvml_package") == ""
 

@@ -76,6 +76,7 @@ def test_a_healthy_device_plugin_node_is_all_green():
         "taint": "on",
         "plugin": "healthy",
         "cgroup_note": "",
+        "fabric": "-",
         "checks": dict.fromkeys(("driver", "node", "runtime", "plugin", "allocatable", "labels", "taint"), True),
     }
 
@@ -238,3 +239,78 @@ def test_the_boot_kernels_module_is_a_check_where_a_kernel_was_found():
         driver_ok=False, driver_reason="NVML could not be initialised", boot={"judged": True, "problem": problem}
     )
     assert both["reason"] == f"driver: NVML could not be initialised; boot_module: {problem}"
+
+
+# -- NVLink fabric services (docs/nvlink-fabric.md) ----------------------------------------------------------------
+
+
+def fabric_info(*services):
+    return dict(gpu_info(), nvlink_fabric={"shape": "test", "services": list(services)})
+
+
+def fabric_state(fm=None, imex=None, nvlsm=False):
+    """node_state's read: each unit's active_state, or None where the unit is not installed."""
+
+    def unit(active):
+        if active is None:
+            return {"load_state": "not-found", "active_state": "inactive", "unit_file_state": None}
+        return {"load_state": "loaded", "active_state": active, "unit_file_state": "enabled"}
+
+    return {
+        "units": {"nvidia-fabricmanager.service": unit(fm), "nvidia-imex.service": unit(imex)},
+        "paths": {"/opt/nvidia/nvlsm/sbin/nvlsm": {"type": "file"} if nvlsm else {"type": "absent"}},
+    }
+
+
+def fabric_row(info, state, settings=None):
+    return validation_row(
+        info, "gpu-1", node(), runtime(), WANT, health={"status": 200}, fabric_state=state, fabric_settings=settings
+    )
+
+
+@pytest.mark.parametrize(
+    ("services", "state", "fabric", "reason"),
+    [
+        ((), fabric_state(), "-", None),
+        (("fabricmanager",), fabric_state(fm="active"), "fabricmanager active", None),
+        (("fabricmanager",), fabric_state(fm="failed"), "fabricmanager inactive", "fabric: fabricmanager inactive"),
+        (("fabricmanager",), fabric_state(), "fabricmanager missing", "fabric: fabricmanager missing"),
+        (
+            ("nvlsm", "fabricmanager"),
+            fabric_state(fm="active", nvlsm=True),
+            "nvlsm installed, fabricmanager active",
+            None,
+        ),
+        (
+            ("nvlsm", "fabricmanager"),
+            fabric_state(fm="active"),
+            "nvlsm missing, fabricmanager active",
+            "fabric: nvlsm missing",
+        ),
+        (("imex",), fabric_state(imex="active"), "imex active", None),
+        (("imex",), fabric_state(fm="active"), "imex missing", "fabric: imex missing"),
+    ],
+)
+def test_the_fabric_services_the_node_needs_are_shown_and_red_where_missing_or_inactive(
+    services, state, fabric, reason
+):
+    row = fabric_row(fabric_info(*services), state)
+    assert row["fabric"] == fabric
+    assert ("fabric" in row["checks"]) is bool(services)
+    assert [name for name, ok in row["checks"].items() if not ok] == (["fabric"] if reason else [])
+    assert row.get("reason") == reason
+
+
+def test_the_fabric_settings_force_a_service_as_the_role_does():
+    state = fabric_state(fm="active")
+    forced = fabric_row(fabric_info(), state, {"imex": "always"})
+    assert forced["fabric"] == "imex missing" and forced["checks"]["fabric"] is False
+    off = fabric_row(fabric_info("fabricmanager"), fabric_state(), {"fabricmanager": "never"})
+    assert off["fabric"] == "-" and "fabric" not in off["checks"]
+    # A result without nvlink_fabric (no scan of the fabric) needs only what the settings force.
+    assert fabric_row(gpu_info(), state)["fabric"] == "-"
+
+
+def test_a_fabric_setting_that_is_not_one_of_the_three_is_one_sentence():
+    with pytest.raises(AnsibleFilterError, match="fabric_settings imex must be auto, always or never, not yes"):
+        fabric_row(fabric_info(), fabric_state(), {"imex": "yes"})

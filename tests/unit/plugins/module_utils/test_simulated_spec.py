@@ -47,7 +47,9 @@ def test_defaults():
         "pcie_switch": None,
         "xid": None,
         "lost": False,
+        "pci_device_id": None,
     }
+    assert "nvswitches" not in result
 
 
 def test_empty_gpu_list_is_valid():
@@ -215,3 +217,90 @@ def test_a_kernel_module_of_another_version_is_a_driver_library_mismatch_in_the_
     assert "\nkernel_module_version 580.82.07\n" in mock_nvml_state_text(other)
     with pytest.raises(SpecError, match=r"^Simulated-GPU spec lab.yaml: kernel_module_version must be a non-empty"):
         parse_spec(spec(gpu(1), kernel_module_version=580), "lab.yaml")
+
+
+# -- NVSwitches and PCI device IDs (docs/simulated-gpus.md, docs/nvlink-fabric.md) ------------------------------
+
+
+def test_gpu_pci_device_ids_and_nvswitches_are_read_in_lower_case():
+    result = parse_spec(
+        spec(
+            gpu(1, pci_device_id="0x2330"),
+            gpu(2),
+            nvswitches=[
+                {"pci_bus_id": "0000:C0:00.0", "device_id": "0x22A3", "numa_node": 1},
+                {"pci_bus_id": "0000:c1:00.0", "device_id": "0x22a3"},
+            ],
+        ),
+        "hgx.yaml",
+    )
+    assert [g["pci_device_id"] for g in result["gpus"]] == ["0x2330", None]
+    assert result["nvswitches"] == [
+        {"pci_bus_id": "0000:c0:00.0", "device_id": "0x22a3", "numa_node": 1},
+        {"pci_bus_id": "0000:c1:00.0", "device_id": "0x22a3", "numa_node": None},
+    ]
+
+
+def test_an_empty_nvswitch_list_is_no_nvswitch():
+    assert "nvswitches" not in parse_spec(spec(gpu(1), nvswitches=[]), "lab.yaml")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            spec(gpu(1, pci_device_id="2330")),
+            'Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): pci_device_id must be a string "0xNNNN" (four hex '
+            "digits), not '2330'.",
+        ),
+        (
+            spec(gpu(1, pci_device_id=0x2330)),
+            'Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): pci_device_id must be a string "0xNNNN" (four hex '
+            "digits), not 9008.",
+        ),
+        (spec(gpu(1), nvswitches={}), "Simulated-GPU spec lab.yaml: nvswitches must be a list."),
+        (
+            spec(gpu(1), nvswitches=["0000:c0:00.0"]),
+            "Simulated-GPU spec lab.yaml, NVSwitch 0: each entry of nvswitches must be a mapping.",
+        ),
+        (
+            spec(gpu(1), nvswitches=[{"pci_bus_id": "0000:c0:00.0"}]),
+            "Simulated-GPU spec lab.yaml, NVSwitch 0: the required key 'device_id' is missing.",
+        ),
+        (
+            spec(gpu(1), nvswitches=[{"pci_bus_id": "0000:c0:00.0", "device_id": "0x22a3", "generation": 3}]),
+            "Simulated-GPU spec lab.yaml, NVSwitch 0: unknown key 'generation'.",
+        ),
+        (
+            spec(gpu(1), nvswitches=[{"pci_bus_id": "c0:00.0", "device_id": "0x22a3"}]),
+            "Simulated-GPU spec lab.yaml, NVSwitch 0: pci_bus_id must be a string DDDD:BB:DD.F, not 'c0:00.0'.",
+        ),
+        (
+            spec(gpu(1), nvswitches=[{"pci_bus_id": "0000:01:00.0", "device_id": "0x22a3"}]),
+            "Simulated-GPU spec lab.yaml, NVSwitch 0: pci_bus_id 0000:01:00.0 is already used by GPU 0.",
+        ),
+        (
+            spec(
+                gpu(1),
+                nvswitches=[
+                    {"pci_bus_id": "0000:c0:00.0", "device_id": "0x22a3"},
+                    {"pci_bus_id": "0000:C0:00.0", "device_id": "0x22a3"},
+                ],
+            ),
+            "Simulated-GPU spec lab.yaml, NVSwitch 1: pci_bus_id 0000:c0:00.0 is already used by NVSwitch 0.",
+        ),
+        (
+            spec(gpu(1), nvswitches=[{"pci_bus_id": "0000:c0:00.0", "device_id": "22a3"}]),
+            'Simulated-GPU spec lab.yaml, NVSwitch 0: device_id must be a string "0xNNNN" (four hex digits), not '
+            "'22a3'.",
+        ),
+        (
+            spec(gpu(1), nvswitches=[{"pci_bus_id": "0000:c0:00.0", "device_id": "0x22a3", "numa_node": "1"}]),
+            "Simulated-GPU spec lab.yaml, NVSwitch 0: numa_node must be an integer or null.",
+        ),
+    ],
+)
+def test_nvswitch_and_device_id_rule_violations(data, message):
+    with pytest.raises(SpecError) as raised:
+        parse_spec(data, "lab.yaml")
+    assert str(raised.value) == message

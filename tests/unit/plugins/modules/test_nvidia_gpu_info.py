@@ -48,6 +48,10 @@ HOST_GPUS_RETURNED = [
     dict(NVIDIA_HOST_GPUS[1], architecture="hopper"),
     dict(NVIDIA_HOST_GPUS[2], architecture="turing"),
 ]
+# And for its NVSwitch (0x22a3, HGX H100's): the generation; the fabric of H100 GPUs with NVSwitches on the host.
+HOST_NVSWITCHES_RETURNED = [dict(NVIDIA_HOST_NVSWITCHES[0], generation=3)]
+HOST_FABRIC = {"shape": "nvswitch", "services": ["fabricmanager"]}
+FABRIC_FIXTURES = os.path.join(COLLECTION_ROOT, "tests", "fixtures", "simulated", "fabric")
 
 
 # nvmlDeviceGetAttributes_v2 of an H100's 3g.40gb MIG device (`nvidia-smi mig -lgip`: 60 SMs, 3 copy engines,
@@ -226,7 +230,8 @@ def test_nvml_reports_every_field(monkeypatch, capsys, sysfs, check_mode):
     assert result["gpu_count"] == 3
     assert result["gpus"] == EXPECTED_GPUS
     assert result["pci_devices"] == HOST_GPUS_RETURNED
-    assert result["nvswitch_devices"] == NVIDIA_HOST_NVSWITCHES
+    assert result["nvswitch_devices"] == HOST_NVSWITCHES_RETURNED
+    assert result["nvlink_fabric"] == HOST_FABRIC
 
 
 def test_nvml_is_initialised_once_and_shut_down_once(monkeypatch, capsys, sysfs):
@@ -412,7 +417,8 @@ def test_nvml_init_failure_falls_back_to_sysfs(monkeypatch, capsys, sysfs, error
     assert result["cuda_driver_version"] is None
     assert result["gpus"] == []
     assert result["pci_devices"] == HOST_GPUS_RETURNED
-    assert result["nvswitch_devices"] == NVIDIA_HOST_NVSWITCHES
+    assert result["nvswitch_devices"] == HOST_NVSWITCHES_RETURNED
+    assert result["nvlink_fabric"] == HOST_FABRIC
     assert result["gpu_count"] == 3
     assert nvml.calls == ["nvmlInit"]
 
@@ -459,6 +465,7 @@ def test_simulated_fixture(monkeypatch, capsys, spec_path, check_mode):
     assert result["cuda_driver_version"] == raw["cuda_driver_version"]
     assert result["gpu_count"] == len(raw["gpus"])
     assert result["nvswitch_devices"] == []
+    assert result["nvlink_fabric"] == {"shape": "none", "services": []}
     for index, (gpu, source) in enumerate(zip(result["gpus"], raw["gpus"])):
         assert gpu["index"] == index
         assert gpu["uuid"] == source["uuid"]
@@ -491,12 +498,46 @@ def test_simulated_gpus_come_with_the_real_pci_bus(monkeypatch, capsys, sysfs, t
     code, result = run_module(monkeypatch, capsys, nvml, simulate_from=spec, sysfs_root=str(sysfs))
     assert code == 0
     assert result["gpu_count"] == 8
-    assert result["host_pci"] == {"pci_devices": HOST_GPUS_RETURNED, "nvswitch_devices": NVIDIA_HOST_NVSWITCHES}
+    assert result["host_pci"] == {
+        "pci_devices": HOST_GPUS_RETURNED,
+        "nvswitch_devices": HOST_NVSWITCHES_RETURNED,
+        "nvlink_fabric": HOST_FABRIC,
+    }
     empty = tmp_path / "empty-sys"
     (empty / "bus" / "pci" / "devices").mkdir(parents=True)
     code, result = run_module(monkeypatch, capsys, nvml, simulate_from=spec, sysfs_root=str(empty))
-    assert result["host_pci"] == {"pci_devices": [], "nvswitch_devices": []}
+    assert result["host_pci"] == {
+        "pci_devices": [],
+        "nvswitch_devices": [],
+        "nvlink_fabric": {"shape": "none", "services": []},
+    }
     assert len(result["pci_devices"]) == 8
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "device_id", "nvswitches", "fabric"),
+    [
+        ("hgx-h100.yaml", 8, "0x2330", 4, {"shape": "nvswitch", "services": ["fabricmanager"]}),
+        ("hgx-b200.yaml", 8, "0x2901", 0, {"shape": "nvlink5-hgx", "services": ["nvlsm", "fabricmanager"]}),
+        ("gb200-nvl.yaml", 4, "0x2941", 0, {"shape": "nvlink5-rack", "services": ["imex"]}),
+    ],
+)
+def test_simulated_fabric_shapes_come_back_as_the_sysfs_scan_would(
+    monkeypatch, capsys, name, gpus, device_id, nvswitches, fabric
+):
+    code, result = run_module(monkeypatch, capsys, None, simulate_from=os.path.join(FABRIC_FIXTURES, name))
+    assert code == 0
+    assert [device["device_id"] for device in result["pci_devices"]] == [device_id] * gpus
+    assert len(result["nvswitch_devices"]) == nvswitches
+    for switch in result["nvswitch_devices"]:
+        assert {k: switch[k] for k in ("vendor_id", "device_id", "class", "driver", "generation")} == {
+            "vendor_id": "0x10de",
+            "device_id": "0x22a3",
+            "class": "0x068000",
+            "driver": "nvidia-nvswitch",
+            "generation": 3,
+        }
+    assert result["nvlink_fabric"] == fabric
 
 
 def test_simulated_h100x8_topology(monkeypatch, capsys):

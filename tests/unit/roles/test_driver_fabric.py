@@ -1,0 +1,192 @@
+# Copyright: (c) 2026, gpuops.k8s maintainers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The NVLink fabric services of the nvidia_driver role (vars/main.yml: __nvidia_driver_fabric and the
+__nvidia_driver_*_wanted decisions, the packages of vars/<platform>.yml, __nvidia_driver_todo.fabric), for the
+fabric shapes a node can have x nvidia_driver_fabricmanager / _nvlsm / _imex.
+
+The role's real vars are rendered with Ansible's templar (test_node_package_selection.RoleVars), given the PCI scan
+gpuops.k8s.nvidia_gpu_info returns for real PCI device IDs: the fabric is the module's own decision from them
+(plugins/module_utils/_nvlink_fabric.py; docs/nvlink-fabric.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.template import trust_as_template
+from ansible_collections.gpuops.k8s.plugins.module_utils._nvlink_fabric import nvlink_fabric, with_generation
+from ansible_collections.gpuops.k8s.tests.unit.roles.test_node_package_selection import RoleVars
+
+# Real PCI device IDs (PCI ID database; the NVSwitch IDs of the nvidia module's NVSwitch driver).
+H100_SXM = "0x2330"
+H100_NVSWITCH = "0x22a3"
+B200 = "0x2901"
+GB200 = "0x2941"
+L4 = "0x27b8"
+
+FM = "nvidia-fabricmanager.service"
+IMEX = "nvidia-imex.service"
+
+
+def scan(gpu_id: str, gpus: int, nvswitches: int = 0, fabric: bool = True) -> dict:
+    """nvidia_gpu_info's result (sysfs) for GPUS GPUs of GPU_ID and NVSWITCHES NVSwitches of the H100 board."""
+    pci = [{"bus_id": f"0000:{0x18 + i:02x}:00.0", "vendor_id": "0x10de", "device_id": gpu_id} for i in range(gpus)]
+    switches = with_generation(
+        [
+            {"bus_id": f"0000:{0xC0 + i:02x}:00.0", "vendor_id": "0x10de", "device_id": H100_NVSWITCH}
+            for i in range(nvswitches)
+        ]
+    )
+    result = {"source": "sysfs", "changed": False, "pci_devices": pci, "nvswitch_devices": switches}
+    if fabric:
+        result["nvlink_fabric"] = nvlink_fabric(pci, switches)
+    return result
+
+
+SHAPES = {
+    "no-nvswitch": scan(L4, 2),
+    "hgx-h100": scan(H100_SXM, 8, nvswitches=4),
+    "hgx-b200": scan(B200, 8),
+    "gb200-nvl": scan(GB200, 4),
+    # A scan of another collection version, without nvlink_fabric: Fabric Manager where it found NVSwitches.
+    "hgx-h100-older-scan": scan(H100_SXM, 8, nvswitches=4, fabric=False),
+}
+# Per shape, with every setting auto: (Fabric Manager, NVLink Subnet Manager, IMEX).
+AUTO = {
+    "no-nvswitch": (False, False, False),
+    "hgx-h100": (True, False, False),
+    "hgx-b200": (True, True, False),
+    "gb200-nvl": (False, False, True),
+    "hgx-h100-older-scan": (True, False, False),
+}
+SETTINGS = ("nvidia_driver_fabricmanager", "nvidia_driver_nvlsm", "nvidia_driver_imex")
+WANTED = ("__nvidia_driver_fabricmanager_wanted", "__nvidia_driver_nvlsm_wanted", "__nvidia_driver_imex_wanted")
+
+
+def role(shape: str, platform: str = "ubuntu2404", **inventory) -> RoleVars:
+    return RoleVars("nvidia_driver", platform, nvidia_driver_gpu_info=SHAPES[shape], **inventory)
+
+
+@pytest.mark.parametrize("shape", sorted(AUTO))
+def test_auto_installs_the_services_the_nodes_fabric_needs(shape):
+    decided = role(shape)
+    assert decided.get("__nvidia_driver_given_scan") is True
+    assert tuple(decided.get(name) for name in WANTED) == AUTO[shape]
+    units = decided.get("__nvidia_driver_units_wanted")
+    assert (FM in units, IMEX in units) == (AUTO[shape][0], AUTO[shape][2])
+
+
+@pytest.mark.parametrize("shape", sorted(AUTO))
+@pytest.mark.parametrize("index", range(3), ids=SETTINGS)
+@pytest.mark.parametrize("setting", ["always", "never"])
+def test_always_and_never_force_each_service_whatever_the_fabric(shape, index, setting):
+    decided = role(shape, **{SETTINGS[index]: setting})
+    expected = list(AUTO[shape])
+    expected[index] = setting == "always"
+    assert tuple(decided.get(name) for name in WANTED) == tuple(expected)
+
+
+def test_the_fabric_shape_is_the_scans():
+    assert role("gb200-nvl").get("__nvidia_driver_fabric") == {"shape": "nvlink5-rack", "services": ["imex"]}
+    assert role("hgx-h100-older-scan").get("__nvidia_driver_fabric") == {
+        "shape": "nvswitch",
+        "services": ["fabricmanager"],
+    }
+    assert role("no-nvswitch").get("__nvidia_driver_fabric")["services"] == []
+
+
+@pytest.mark.parametrize(
+    ("platform", "inventory", "nvlsm", "imex"),
+    [
+        ("ubuntu2404", {}, "", "nvidia-imex-580"),
+        ("ubuntu2204", {"nvidia_driver_branch": "570"}, "", "nvidia-imex-570"),
+        ("ubuntu2404", {"nvidia_driver_source": "cuda"}, "nvlsm", "nvidia-imex"),
+        ("ubuntu2404", {"nvidia_driver_source": "cuda", "nvidia_driver_branch": "570"}, "nvlsm", "nvidia-imex-570"),
+        ("debian12", {}, "", ""),
+        ("debian12", {"nvidia_driver_source": "cuda"}, "nvlsm", "nvidia-imex"),
+        ("rocky9", {}, "nvlsm", "nvidia-imex"),
+        ("rocky9", {"nvidia_driver_branch": "570"}, "nvlsm", "nvidia-imex-570"),
+    ],
+)
+def test_packages_per_platform_and_source(platform, inventory, nvlsm, imex):
+    decided = role("no-nvswitch", platform, **inventory)
+    assert decided.get("__nvidia_driver_nvlsm_package") == nvlsm
+    assert decided.get("__nvidia_driver_imex_package") == imex
+
+
+@pytest.mark.parametrize(
+    ("shape", "platform", "inventory", "unpackaged"),
+    [
+        ("hgx-b200", "ubuntu2404", {}, ["the NVLink Subnet Manager (nvidia_driver_nvlsm)"]),
+        ("hgx-b200", "ubuntu2404", {"nvidia_driver_source": "cuda"}, []),
+        ("gb200-nvl", "ubuntu2404", {}, []),
+        ("gb200-nvl", "debian12", {}, ["IMEX (nvidia_driver_imex)"]),
+        ("gb200-nvl", "debian12", {"nvidia_driver_source": "cuda"}, []),
+        ("hgx-h100", "debian12", {"nvidia_driver_imex": "always"}, ["IMEX (nvidia_driver_imex)"]),
+        ("no-nvswitch", "debian12", {}, []),
+    ],
+)
+def test_the_role_stops_where_the_source_lacks_a_wanted_fabric_service(shape, platform, inventory, unpackaged):
+    assert role(shape, platform, **inventory).get("__nvidia_driver_fabric_unpackaged") == unpackaged
+
+
+def node(packages: dict) -> dict:
+    """The part of node_state's read that the fabric step decides from."""
+    return {"packages": {name: {"version": version, "held": False} for name, version in packages.items()}}
+
+
+CUDA_DRIVER = {"nvidia-compute-utils-580": "580.95.05-1"}
+
+
+@pytest.mark.parametrize(
+    ("shape", "packages", "due"),
+    [
+        ("hgx-b200", dict(CUDA_DRIVER, nvlsm="2025.06.10-1"), False),
+        ("hgx-b200", CUDA_DRIVER, True),
+        ("gb200-nvl", dict(CUDA_DRIVER, **{"nvidia-imex": "580.95.05-1"}), False),
+        ("gb200-nvl", CUDA_DRIVER, True),
+        ("gb200-nvl", dict(CUDA_DRIVER, **{"nvidia-imex": "580.82.07-1"}), True),
+        # Before the driver is installed, IMEX waits for its version.
+        ("gb200-nvl", {}, False),
+        ("hgx-h100", CUDA_DRIVER, False),
+        ("no-nvswitch", CUDA_DRIVER, False),
+    ],
+)
+def test_the_fabric_step_runs_where_the_read_finds_a_package_missing_or_imex_of_another_version(shape, packages, due):
+    decided = role(shape, nvidia_driver_source="cuda", __nvidia_driver_node=node(packages))
+    assert decided.get("__nvidia_driver_todo.fabric") is due
+
+
+TASKS = Path(__file__).resolve().parents[3] / "roles" / "nvidia_driver" / "tasks" / "main.yml"
+
+
+def assertion(name: str) -> dict:
+    return next(task["ansible.builtin.assert"] for task in yaml.safe_load(TASKS.read_text()) if task["name"] == name)
+
+
+@pytest.mark.parametrize(
+    ("task", "shape", "words"),
+    [
+        (
+            "Check that Fabric Manager can be installed where NVSwitch needs it",
+            "hgx-b200",
+            "gpu-1 needs NVIDIA Fabric Manager (its NVLink fabric is nvlink5-hgx, or nvidia_driver_fabricmanager is"
+            " set), but the distro source on Debian does not package it. Use nvidia_driver_source=cuda.",
+        ),
+        (
+            "Check that the NVLink fabric's other services can be installed where the node needs them",
+            "gb200-nvl",
+            "gpu-1 needs IMEX (nvidia_driver_imex) (its NVLink fabric is nvlink5-rack, or the setting asks for it), but"
+            " the distro source on Debian does not package it. Use nvidia_driver_source=cuda.",
+        ),
+    ],
+)
+def test_a_source_without_a_needed_service_stops_the_role_with_one_sentence(task, shape, words):
+    check = assertion(task)
+    decided = role(shape, "debian12", inventory_hostname="gpu-1")
+    that = check["that"] if isinstance(check["that"], str) else check["that"][0]
+    assert decided.get(that) is False
+    message = decided._templar.template(trust_as_template(check["fail_msg"]))
+    assert " ".join(message.split()) == words
