@@ -134,7 +134,10 @@ def test_the_role_stops_where_the_source_lacks_a_wanted_fabric_service(shape, pl
 
 def node(packages: dict) -> dict:
     """The part of node_state's read that the fabric step decides from."""
-    return {"packages": {name: {"version": version, "held": False} for name, version in packages.items()}}
+    return {
+        "packages": {name: {"version": version, "held": False} for name, version in packages.items()},
+        "commands": {},
+    }
 
 
 CUDA_DRIVER = {"nvidia-compute-utils-580": "580.95.05-1"}
