@@ -1,4 +1,3 @@
-#!/usr/bin/python
 # Copyright: (c) 2026, gpuops.k8s maintainers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A double of the kernel fact: reports an Ubuntu kernel release as ansible_facts.kernel, since the containers run

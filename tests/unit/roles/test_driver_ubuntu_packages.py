@@ -50,8 +50,9 @@ def node(
         if (index is None)
         else index
     )
-    paths = Absent({p: ABSENT for p in ["/run/.containerenv", "/.dockerenv", "/.dockerinit", "/proc/vz", "/proc/lve",
-                                 "/proc/bc", "/sys/module/nvidia", "/sys/module/nouveau"]})  # fmt: skip
+    absent = ["/run/.containerenv", "/.dockerenv", "/.dockerinit", "/proc/vz", "/proc/lve", "/proc/bc",
+              "/sys/module/nvidia", "/sys/module/nouveau"]  # fmt: skip
+    paths = Absent({p: ABSENT for p in absent})
     paths[f"/lib/modules/{KERNEL}/kernel"] = DIRECTORY
     paths["/sys/firmware/efi"] = DIRECTORY if secure_boot else ABSENT
     # node_state answers for every package the read names, None where it is not installed.
