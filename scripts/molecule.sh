@@ -25,8 +25,10 @@ export GPUOPS_MOLECULE_PLUGIN_PORT=${GPUOPS_MOLECULE_PLUGIN_PORT:-31211}
 scripts/collection-tree.sh >/dev/null
 
 # Scenarios that only make test-full runs (GPUOPS_TEST_FULL=1), unless named: k3s, whose k3s is a double; the
-# integration tier runs the role's k3s decisions with the real text/template and containerd 2.1/2.4 (README).
-full_only=(k3s)
+# integration tier runs the role's k3s decisions with the real text/template and containerd 2.1/2.4 (README). ubuntu
+# and rhel (the driver role with real apt and dnf on hosts that say Ubuntu and Rocky; about 5 and 4 minutes): the
+# unit tests of tests/unit/roles run the same decisions in make test (README, "make test-full").
+full_only=(k3s rhel ubuntu)
 if [ $# -gt 0 ]; then
   scenarios=("$@")
 else
