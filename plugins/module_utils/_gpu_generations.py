@@ -63,15 +63,18 @@ def parse_device_id(device_id):
         return None
 
 
+def in_blocks(device_id, blocks, default):
+    """What the inclusive (first, last, value) block holding a PCI device ID gives; DEFAULT when none holds it or the
+    ID is malformed."""
+    number = parse_device_id(device_id)
+    if number is None:
+        return default
+    return next((value for first, last, value in blocks if first <= number <= last), default)
+
+
 def gpu_family(device_id):
     """The architecture family of an NVIDIA GPU's PCI device ID; UNDEFINED when unknown or malformed."""
-    value = parse_device_id(device_id)
-    if value is None:
-        return UNDEFINED
-    for first, last, family in DEVICE_ID_BLOCKS:
-        if first <= value <= last:
-            return family
-    return UNDEFINED
+    return in_blocks(device_id, DEVICE_ID_BLOCKS, UNDEFINED)
 
 
 def runs_open_modules(family):

@@ -11,7 +11,7 @@ The device IDs and the sources they were read from are in docs/nvlink-fabric.md.
 (gpuops.k8s.nvidia_gpu_info): Python 3.9+, standard library only.
 """
 
-from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import parse_device_id
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import in_blocks, parse_device_id
 
 # The nvidia module's NVSwitch driver (open-gpu-kernel-modules, src/common/nvswitch/kernel/nvswitch.c): LR10 is
 # the second generation (HGX A100), LS10 the third (HGX H100/H200).
@@ -37,13 +37,7 @@ SHAPE_SERVICES = {
 
 def nvswitch_generation(device_id):
     """The NVSwitch generation of an NVSwitch PCI function's device ID; None when unknown or malformed."""
-    value = parse_device_id(device_id)
-    if value is None:
-        return None
-    for first, last, generation in NVSWITCH_GENERATIONS:
-        if first <= value <= last:
-            return generation
-    return None
+    return in_blocks(device_id, NVSWITCH_GENERATIONS, None)
 
 
 def fabric_shape(pci_devices, nvswitch_devices):
