@@ -14,7 +14,8 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def run_role(tmp_path, branch):
+def run_role(tmp_path, **extra):
+    """The role in check mode on this machine with EXTRA as extra vars: its exit status and (task, result) pairs."""
     playbook = tmp_path / "play.yml"
     playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles:\n    - role: gpuops.k8s.nvidia_driver\n")
     subprocess.run([os.path.join(REPO, "scripts", "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
@@ -25,7 +26,7 @@ def run_role(tmp_path, branch):
         ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
         ANSIBLE_NOCOLOR="1",
     )
-    extra = {"nvidia_driver_branch": branch, "ansible_python_interpreter": sys.executable}
+    extra["ansible_python_interpreter"] = sys.executable
     done = subprocess.run(
         ["ansible-playbook", "-i", "localhost,", "-c", "local", "--check", str(playbook), "-e", json.dumps(extra)],
         capture_output=True,
@@ -41,7 +42,7 @@ def run_role(tmp_path, branch):
 
 @pytest.mark.parametrize("branch", ["580*\nPin-Priority: 1001", "../535", "latest", "5"])
 def test_a_branch_that_is_not_digits_stops_the_role_before_anything_else(tmp_path, branch):
-    rc, tasks = run_role(tmp_path, branch)
+    rc, tasks = run_role(tmp_path, nvidia_driver_branch=branch)
     assert rc != 0
     name, result = tasks[-1]
     assert name == "Check the source for this platform and the driver branch"
@@ -53,6 +54,6 @@ def test_a_branch_that_is_not_digits_stops_the_role_before_anything_else(tmp_pat
 
 
 def test_a_branch_of_digits_passes_the_check(tmp_path):
-    _rc, tasks = run_role(tmp_path, "580")
+    _rc, tasks = run_role(tmp_path, nvidia_driver_branch="580")
     results = dict(tasks)
     assert results["Check the source for this platform and the driver branch"].get("failed") is not True

@@ -5,14 +5,8 @@ for real device IDs (nvidia_driver_gpu_info: the play's scan; this machine has n
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from test_driver_branch import run_role
 
 
 def scan(*devices):
@@ -33,30 +27,6 @@ def scan(*devices):
             for position, (device_id, architecture) in enumerate(devices)
         ],
     }
-
-
-def run_role(tmp_path, **extra):
-    playbook = tmp_path / "play.yml"
-    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles:\n    - role: gpuops.k8s.nvidia_driver\n")
-    subprocess.run([os.path.join(REPO, "scripts", "collection-tree.sh")], check=True, stdout=subprocess.DEVNULL)
-    env = dict(
-        os.environ,
-        ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".build"),
-        ANSIBLE_STDOUT_CALLBACK="json",
-        ANSIBLE_LOCAL_TEMP=str(tmp_path / "tmp"),
-        ANSIBLE_NOCOLOR="1",
-    )
-    extra["ansible_python_interpreter"] = sys.executable
-    done = subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", "-c", "local", "--check", str(playbook), "-e", json.dumps(extra)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    tasks = json.loads(done.stdout)["plays"][0]["tasks"]
-    return done.returncode, [(t["task"]["name"].split(" : ")[-1], t["hosts"].get("localhost", {})) for t in tasks]
 
 
 @pytest.mark.parametrize(
