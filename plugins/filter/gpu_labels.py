@@ -34,7 +34,7 @@ options:
     required: true
   user_labels:
     description:
-      - 'Extra labels, for example C({"accelerator": "nvidia-tesla-p100"}).'
+      - 'Extra labels, for example C({"accelerator": "nvidia-h100"}).'
       - They win over computed labels of the same key.
     type: dict
     default: {}

@@ -184,9 +184,9 @@ def test_bad_sharing_fails_with_one_sentence(sharing, message):
 
 def test_user_labels_added_and_win():
     labels = gpu_labels(
-        _info(), {"accelerator": "nvidia-tesla-p100", "nvidia.com/gpu.family": "custom", "team/x": True}
+        _info(), {"accelerator": "nvidia-h100", "nvidia.com/gpu.family": "custom", "team/x": True}
     )
-    assert labels["accelerator"] == "nvidia-tesla-p100"
+    assert labels["accelerator"] == "nvidia-h100"
     assert labels["nvidia.com/gpu.family"] == "custom"
     assert labels["team/x"] == "true"
 
