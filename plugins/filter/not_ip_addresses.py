@@ -10,7 +10,7 @@ short_description: The entries of a list that are not an IPv4 or IPv6 address
 version_added: 0.1.0
 description:
   - Takes a list and returns the entries that are not one IPv4 or IPv6 address as Python's C(ipaddress) reads one
-    (C(10.0.0.11), C(fd00::11)): networks (C(10.0.0.0/24)), host names, empty strings and anything that is not a
+    (C(10.0.0.11), C(fd00::11)). Networks (C(10.0.0.0/24)), host names, empty strings and anything that is not a
     string are returned, in their order. An empty list means every entry is an address.
   - C(gpuops.k8s.nvidia_driver) checks C(nvidia_driver_imex_peers) with it before it writes IMEX's peer list.
 options:
