@@ -237,7 +237,24 @@ def test_imex_peers_are_written_one_address_a_line():
     decided = role("gb200-nvl", nvidia_driver_imex_peers=PEERS)
     assert decided.get("__nvidia_driver_imex_nodes") == PEERS_TEXT
     assert decided.get("__nvidia_driver_imex_peers_wanted") is True
-    assert NODES_CONFIG in decided.get("__nvidia_driver_read_paths")
+    assert {NODES_CONFIG, "/etc/nvidia-imex"} <= set(decided.get("__nvidia_driver_read_paths"))
+
+
+@pytest.mark.parametrize(("check_mode", "directory"), [(False, ABSENT), (True, ABSENT), (True, DIRECTORY)])
+def test_check_mode_shows_the_peer_list_where_imex_has_no_directory_yet(check_mode, directory):
+    """ansible.builtin.copy fails in check mode where the directory is missing: the role shows the list instead."""
+    tasks = {task["name"]: task for task in yaml.safe_load((ROLE / "tasks" / "imex.yml").read_text())}
+    read = fabric_node(**{NODES_CONFIG: ABSENT, "/etc/nvidia-imex": directory})
+    decided = decided_on("gb200-nvl", read, nvidia_driver_imex_peers=PEERS, ansible_check_mode=check_mode)
+
+    def runs(name):
+        when = tasks[name]["when"]
+        return all(decided.get(condition) for condition in ([when] if isinstance(when, str) else when))
+
+    copies = runs("Write IMEX's peers, one address a line")
+    shows = runs("Show the peer list a real run writes (check mode, no IMEX directory yet)")
+    assert (copies, shows) == ((False, True) if check_mode and directory == ABSENT else (True, False))
+    assert tasks["Show the peer list a real run writes (check mode, no IMEX directory yet)"]["notify"] == "Restart IMEX"
 
 
 @pytest.mark.parametrize(
