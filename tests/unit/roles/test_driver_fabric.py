@@ -328,6 +328,11 @@ def test_a_changed_peer_list_restarts_imex():
     restart = handlers["Restart IMEX"]["ansible.builtin.systemd_service"]
     assert restart["state"] == "restarted"
     assert role("gb200-nvl")._templar.template(trust_as_template(restart["name"])) == "nvidia-imex"
+    # Where the module can be loaded and the read found IMEX's unit; not where check mode only pretended to install it.
+    for unit, restarts in ((written("[Unit]\n"), True), (ABSENT, False)):
+        read = fabric_node(**{"/lib/systemd/system/nvidia-imex.service": unit})
+        decided = decided_on("gb200-nvl", read, nvidia_driver_imex_peers=PEERS)
+        assert all(decided.get(condition) for condition in handlers["Restart IMEX"]["when"]) is restarts
 
 
 # The NVLink Subnet Manager (HGX B200/B300): infiniband-diags beside nvlsm, ib_umad loaded now and at boot.
