@@ -42,6 +42,15 @@ DEVICE_ID_BLOCKS = (
 FAMILIES = ("kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada-lovelace", "hopper", "blackwell")
 OPEN_MODULES_FAMILIES = frozenset(FAMILIES[FAMILIES.index("turing") :])
 
+# GPUs that run only the open kernel modules, with the first driver branch whose open modules drive them: every
+# Blackwell GPU from 570, and the Hopper GPUs of Grace Hopper superchips (GH200) by device ID, each from the first
+# branch whose open modules list it (docs/gpu-generations.md).
+BLACKWELL_OPEN_MODULES_BRANCH = 570
+GRACE_HOPPER_OPEN_MODULES_BRANCHES = {
+    0x2342: 535,  # GH200 120GB, GH200 480GB
+    0x2348: 565,  # GH200 144G HBM3e
+}
+
 
 def parse_device_id(device_id):
     """The integer of a PCI device ID given as sysfs writes it ("0x2330"), as a bare hex string, or as an int;
@@ -83,3 +92,11 @@ def runs_open_modules(family):
     if family not in FAMILIES:
         return None
     return family in OPEN_MODULES_FAMILIES
+
+
+def open_modules_branch(device_id):
+    """For a GPU that runs only the open kernel modules (Blackwell, Grace Hopper GH200), the first driver branch
+    whose open modules drive its PCI device ID; None for any other GPU, and for an unknown or malformed ID."""
+    if gpu_family(device_id) == "blackwell":
+        return BLACKWELL_OPEN_MODULES_BRANCH
+    return GRACE_HOPPER_OPEN_MODULES_BRANCHES.get(parse_device_id(device_id))

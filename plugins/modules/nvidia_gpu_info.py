@@ -291,6 +291,14 @@ pci_devices:
         - The device ID blocks of each family, and their sources, are in the collection's C(docs/gpu-generations.md).
       type: str
       sample: hopper
+    open_modules_branch:
+      description:
+        - For a GPU that runs only NVIDIA's open kernel modules, the first driver branch whose open modules drive
+          its device ID (C(570) for Blackwell GPUs; C(535) or C(565) for the Grace Hopper GH200's, which are
+          C(hopper)); null for every other GPU, and for a device ID the collection does not know.
+        - The device IDs and their sources are in the collection's C(docs/gpu-generations.md).
+      type: int
+      sample: 565
     class:
       description: The PCI class code.
       type: str
@@ -306,7 +314,8 @@ pci_devices:
 nvswitch_devices:
   description:
     - NVIDIA NVSwitch functions (vendor C(0x10de), class C(0x0680xx)) on the PCI bus in sysfs, with the keys of
-      RV(pci_devices) but C(architecture), and C(generation). With O(simulate_from), the spec's C(nvswitches).
+      RV(pci_devices) but C(architecture) and C(open_modules_branch), and C(generation). With O(simulate_from), the
+      spec's C(nvswitches).
   returned: always
   type: list
   elements: dict
@@ -351,7 +360,7 @@ host_pci:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpuops.k8s.plugins.module_utils import _simulated_spec
-from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import gpu_family
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import gpu_family, open_modules_branch
 from ansible_collections.gpuops.k8s.plugins.module_utils._nvlink_fabric import nvlink_fabric, with_generation
 from ansible_collections.gpuops.k8s.plugins.module_utils._last_resort import run_or_fail
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
@@ -377,8 +386,16 @@ SIMULATED_REASON = "simulate_from is set, so NVML was not queried and the GPUs c
 
 
 def _with_architecture(pci_devices):
-    """The PCI GPU functions, each with the architecture family its device ID belongs to."""
-    return [dict(device, architecture=gpu_family(device["device_id"])) for device in pci_devices]
+    """The PCI GPU functions, each with the architecture family its device ID belongs to, and the first driver
+    branch whose open kernel modules drive it where it runs only those."""
+    return [
+        dict(
+            device,
+            architecture=gpu_family(device["device_id"]),
+            open_modules_branch=open_modules_branch(device["device_id"]),
+        )
+        for device in pci_devices
+    ]
 
 
 def _simulated(path, sysfs_root):
@@ -395,6 +412,7 @@ def _simulated(path, sysfs_root):
             "numa_node": gpu["numa_node"],
             "driver": "nvidia",
             "architecture": gpu["architecture"],
+            "open_modules_branch": open_modules_branch(device_ids[gpu["pci_bus_id"]]),
         }
         for gpu in spec["gpus"]
     ]

@@ -146,7 +146,8 @@ CUDA_DRIVER = {"nvidia-compute-utils-580": "580.95.05-1"}
 @pytest.mark.parametrize(
     ("shape", "packages", "due"),
     [
-        ("hgx-b200", dict(CUDA_DRIVER, nvlsm="2025.06.10-1"), False),
+        ("hgx-b200", dict(CUDA_DRIVER, nvlsm="2025.06.10-1", **{"infiniband-diags": "44.0-2"}), False),
+        ("hgx-b200", dict(CUDA_DRIVER, nvlsm="2025.06.10-1"), True),
         ("hgx-b200", CUDA_DRIVER, True),
         ("gb200-nvl", dict(CUDA_DRIVER, **{"nvidia-imex": "580.95.05-1"}), False),
         ("gb200-nvl", CUDA_DRIVER, True),
@@ -193,3 +194,201 @@ def test_a_source_without_a_needed_service_stops_the_role_with_one_sentence(task
     assert decided.get(that) is False
     message = decided._templar.template(trust_as_template(check["fail_msg"]))
     assert " ".join(message.split()) == words
+
+
+# --- IMEX's peer list and the NVLink Subnet Manager's prerequisites, from the role's one read --------------------
+
+from ansible_collections.gpuops.k8s.tests.unit.roles.test_driver_decisions import (  # noqa: E402
+    ABSENT,
+    DIRECTORY,
+    converged,
+    written,
+)
+
+ROLE = Path(__file__).resolve().parents[3] / "roles" / "nvidia_driver"
+NODES_CONFIG = "/etc/nvidia-imex/nodes_config.cfg"
+UMAD_CONF = "/etc/modules-load.d/gpuops-nvlsm.conf"
+UMAD_LOADED = "/sys/module/ib_umad"
+PEERS = ["10.114.0.11", "10.114.0.12", "fd00:114::13"]
+PEERS_TEXT = "10.114.0.11\n10.114.0.12\nfd00:114::13\n"
+UMAD_TEXT = "# Managed by gpuops.k8s.nvidia_driver: the NVLink Subnet Manager needs ib_umad.\nib_umad\n"
+
+
+def fabric_node(**paths: dict) -> dict:
+    """node_state's read of a Debian 12 GPU machine (not a container) where the driver role converged, with the fabric
+    files given."""
+    read = converged()
+    read["paths"].update(paths)
+    return read
+
+
+def decided_on(shape: str, read: dict, **inventory) -> RoleVars:
+    return role(
+        shape,
+        "debian12",
+        nvidia_driver_source="cuda",
+        inventory_hostname="gpu-1",
+        __nvidia_driver_node=read,
+        **inventory,
+    )
+
+
+def test_imex_peers_are_written_one_address_a_line():
+    decided = role("gb200-nvl", nvidia_driver_imex_peers=PEERS)
+    assert decided.get("__nvidia_driver_imex_nodes") == PEERS_TEXT
+    assert decided.get("__nvidia_driver_imex_peers_wanted") is True
+    assert {NODES_CONFIG, "/etc/nvidia-imex"} <= set(decided.get("__nvidia_driver_read_paths"))
+
+
+@pytest.mark.parametrize(("check_mode", "directory"), [(False, ABSENT), (True, ABSENT), (True, DIRECTORY)])
+def test_check_mode_shows_the_peer_list_where_imex_has_no_directory_yet(check_mode, directory):
+    """ansible.builtin.copy fails in check mode where the directory is missing: the role shows the list instead."""
+    tasks = {task["name"]: task for task in yaml.safe_load((ROLE / "tasks" / "imex.yml").read_text())}
+    read = fabric_node(**{NODES_CONFIG: ABSENT, "/etc/nvidia-imex": directory})
+    decided = decided_on("gb200-nvl", read, nvidia_driver_imex_peers=PEERS, ansible_check_mode=check_mode)
+
+    def runs(name):
+        when = tasks[name]["when"]
+        return all(decided.get(condition) for condition in ([when] if isinstance(when, str) else when))
+
+    copies = runs("Write IMEX's peers, one address a line")
+    shows = runs("Show the peer list a real run writes (check mode, no IMEX directory yet)")
+    assert (copies, shows) == ((False, True) if check_mode and directory == ABSENT else (True, False))
+    assert tasks["Show the peer list a real run writes (check mode, no IMEX directory yet)"]["notify"] == "Restart IMEX"
+
+
+@pytest.mark.parametrize(
+    ("shape", "peers", "file", "due"),
+    [
+        ("gb200-nvl", PEERS, ABSENT, True),
+        ("gb200-nvl", PEERS, written("10.114.0.11\n10.114.0.12\n"), True),
+        ("gb200-nvl", PEERS, written(PEERS_TEXT, mode="0600"), True),
+        ("gb200-nvl", PEERS, written(PEERS_TEXT), False),
+        # No peers: the file is left as it is, whatever it holds.
+        ("gb200-nvl", [], ABSENT, False),
+        ("gb200-nvl", [], written("10.0.0.1\n"), False),
+        # No IMEX: no peer list.
+        ("hgx-h100", PEERS, ABSENT, False),
+    ],
+)
+def test_the_peer_list_is_written_where_the_read_finds_it_missing_or_different(shape, peers, file, due):
+    decided = decided_on(shape, fabric_node(**{NODES_CONFIG: file}), nvidia_driver_imex_peers=peers)
+    assert decided.get("__nvidia_driver_todo.imex_peers") is due
+    assert (NODES_CONFIG in decided.get("__nvidia_driver_read_paths")) is (shape == "gb200-nvl" and bool(peers))
+
+
+def test_imex_without_peers_says_that_the_file_is_left_alone():
+    task = next(
+        t for t in yaml.safe_load(TASKS.read_text()) if t["name"] == "Say that IMEX's peer list is left as it is"
+    )
+    for shape, peers, shown in (("gb200-nvl", [], True), ("gb200-nvl", PEERS, False), ("hgx-h100", [], False)):
+        decided = role(shape, inventory_hostname="gpu-1", nvidia_driver_imex_peers=peers)
+        assert all(decided.get(condition) for condition in task["when"]) is shown
+    message = role("gb200-nvl", inventory_hostname="gpu-1")._templar.template(
+        trust_as_template(task["ansible.builtin.debug"]["msg"])
+    )
+    assert " ".join(message.split()) == (
+        "nvidia_driver_imex_peers is empty, so /etc/nvidia-imex/nodes_config.cfg on gpu-1 is left as it is: IMEX"
+        " starts its domain only with the compute trays' addresses there."
+    )
+
+
+@pytest.mark.parametrize(
+    ("peers", "words"),
+    [
+        (
+            ["10.114.0.11", "tray-02"],
+            'nvidia_driver_imex_peers has "tray-02", which is not an IPv4 or IPv6 address: give each compute tray of'
+            " the NVLink domain by its address, one address an entry.",
+        ),
+        (
+            ["10.114.0.0/24", "10.114.0.256", "fd00::1"],
+            'nvidia_driver_imex_peers has "10.114.0.0/24", "10.114.0.256", which are not IPv4 or IPv6 addresses: give'
+            " each compute tray of the NVLink domain by its address, one address an entry.",
+        ),
+    ],
+)
+def test_peers_that_are_not_addresses_stop_the_role_with_one_sentence(peers, words):
+    check = assertion("Check IMEX's peers")
+    decided = role("gb200-nvl", nvidia_driver_imex_peers=peers)
+    assert decided.get(check["that"]) is False
+    message = decided._templar.template(trust_as_template(check["fail_msg"]))
+    assert message == words
+
+
+def test_addresses_pass_the_check():
+    assert role("gb200-nvl", nvidia_driver_imex_peers=PEERS).get(assertion("Check IMEX's peers")["that"]) is True
+
+
+def test_a_changed_peer_list_restarts_imex():
+    tasks = yaml.safe_load((ROLE / "tasks" / "imex.yml").read_text())
+    write = next(task for task in tasks if "ansible.builtin.copy" in task)
+    assert write["notify"] == "Restart IMEX"
+    handlers = {handler["name"]: handler for handler in yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())}
+    restart = handlers["Restart IMEX"]["ansible.builtin.systemd_service"]
+    assert restart["state"] == "restarted"
+    assert role("gb200-nvl")._templar.template(trust_as_template(restart["name"])) == "nvidia-imex"
+    # Where the module can be loaded and the read found IMEX's unit; not where check mode only pretended to install it.
+    for unit, restarts in ((written("[Unit]\n"), True), (ABSENT, False)):
+        read = fabric_node(**{"/lib/systemd/system/nvidia-imex.service": unit})
+        decided = decided_on("gb200-nvl", read, nvidia_driver_imex_peers=PEERS)
+        assert all(decided.get(condition) for condition in handlers["Restart IMEX"]["when"]) is restarts
+
+
+# The NVLink Subnet Manager (HGX B200/B300): infiniband-diags beside nvlsm, ib_umad loaded now and at boot.
+CUDA_B200 = dict(CUDA_DRIVER, nvlsm="2025.06.10-1")
+
+
+def with_packages(read: dict, packages: dict) -> dict:
+    read["packages"].update({name: {"version": version, "held": False} for name, version in packages.items()})
+    return read
+
+
+@pytest.mark.parametrize(
+    ("packages", "due"),
+    [
+        (dict(CUDA_B200, **{"infiniband-diags": "44.0-2"}), False),
+        (CUDA_B200, True),
+    ],
+)
+def test_infiniband_diags_is_installed_with_the_nvlink_subnet_manager(packages, due):
+    decided = decided_on("hgx-b200", with_packages(fabric_node(), packages))
+    assert "infiniband-diags" in decided.get("__nvidia_driver_read_packages")
+    assert decided.get("__nvidia_driver_todo.fabric") is due
+
+
+def test_no_nvlink_subnet_manager_no_prerequisites():
+    decided = decided_on("gb200-nvl", fabric_node())
+    assert "infiniband-diags" not in decided.get("__nvidia_driver_read_packages")
+    assert UMAD_LOADED not in decided.get("__nvidia_driver_read_paths")
+    assert decided.get("__nvidia_driver_todo.nvlsm_umad") is False
+
+
+@pytest.mark.parametrize(
+    ("conf", "loaded", "changes", "due"),
+    [
+        (written(UMAD_TEXT), DIRECTORY, {}, False),
+        (ABSENT, DIRECTORY, {}, True),
+        (written("ib_umad\n"), DIRECTORY, {}, True),
+        (written(UMAD_TEXT), ABSENT, {}, True),
+        # In a container ib_umad is the host's to load: only the boot file is the role's.
+        (written(UMAD_TEXT), ABSENT, {"/.dockerenv": written("")}, False),
+    ],
+)
+def test_ib_umad_is_loaded_now_and_at_boot_where_the_read_finds_it_missing(conf, loaded, changes, due):
+    read = fabric_node(**{UMAD_CONF: conf, UMAD_LOADED: loaded}, **changes)
+    decided = decided_on("hgx-b200", read)
+    assert {UMAD_CONF, UMAD_LOADED} <= set(decided.get("__nvidia_driver_read_paths"))
+    assert decided.get("__nvidia_driver_nvlsm_modules") == UMAD_TEXT
+    assert decided.get("__nvidia_driver_todo.nvlsm_umad") is due
+
+
+def test_a_converged_fabric_node_has_no_fabric_step_to_do():
+    read = with_packages(
+        fabric_node(**{UMAD_CONF: written(UMAD_TEXT), UMAD_LOADED: DIRECTORY, NODES_CONFIG: written(PEERS_TEXT)}),
+        dict(CUDA_B200, **{"infiniband-diags": "44.0-2", "nvidia-imex": "580.95.05-1"}),
+    )
+    for shape in ("hgx-b200", "gb200-nvl"):
+        decided = decided_on(shape, read, nvidia_driver_imex_peers=PEERS)
+        for step in ("fabric", "nvlsm_umad", "imex_peers"):
+            assert decided.get(f"__nvidia_driver_todo.{step}") is False, (shape, step)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import gpu_family
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import gpu_family, open_modules_branch
 from ansible_collections.gpuops.k8s.tests.unit.roles.test_node_package_selection import RoleVars
 
 TASKS = Path(__file__).resolve().parents[3] / "roles" / "nvidia_driver" / "tasks" / "main.yml"
@@ -81,6 +81,7 @@ def scan(*device_ids: str) -> dict:
             "numa_node": 0,
             "driver": None,
             "architecture": gpu_family(device_id),
+            "open_modules_branch": open_modules_branch(device_id),
         }
         for position, device_id in enumerate(device_ids)
     ]
@@ -194,3 +195,87 @@ def test_the_refusal_comes_before_anything_is_installed():
     )
     assert refusal < names.index("Bring the node to the wanted driver, sources, blacklist, daemons and loaded module")
     assert refusal > names.index("Look for NVIDIA PCI devices")
+
+
+# Grace Hopper (GH200): Hopper GPUs that run only the open kernel modules, 0x2342 from branch 535 and 0x2348 from 565
+# (the open modules' README lists them from 535.43.19 and 565.57.01; docs/gpu-generations.md).
+GH200 = "0x2342"
+GH200_144G = "0x2348"
+
+
+@pytest.mark.parametrize(
+    ("device", "branch", "setting", "expected"),
+    [
+        (GH200, "535", "auto", OPEN),
+        (GH200, "580", "auto", OPEN),
+        (GH200, "535", "open", OPEN),
+        (GH200_144G, "570", "auto", OPEN),
+        (GH200_144G, "580", "open", OPEN),
+        (
+            GH200,
+            "580",
+            "proprietary",
+            "run only the open kernel modules: set nvidia_driver_kernel_modules to open or auto",
+        ),
+        (GH200_144G, "535", "proprietary", "set nvidia_driver_kernel_modules to open or auto"),
+        (GH200_144G, "535", "auto", "driver branch 535 does not have: set nvidia_driver_branch to 565 or later"),
+        (GH200_144G, "560", "open", "driver branch 560 does not have: set nvidia_driver_branch to 565 or later"),
+    ],
+)
+def test_grace_hopper_runs_only_the_open_modules(device, branch, setting, expected):
+    decided = role(device, nvidia_driver_branch=branch, nvidia_driver_kernel_modules=setting)
+    assert decided.get("__nvidia_driver_modules_refusal") == ""
+    refusal = decided.get("__nvidia_driver_grace_hopper_refusal")
+    if expected == OPEN:
+        assert refusal == ""
+        assert decided.get("__nvidia_driver_open") is True
+        assert decided.get("__nvidia_driver_ubuntu_flavour") == f"{branch}-server-open"
+    else:
+        assert expected in refusal
+        assert refusal.startswith(HOST + " has Grace Hopper GPUs (0000:18:00.0)")
+
+
+def test_grace_hopper_refusals_are_one_sentence():
+    proprietary = role(GH200, GH200, nvidia_driver_branch="580", nvidia_driver_kernel_modules="proprietary")
+    assert proprietary.get("__nvidia_driver_grace_hopper_refusal") == (
+        "gpu-node-1 has Grace Hopper GPUs (0000:18:00.0, 0000:29:00.0), which run only the open kernel modules: set"
+        " nvidia_driver_kernel_modules to open or auto."
+    )
+    older = role(GH200, GH200_144G, nvidia_driver_branch="550")
+    assert older.get("__nvidia_driver_grace_hopper_refusal") == (
+        "gpu-node-1 has Grace Hopper GPUs (0000:18:00.0, 0000:29:00.0), whose open kernel modules driver branch 550"
+        " does not have: set nvidia_driver_branch to 565 or later."
+    )
+    beside = role(GH200, V100, nvidia_driver_branch="580")
+    assert beside.get("__nvidia_driver_grace_hopper_refusal") == (
+        "gpu-node-1 has Grace Hopper GPUs (0000:18:00.0), which run only the open kernel modules, beside older GPUs"
+        " (volta at 0000:29:00.0), which cannot run them: no driver drives both, so put them in separate nodes."
+    )
+
+
+def test_other_hopper_gpus_still_go_by_the_branch():
+    decided = role(H100, nvidia_driver_branch="535")
+    assert decided.get("__nvidia_driver_gpus_grace_hopper") == []
+    assert decided.get("__nvidia_driver_grace_hopper_refusal") == ""
+    assert decided.get("__nvidia_driver_open") is False
+
+
+def test_a_scan_without_open_modules_branch_keeps_the_branch_rule():
+    """A scan of another collection version has no open_modules_branch: GH200 is a Hopper GPU there, as before."""
+    older = scan(GH200)
+    for device in older["pci_devices"]:
+        del device["open_modules_branch"]
+    decided = RoleVars(
+        "nvidia_driver", "ubuntu2404", inventory_hostname=HOST, nvidia_driver_gpu_info=older, nvidia_driver_branch="535"
+    )
+    assert decided.get("__nvidia_driver_grace_hopper_refusal") == ""
+    assert decided.get("__nvidia_driver_open") is False
+
+
+def test_the_grace_hopper_refusal_comes_before_anything_is_installed():
+    names = [task["name"] for task in yaml.safe_load(TASKS.read_text())]
+    refusal = names.index("Check that the kernel modules can drive the node's Grace Hopper GPUs")
+    assert names.index("Look for NVIDIA PCI devices") < refusal
+    assert refusal < names.index(
+        "Read the environment, the package sources, the packages, the daemons and the loaded modules"
+    )

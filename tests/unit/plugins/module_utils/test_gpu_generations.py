@@ -101,3 +101,29 @@ def test_blocks_are_ordered_and_disjoint():
 )
 def test_open_kernel_modules_drive_turing_and_later(family, runs_open):
     assert gg.runs_open_modules(family) is runs_open
+
+
+@pytest.mark.parametrize(
+    ("device_id", "product", "branch"),
+    [
+        ("0x2342", "GH200 120GB / 480GB", 535),
+        ("0x2348", "GH200 144G HBM3e", 565),
+        ("0x2901", "B200", 570),
+        ("0x31c2", "GB300", 570),
+        ("0x2330", "H100 80GB HBM3", None),
+        ("0x2335", "H200", None),
+        ("0x20b0", "A100-SXM4-40GB", None),
+        ("0x1db4", "Tesla V100 PCIe 16GB", None),
+        ("0x3000", "GR100, reserved", None),
+        ("0xzzzz", "malformed", None),
+        (None, "none", None),
+    ],
+)
+def test_gpus_that_run_only_the_open_modules_and_their_first_branch(device_id, product, branch):
+    assert gg.open_modules_branch(device_id) == branch, product
+
+
+def test_grace_hopper_stays_a_hopper_gpu():
+    """GH200's GPU is a Hopper GPU (GPU Feature Discovery's family); only its kernel modules differ."""
+    for device_id in gg.GRACE_HOPPER_OPEN_MODULES_BRANCHES:
+        assert gg.gpu_family(device_id) == "hopper"

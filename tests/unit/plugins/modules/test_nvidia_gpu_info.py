@@ -18,6 +18,7 @@ import pytest
 import yaml
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.gpuops.k8s.plugins.module_utils import _simulated_spec
+from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_generations import open_modules_branch
 from ansible_collections.gpuops.k8s.plugins.modules import nvidia_gpu_info
 from ansible_collections.gpuops.k8s.tests.unit.plugins.modules.fake_sysfs import (
     NVIDIA_HOST_GPUS,
@@ -42,11 +43,12 @@ UUID1 = "GPU-6f1c0a3e-0000-4000-8000-000000000002"
 UUID2 = "GPU-7e570000-0000-4000-8000-0000000000f4"
 MIG0 = "MIG-8a2b0000-0000-4000-8000-0000000000a1"
 MIG1 = "MIG-8a2b0000-0000-4000-8000-0000000000a2"
-# What the module returns for fake_sysfs's GPU functions: the architecture of each device ID (0x2330 H100, 0x1eb8 T4).
+# What the module returns for fake_sysfs's GPU functions: the architecture of each device ID (0x2330 H100, 0x1eb8 T4),
+# neither of which runs only the open kernel modules.
 HOST_GPUS_RETURNED = [
-    dict(NVIDIA_HOST_GPUS[0], architecture="hopper"),
-    dict(NVIDIA_HOST_GPUS[1], architecture="hopper"),
-    dict(NVIDIA_HOST_GPUS[2], architecture="turing"),
+    dict(NVIDIA_HOST_GPUS[0], architecture="hopper", open_modules_branch=None),
+    dict(NVIDIA_HOST_GPUS[1], architecture="hopper", open_modules_branch=None),
+    dict(NVIDIA_HOST_GPUS[2], architecture="turing", open_modules_branch=None),
 ]
 # And for its NVSwitch (0x22a3, HGX H100's): the generation; the fabric of H100 GPUs with NVSwitches on the host.
 HOST_NVSWITCHES_RETURNED = [dict(NVIDIA_HOST_NVSWITCHES[0], generation=3)]
@@ -489,6 +491,7 @@ def test_simulated_fixture(monkeypatch, capsys, spec_path, check_mode):
         assert result["pci_devices"][index]["bus_id"] == source["pci_bus_id"]
         assert result["pci_devices"][index]["numa_node"] == source.get("numa_node")
         assert result["pci_devices"][index]["architecture"] == gpu["architecture"]
+        assert result["pci_devices"][index]["open_modules_branch"] == open_modules_branch(source.get("pci_device_id"))
 
 
 def test_simulated_gpus_come_with_the_real_pci_bus(monkeypatch, capsys, sysfs, tmp_path):
@@ -666,3 +669,15 @@ def test_a_simulated_driver_library_mismatch_is_what_nvml_reports(monkeypatch, c
         " installed driver), so the GPUs were read from the PCI bus in sysfs."
     )
     assert len(result["pci_devices"]) == 8
+
+
+@pytest.mark.parametrize(
+    ("device_id", "architecture", "branch"),
+    [("0x2342", "hopper", 535), ("0x2348", "hopper", 565), ("0x2330", "hopper", None), ("0x2901", "blackwell", 570)],
+)
+def test_each_pci_gpu_says_whether_it_runs_only_the_open_modules(device_id, architecture, branch):
+    """Grace Hopper's GPU (GH200) is a Hopper GPU that runs only the open kernel modules, as Blackwell's do."""
+    device = {"bus_id": "0009:01:00.0", "vendor_id": "0x10de", "device_id": device_id}
+    assert nvidia_gpu_info._with_architecture([device]) == [
+        dict(device, architecture=architecture, open_modules_branch=branch)
+    ]
