@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
+from ansible_collections.gpuops.k8s.tests.unit.roles.rendering import role_file
 
 ROLES = Path(__file__).resolve().parents[3] / "roles"
 KERNEL = "6.1.0-28-amd64"
@@ -60,9 +61,9 @@ class RoleVars:
         facts = dict(FACTS[platform], architecture=arch, kernel=KERNEL)
         # role_path as a play sets it, for the vars that read the role's files.
         variables: dict = {"role_path": str(role_dir)}
-        variables.update(loader.load_from_file(str(role_dir / "defaults" / "main.yml"), trusted_as_template=True))
+        variables.update(role_file(role_dir / "defaults" / "main.yml"))
         variables.update(inventory)
-        variables.update(loader.load_from_file(str(role_dir / "vars" / "main.yml"), trusted_as_template=True))
+        variables.update(role_file(role_dir / "vars" / "main.yml"))
         variables["ansible_facts"] = facts
         self._templar = Templar(loader=loader, variables=variables)
         # The same choice the role's first_found lookup makes.
@@ -70,7 +71,7 @@ class RoleVars:
         found = [role_dir / "vars" / name for name in candidates if (role_dir / "vars" / name).is_file()]
         assert found, f"no vars file for {platform} in {role}"
         self.vars_file = found[0].name
-        variables.update(loader.load_from_file(str(found[0]), trusted_as_template=True))
+        variables.update(role_file(found[0]))
         self._templar = Templar(loader=loader, variables=variables)
 
     def get(self, name: str):
