@@ -343,4 +343,4 @@ def test_fabric_managers_unit_is_read_again_after_its_install_for_the_services_s
         i for i, task in enumerate(steps) if task.get("ansible.builtin.include_tasks") == "read.yml" and i > install
     ]
     assert reads, "no read after Fabric Manager's install"
-    assert steps[reads[0]]["when"] == "__nvidia_driver_fabricmanager_install is changed"
+    assert "__nvidia_driver_fabricmanager_install is changed" in steps[reads[0]]["when"]
