@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Builds, on the test host, the test doubles of NVIDIA's CUDA repository for RHEL 9 and of EPEL: empty RPMs with
-# NVIDIA's package names, epochs, versions and dependencies (docs/nvidia-rhel-packages.md), signed with a throwaway
-# key, and the nvidia-driver module's streams as modulemd v2 documents with their default profiles. Needs Debian's
-# rpm, createrepo-c and gnupg.
-#   build-repo.sh DIR   -> DIR/cuda/rhel9/x86_64 (with the key as D42D0685.pub, where NVIDIA keeps its own) and DIR/epel
+# Builds, on the test host, the test doubles of NVIDIA's CUDA repository for RHEL 9, of EPEL and of Rocky's BaseOS:
+# empty RPMs with NVIDIA's package names, epochs, versions and dependencies (docs/nvidia-rhel-packages.md; the NVLink
+# fabric's services, docs/nvlink-fabric.md, with their units), signed with a throwaway key, and the nvidia-driver
+# module's streams as modulemd v2 documents with their default profiles. Needs Debian's rpm, createrepo-c and gnupg.
+#   build-repo.sh DIR   -> DIR/cuda/rhel9/x86_64 (with the key as D42D0685.pub, where NVIDIA keeps its own), DIR/epel
+#                          and DIR/baseos
 set -euo pipefail
 out=$1
 cuda="$out/cuda/rhel9/x86_64"
 epel="$out/epel"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$cuda" "$epel" "$work/top/SPECS"
+baseos="$out/baseos"
+mkdir -p "$cuda" "$epel" "$baseos" "$work/top/SPECS"
 
 # One empty package: NAME VERSION EPOCH ARCH [REQUIRES...]
 package() {
@@ -33,6 +35,27 @@ SPEC
   rpmbuild --quiet --define "_topdir $work/top" --nodeps -bb "$work/top/SPECS/$name-$version.spec" >/dev/null
 }
 
+# One package with a systemd unit and nothing else: NAME VERSION UNIT
+package_with_unit() {
+  local name=$1 version=$2 unit=$3
+  cat > "$work/top/SPECS/$name-$version.spec" <<SPEC
+Name: $name
+Version: $version
+Release: 1.el9
+Summary: test double of $name
+License: none
+BuildArch: x86_64
+%description
+A test double: the name and version of $name, and its unit, which runs nothing.
+%install
+mkdir -p %{buildroot}/usr/lib/systemd/system
+printf '[Unit]\\nDescription=test double of $name\\n[Service]\\nType=oneshot\\nExecStart=/bin/true\\n[Install]\\nWantedBy=multi-user.target\\n' > %{buildroot}/usr/lib/systemd/system/$unit
+%files
+/usr/lib/systemd/system/$unit
+SPEC
+  rpmbuild --quiet --define "_topdir $work/top" --nodeps -bb "$work/top/SPECS/$name-$version.spec" >/dev/null
+}
+
 # Two versions of branch 580 (an update within the branch) and one of 570 (a branch change).
 versions=(570.195.03 580.95.05 580.105.08)
 for v in "${versions[@]}"; do
@@ -41,10 +64,22 @@ for v in "${versions[@]}"; do
   package kmod-nvidia-latest-dkms "$v" 3 x86_64 dkms "nvidia-kmod-common = 3:$v"
   package kmod-nvidia-open-dkms "$v" 3 x86_64 dkms "nvidia-kmod-common = 3:$v"
   package nvidia-persistenced "$v" 3 x86_64
+  # The fabric services, in the driver's version, under the branch's names (nvidia-imex-570, nvidia-fabric-manager
+  # before 580).
+  if [ "${v%%.*}" -ge 580 ]; then fm=nvidia-fabricmanager imex=nvidia-imex; else fm=nvidia-fabric-manager imex=nvidia-imex-${v%%.*}; fi
+  package_with_unit "$fm" "$v" nvidia-fabricmanager.service
+  package_with_unit "$imex" "$v" nvidia-imex.service
 done
+package nvlsm 2025.06.10 "" x86_64
 find "$work/top/RPMS" -name '*.rpm' -exec mv {} "$cuda/" \;
 package dkms 3.2.1 "" noarch
 find "$work/top/RPMS" -name '*.rpm' -exec mv {} "$epel/" \;
+# Rocky's python3-pip (a version of the double's own), for the role's pip step; Debian's pip3 is the one the node
+# runs (prepare.yml).
+package python3-pip 21.3.1 "" noarch
+# Rocky's infiniband-diags (the double's own version), which the role installs beside nvlsm.
+package infiniband-diags 51.0 "" x86_64
+find "$work/top/RPMS" -name '*.rpm' -exec mv {} "$baseos/" \;
 
 export GNUPGHOME="$work/gnupg"
 mkdir -m 0700 "$GNUPGHOME"
@@ -91,3 +126,4 @@ DOC
 createrepo_c --quiet "$cuda"
 modifyrepo_c --mdtype=modules "$work/modules.yaml" "$cuda/repodata" >/dev/null
 createrepo_c --quiet "$epel"
+createrepo_c --quiet "$baseos"

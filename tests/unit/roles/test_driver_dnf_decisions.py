@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,7 +51,7 @@ def written(text: str) -> dict:
 
 def role(node: dict | None = None, **inventory) -> RoleVars:
     extra = {} if node is None else {"__nvidia_driver_node": node}
-    # RHEL has no pynvml package and pip is asked on every run (__nvidia_driver_todo.pynvml): left out here.
+    # RHEL has no pynvml package (pip's, read from its metadata): left out here, tested on its own below.
     inventory.setdefault("nvidia_driver_pynvml", False)
     return RoleVars(
         "nvidia_driver",
@@ -222,3 +224,123 @@ def test_the_refusal_without_dkms_is_one_sentence_naming_epel():
     text = fail["ansible.builtin.fail"]["msg"].strip()
     assert "EPEL" in text
     assert text.endswith(".") and text.count(". ") == 0
+
+
+# --- Fabric Manager, the NVLink Subnet Manager and IMEX, and pip's pynvml: decided from the same read ---------------
+FABRIC = {"nvidia_driver_fabricmanager": "always", "nvidia_driver_nvlsm": "always", "nvidia_driver_imex": "always"}
+FABRICMANAGER_UNIT = "/lib/systemd/system/nvidia-fabricmanager.service"
+IMEX_UNIT = "/lib/systemd/system/nvidia-imex.service"
+ENABLED = {"load_state": "loaded", "active_state": "active", "unit_file_state": "enabled"}
+
+
+def converged_fabric(**inventory) -> dict:
+    """The converged node with Fabric Manager and IMEX at the driver's version, nvlsm, and their units enabled."""
+    node = converged(**FABRIC, **inventory)
+    node["packages"]["nvidia-fabricmanager"] = {"version": "580.105.08-1.el9", "held": None}
+    node["packages"]["nvidia-imex"] = {"version": "580.105.08-1.el9", "held": None}
+    node["packages"]["nvlsm"] = {"version": "2025.06.10-1", "held": None}
+    node["paths"][FABRICMANAGER_UNIT] = written("[Unit]\n")
+    node["paths"][IMEX_UNIT] = written("[Unit]\n")
+    node["units"]["nvidia-fabricmanager.service"] = dict(ENABLED)
+    node["units"]["nvidia-imex.service"] = dict(ENABLED)
+    return node
+
+
+def test_the_read_asks_rpm_for_the_fabric_services_packages():
+    assert {"nvidia-fabricmanager", "nvidia-imex", "nvlsm"} <= set(role(**FABRIC).get("__nvidia_driver_read_packages"))
+
+
+def test_a_converged_rocky_node_with_its_fabric_services_has_nothing_to_do():
+    assert todo(converged_fabric(), **FABRIC) == set()
+
+
+@pytest.mark.parametrize(
+    ("what", "change", "steps"),
+    [
+        ("Fabric Manager removed", lambda n: n["packages"]["nvidia-fabricmanager"].update(version=None),
+         {"fabricmanager"}),
+        ("Fabric Manager of an older driver", lambda n: n["packages"]["nvidia-fabricmanager"].update(
+            version="580.95.05-1.el9"), {"fabricmanager"}),
+        ("the NVLink Subnet Manager removed", lambda n: n["packages"]["nvlsm"].update(version=None), {"fabric"}),
+        ("IMEX removed", lambda n: n["packages"]["nvidia-imex"].update(version=None), {"fabric"}),
+        ("IMEX of an older driver", lambda n: n["packages"]["nvidia-imex"].update(version="580.95.05-1.el9"),
+         {"fabric"}),
+        ("Fabric Manager's unit disabled", lambda n: n["units"]["nvidia-fabricmanager.service"].update(
+            unit_file_state="disabled"), {"services"}),
+    ],
+)  # fmt: skip
+def test_each_fabric_drift_is_the_step_that_repairs_it(what, change, steps):
+    node = copy.deepcopy(converged_fabric())
+    change(node)
+    assert todo(node, **FABRIC) == steps, what
+
+
+def test_fabric_manager_waits_for_the_driver():
+    node = copy.deepcopy(converged_fabric())
+    node["packages"]["nvidia-driver"].update(version=None)
+    node["packages"]["nvidia-fabricmanager"].update(version=None)
+    assert "fabricmanager" not in todo(node, **FABRIC)
+    assert "install" in todo(node, **FABRIC)
+
+
+PYNVML = {"nvidia_driver_pynvml": True}
+
+
+def pynvml_read(answer) -> dict:
+    """The converged node with the read's answer to the pynvml command: (rc, stdout), or None (no python3)."""
+    node = copy.deepcopy(converged(**PYNVML))
+    node["commands"]["pynvml"] = None if answer is None else {"rc": answer[0], "stdout": answer[1], "stderr": ""}
+    return node
+
+
+def test_the_read_asks_pythons_metadata_for_pips_pynvml_and_nothing_without_it():
+    command = role(**PYNVML).get("__nvidia_driver_read_commands")["pynvml"]
+    assert command[0] == "python3"
+    assert command[-1] == "nvidia-ml-py"
+    assert "importlib.metadata" in command[2]
+    assert "pynvml" not in role().get("__nvidia_driver_read_commands")
+
+
+def test_the_read_command_prints_the_installed_distributions_version(tmp_path):
+    """The command's program, run here against a distribution's metadata made for it (a double of pip's install)."""
+    dist = tmp_path / "nvidia_ml_py-13.615.71.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-ml-py\nVersion: 13.615.71\n")
+    command = role(**PYNVML).get("__nvidia_driver_read_commands")["pynvml"]
+    env = {"PYTHONPATH": str(tmp_path), "PYTHONNOUSERSITE": "1"}
+    found = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, env=env, check=False)
+    assert (found.returncode, found.stdout) == (0, "13.615.71\n")
+    missing = subprocess.run(
+        [sys.executable, *command[1:-1], "gpuops-no-such-distribution"], capture_output=True, text=True, check=False
+    )
+    assert missing.returncode != 0
+
+
+@pytest.mark.parametrize(
+    ("what", "answer", "due"),
+    [
+        ("the pinned version installed", (0, "13.615.71\n"), False),
+        ("not installed", (1, ""), True),
+        ("another version installed", (0, "12.570.86\n"), True),
+        ("no python3", None, True),
+    ],
+)
+def test_pips_pynvml_is_installed_where_the_read_finds_it_missing_or_of_another_version(what, answer, due):
+    node = pynvml_read(answer)
+    assert todo(node, **PYNVML) == ({"pynvml"} if due else set()), what
+
+
+def test_another_pinned_version_is_installed():
+    node = pynvml_read((0, "13.615.71\n"))
+    assert todo(node, nvidia_driver_pynvml=True, nvidia_driver_pynvml_pip_version="13.580.82") == {"pynvml"}
+
+
+def test_fabric_managers_unit_is_read_again_after_its_install_for_the_services_step():
+    steps = tasks("install-dnf.yml")
+    names = [task["name"] for task in steps]
+    install = names.index("Install Fabric Manager matching the driver version exactly")
+    reads = [
+        i for i, task in enumerate(steps) if task.get("ansible.builtin.include_tasks") == "read.yml" and i > install
+    ]
+    assert reads, "no read after Fabric Manager's install"
+    assert "__nvidia_driver_fabricmanager_install is changed" in steps[reads[0]]["when"]
