@@ -229,16 +229,22 @@ def test_the_refusal_without_dkms_is_one_sentence_naming_epel():
 # --- Fabric Manager, the NVLink Subnet Manager and IMEX, and pip's pynvml: decided from the same read ---------------
 FABRIC = {"nvidia_driver_fabricmanager": "always", "nvidia_driver_nvlsm": "always", "nvidia_driver_imex": "always"}
 FABRICMANAGER_UNIT = "/lib/systemd/system/nvidia-fabricmanager.service"
+# The NVLink Subnet Manager's ib_umad at boot, as the role writes it.
+NVLSM_MODULES = "/etc/modules-load.d/gpuops-nvlsm.conf"
 IMEX_UNIT = "/lib/systemd/system/nvidia-imex.service"
 ENABLED = {"load_state": "loaded", "active_state": "active", "unit_file_state": "enabled"}
 
 
 def converged_fabric(**inventory) -> dict:
-    """The converged node with Fabric Manager and IMEX at the driver's version, nvlsm, and their units enabled."""
+    """The converged node with Fabric Manager and IMEX at the driver's version, nvlsm with infiniband-diags and ib_umad
+    loaded and at boot, and their units enabled."""
     node = converged(**FABRIC, **inventory)
     node["packages"]["nvidia-fabricmanager"] = {"version": "580.105.08-1.el9", "held": None}
     node["packages"]["nvidia-imex"] = {"version": "580.105.08-1.el9", "held": None}
     node["packages"]["nvlsm"] = {"version": "2025.06.10-1", "held": None}
+    node["packages"]["infiniband-diags"] = {"version": "51.0-1.el9", "held": None}
+    node["paths"]["/sys/module/ib_umad"] = DIRECTORY
+    node["paths"][NVLSM_MODULES] = written("# Managed by gpuops.k8s.nvidia_driver: the NVLink Subnet Manager needs ib_umad.\nib_umad\n")
     node["paths"][FABRICMANAGER_UNIT] = written("[Unit]\n")
     node["paths"][IMEX_UNIT] = written("[Unit]\n")
     node["units"]["nvidia-fabricmanager.service"] = dict(ENABLED)
