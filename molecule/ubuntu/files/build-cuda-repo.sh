@@ -4,7 +4,7 @@
 # index signed with a throwaway key as NVIDIA signs its InRelease, and that key where the role fetches NVIDIA's
 # (3bf863cc.pub, ASCII-armored). Names, versions and dependencies: docs/ubuntu-driver-packages.md. Needs dpkg-deb
 # and gpg. Prints the key's fingerprint.
-#   build-cuda-repo.sh BASE DIST   -> BASE/DIST/x86_64 (DIST: ubuntu2404)
+#   build-cuda-repo.sh BASE DIST   -> BASE/DIST/x86_64 (DIST: ubuntu2204, ubuntu2404)
 set -eu
 repo="$1/$2/x86_64"
 work=$(mktemp -d)

@@ -41,10 +41,11 @@ def node(
     secure_boot: bool = False,
     policy: str = "",
     madison: str = "",
+    boot: str | None = None,
 ) -> dict:
     """What node_state reads on an Ubuntu machine with a GPU (not a container): INDEX is what `apt-cache pkgnames
     linux-modules-nvidia-580-server-open-` answers, DPKG what dpkg-query lists of linux-image-* and
-    linux-modules-nvidia-*, INSTALLED the driver's packages (name: version)."""
+    linux-modules-nvidia-*, INSTALLED the driver's packages (name: version), BOOT what files/boot-kernel.sh prints."""
     index = (
         [f"linux-modules-nvidia-580-server-open-{KERNEL}", "linux-modules-nvidia-580-server-open-generic"]
         if (index is None)
@@ -61,6 +62,7 @@ def node(
             f"linux-headers-{KERNEL}", "python3-pynvml"]  # fmt: skip
     packages = {name: {"version": None, "held": False} for name in read}
     packages.update({name: {"version": version, "held": False} for name, version in (installed or {}).items()})
+    commands = {"boot_kernel": answer(boot)} if boot is not None else {}
     return {
         "paths": paths,
         "contents": {
@@ -80,6 +82,7 @@ def node(
             "modules": answer("\n".join(index) + "\n"),
             "policy": answer(policy),
             "madison": answer(madison),
+            **commands,
         },
     }
 
@@ -158,6 +161,37 @@ def test_secure_boot_does_not_stop_canonicals_signed_module_but_stops_the_dkms_f
     installed = {"linux-headers-" + KERNEL: "6.8.0-45.45"}
     dkms = role(node(index=[], installed=installed, secure_boot=True))
     assert dkms.get("__nvidia_driver_secure_boot_refusal").startswith("Secure Boot is enabled on gpu-1")
+
+
+def test_a_kernel_update_brings_the_precompiled_module_of_the_kernel_the_node_boots_next():
+    """linux-image-generic moved to 6.8.0-50-generic: once the index has that kernel's module, the role installs it
+    with the flavour metapackage, and not before; then the node is converged again."""
+    new_kernel = "6.8.0-50-generic"
+    dpkg = ("installed linux-image-generic 6.8.0-50.50\n"
+            f"installed linux-image-{KERNEL} 6.8.0-45.45\ninstalled linux-image-{new_kernel} 6.8.0-50.50\n"
+            "installed linux-modules-nvidia-580-server-open-generic 6.8.0-45.45+1\n"
+            f"installed linux-modules-nvidia-580-server-open-{KERNEL} 6.8.0-45.45+1\n")  # fmt: skip
+    index = [f"linux-modules-nvidia-580-server-open-{KERNEL}", "linux-modules-nvidia-580-server-open-generic"]
+    boot = f"kernel={new_kernel}\nversion=\n"
+    installed = {"nvidia-headless-no-dkms-580-server-open": "580.95.05-0ubuntu0.24.04.1",
+                 "nvidia-utils-580-server": "580.95.05-0ubuntu0.24.04.1"}  # fmt: skip
+    unpublished = role(node(index=index, dpkg=dpkg, installed=installed, boot=boot))
+    assert unpublished.get("__nvidia_driver_todo")["boot_module"] is False
+    published = role(node(index=[*index, f"linux-modules-nvidia-580-server-open-{new_kernel}"], dpkg=dpkg,
+                          installed=installed, boot=boot))  # fmt: skip
+    assert published.get("__nvidia_driver_boot_modules_abi_package") == (
+        f"linux-modules-nvidia-580-server-open-{new_kernel}")  # fmt: skip
+    assert published.get("__nvidia_driver_todo")["boot_module"] is True
+    assert published.get("__nvidia_driver_todo")["install"] is False
+    assert published.get("__nvidia_driver_todo_packages") is True
+    converged = role(node(index=[*index, f"linux-modules-nvidia-580-server-open-{new_kernel}"],
+                          dpkg=dpkg + f"installed linux-modules-nvidia-580-server-open-{new_kernel} 6.8.0-50.50+1\n",
+                          installed=installed, boot=boot))  # fmt: skip
+    assert converged.get("__nvidia_driver_todo")["boot_module"] is False
+    # The DKMS fallback has no such package to follow the kernel with.
+    dkms = role(node(index=[f"linux-modules-nvidia-580-server-open-{new_kernel}"], boot=boot,
+                     installed={"linux-headers-" + KERNEL: "6.8.0-45.45"}))  # fmt: skip
+    assert dkms.get("__nvidia_driver_todo")["boot_module"] is False
 
 
 CONVERGED_580 = {"nvidia-headless-no-dkms-580-server-open": "580.95.05-0ubuntu0.24.04.1",
