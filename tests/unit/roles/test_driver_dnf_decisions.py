@@ -231,6 +231,7 @@ FABRIC = {"nvidia_driver_fabricmanager": "always", "nvidia_driver_nvlsm": "alway
 FABRICMANAGER_UNIT = "/lib/systemd/system/nvidia-fabricmanager.service"
 # The NVLink Subnet Manager's ib_umad at boot, as the role writes it.
 NVLSM_MODULES = "/etc/modules-load.d/gpuops-nvlsm.conf"
+NVLSM_MODULES_TEXT = "# Managed by gpuops.k8s.nvidia_driver: the NVLink Subnet Manager needs ib_umad.\nib_umad\n"
 IMEX_UNIT = "/lib/systemd/system/nvidia-imex.service"
 ENABLED = {"load_state": "loaded", "active_state": "active", "unit_file_state": "enabled"}
 
@@ -244,7 +245,7 @@ def converged_fabric(**inventory) -> dict:
     node["packages"]["nvlsm"] = {"version": "2025.06.10-1", "held": None}
     node["packages"]["infiniband-diags"] = {"version": "51.0-1.el9", "held": None}
     node["paths"]["/sys/module/ib_umad"] = DIRECTORY
-    node["paths"][NVLSM_MODULES] = written("# Managed by gpuops.k8s.nvidia_driver: the NVLink Subnet Manager needs ib_umad.\nib_umad\n")
+    node["paths"][NVLSM_MODULES] = written(NVLSM_MODULES_TEXT)
     node["paths"][FABRICMANAGER_UNIT] = written("[Unit]\n")
     node["paths"][IMEX_UNIT] = written("[Unit]\n")
     node["units"]["nvidia-fabricmanager.service"] = dict(ENABLED)

@@ -183,9 +183,7 @@ def test_bad_sharing_fails_with_one_sentence(sharing, message):
 
 
 def test_user_labels_added_and_win():
-    labels = gpu_labels(
-        _info(), {"accelerator": "nvidia-h100", "nvidia.com/gpu.family": "custom", "team/x": True}
-    )
+    labels = gpu_labels(_info(), {"accelerator": "nvidia-h100", "nvidia.com/gpu.family": "custom", "team/x": True})
     assert labels["accelerator"] == "nvidia-h100"
     assert labels["nvidia.com/gpu.family"] == "custom"
     assert labels["team/x"] == "true"
