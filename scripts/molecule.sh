@@ -3,9 +3,6 @@
 # local Debian 12 image, the signed container toolkit repository and an apt cache on 127.0.0.1, all
 # cached under $GPUOPS_CACHE. Prints each scenario's wall time.
 #   scripts/molecule.sh [scenario...]
-# The scenarios run in two groups side by side, each group's in order: the driver role's distribution scenarios
-# (rhel, ubuntu: local repositories and real apt/dnf, mostly waiting on package managers) beside the others (crio,
-# default, docker, k3s). Their containers have names of their own; the apt cache is shared.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -28,8 +25,11 @@ export GPUOPS_MOLECULE_PLUGIN_PORT=${GPUOPS_MOLECULE_PLUGIN_PORT:-31211}
 scripts/collection-tree.sh >/dev/null
 
 # Scenarios that only make test-full runs (GPUOPS_TEST_FULL=1), unless named: k3s, whose k3s is a double; the
-# integration tier runs the role's k3s decisions with the real text/template and containerd 2.1/2.4 (README).
-full_only=(k3s)
+# integration tier runs the role's k3s decisions with the real text/template and containerd 2.1/2.4 (README). ubuntu
+# and rhel (the driver role with real apt and dnf on hosts that say Ubuntu and Rocky; about 11 and 6 minutes): the
+# unit tests of tests/unit/roles run the same decisions in make test (README, "make test-full"). Run beside the other
+# scenarios instead, on 2 cores, they doubled the others' time (docs/performance.md).
+full_only=(k3s rhel ubuntu)
 if [ $# -gt 0 ]; then
   scenarios=("$@")
 else
@@ -42,34 +42,14 @@ else
     scenarios=("${kept[@]}")
   fi
 fi
-distro_group=(rhel ubuntu)
-group_a=() group_b=()
+declare -A took
 for s in "${scenarios[@]}"; do
-  if printf '%s\n' "${distro_group[@]}" | grep -qxF "$s"; then group_b+=("$s"); else group_a+=("$s"); fi
+  log "scenario $s"
+  start=$(date +%s)
+  timeout 3600 molecule test -s "$s"
+  took[$s]=$(($(date +%s) - start))
+  log "scenario $s passed in ${took[$s]} s"
 done
-results=$(mktemp)
-# One group's scenarios in order, each line prefixed with the scenario's name; stops at the first that fails.
-run_group() {
-  local s start rc
-  for s in "$@"; do
-    log "scenario $s"
-    start=$(date +%s)
-    set +e
-    timeout 3600 molecule test -s "$s" 2>&1 | sed -u "s/^/[$s] /"
-    rc=${PIPESTATUS[0]}
-    set -e
-    echo "$s $(($(date +%s) - start)) $rc" >>"$results"
-    if [ "$rc" != 0 ]; then log "scenario $s failed ($rc)"; return 1; fi
-    log "scenario $s passed in $(($(date +%s) - start)) s"
-  done
-}
-failed=0
-pid_b=''
-if [ ${#group_b[@]} -gt 0 ]; then run_group "${group_b[@]}" & pid_b=$!; fi
-if [ ${#group_a[@]} -gt 0 ]; then run_group "${group_a[@]}" || failed=1; fi
-if [ -n "$pid_b" ]; then wait "$pid_b" || failed=1; fi
-while read -r s took rc; do
-  printf 'molecule scenario %-20s %5d s  %s\n' "$s" "$took" "$([ "$rc" = 0 ] && echo passed || echo "failed ($rc)")"
-done <"$results"
-rm -f "$results"
-exit "$failed"
+for s in "${scenarios[@]}"; do
+  printf 'molecule scenario %-20s %5d s\n' "$s" "${took[$s]}"
+done
