@@ -320,14 +320,16 @@ def test_addresses_pass_the_check():
     assert role("gb200-nvl", nvidia_driver_imex_peers=PEERS).get(assertion("Check IMEX's peers")["that"]) is True
 
 
-def test_a_changed_peer_list_restarts_imex():
+def test_a_changed_peer_list_asks_for_an_imex_restart_and_restarts_nothing():
     tasks = yaml.safe_load((ROLE / "tasks" / "imex.yml").read_text())
     write = next(task for task in tasks if "ansible.builtin.copy" in task)
     assert write["notify"] == "Restart IMEX"
     handlers = {handler["name"]: handler for handler in yaml.safe_load((ROLE / "handlers" / "main.yml").read_text())}
-    restart = handlers["Restart IMEX"]["ansible.builtin.systemd_service"]
-    assert restart["state"] == "restarted"
-    assert role("gb200-nvl")._templar.template(trust_as_template(restart["name"])) == "nvidia-imex"
+    # A restart stops the node's multi-node NVLink jobs: the handler says so and acts on nothing.
+    assert set(handlers["Restart IMEX"]) == {"name", "ansible.builtin.debug", "when"}
+    text = handlers["Restart IMEX"]["ansible.builtin.debug"]["msg"]
+    assert "systemctl restart {{ __nvidia_driver_imex_service }}" in text
+    assert role("gb200-nvl")._templar.template(trust_as_template("{{ __nvidia_driver_imex_service }}")) == "nvidia-imex"
     # Where the module can be loaded and the read found IMEX's unit; not where check mode only pretended to install it.
     for unit, restarts in ((written("[Unit]\n"), True), (ABSENT, False)):
         read = fabric_node(**{"/lib/systemd/system/nvidia-imex.service": unit})
