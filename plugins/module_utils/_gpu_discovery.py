@@ -70,6 +70,7 @@ GPU_FACT_KEYS = (
     "memory_total_mib",
     "compute_capability",
     "architecture",
+    "brand",
     "numa_node",
     "persistence_mode",
     "mig_mode",
@@ -77,6 +78,7 @@ GPU_FACT_KEYS = (
     "minor_number",
     "nvlink_peers",
     "pcie_switch",
+    "pcie_root",
     "xid",
     "lost",
 )
@@ -93,6 +95,30 @@ MIG_ATTRIBUTE_FACTS = (
     ("ofa_engines", "sharedOfaCount"),
 )
 MIG_ATTRIBUTE_KEYS = tuple(name for name, _attribute in MIG_ATTRIBUTE_FACTS)
+# Where a MIG device sits on its GPU, from its GPU instance (nvmlGpuInstanceGetInfo): NVIDIA's GPU-instance profile ID
+# and the first and number of memory slices it holds. NVIDIA's DRA driver names MIG devices by them.
+MIG_PLACEMENT_KEYS = ("gpu_instance_profile_id", "placement_start", "placement_size")
+# nvmlBrandType_t by value, with the names NVIDIA's go-nvlib gives them (GetBrandAsString), which NVIDIA's DRA driver
+# publishes as the `brand` attribute. Values past the list are named Unknown.
+BRAND_NAMES = (
+    "Unknown",
+    "Quadro",
+    "Tesla",
+    "NVS",
+    "Grid",
+    "GeForce",
+    "Titan",
+    "NvidiaVApps",
+    "NvidiaVPC",
+    "NvidiaVCS",
+    "NvidiaVWS",
+    "NvidiaCloudGaming",
+    "QuadroRTX",
+    "NvidiaRTX",
+    "Nvidia",
+    "GeForceRTX",
+    "TitanRTX",
+)
 
 
 def installed_pynvml():
@@ -158,7 +184,7 @@ def _mig_device_fact(position, mig):
     """One MIG device's facts: its position, UUID, profile and memory, and the attributes NVML gives (None where
     they are not known)."""
     fact = {"index": position, "uuid": mig["uuid"], "profile": mig["profile"], "memory_mib": mig["memory_mib"]}
-    fact.update((key, mig.get(key)) for key in MIG_ATTRIBUTE_KEYS)
+    fact.update((key, mig.get(key)) for key in MIG_ATTRIBUTE_KEYS + MIG_PLACEMENT_KEYS)
     return fact
 
 
@@ -201,6 +227,30 @@ def _numa_from_text(text):
 def sysfs_numa_node(sysfs_root, bus_id):
     """The NUMA node sysfs gives for a PCI device, or None when unknown (-1 or missing)."""
     return _numa_from_text(_read_attr(os.path.join(sysfs_root, "bus", "pci", "devices", bus_id), "numa_node"))
+
+
+def brand_name(value):
+    """NVML's brand (nvmlBrandType_t) by the name NVIDIA's go-nvlib gives it; None when NVML did not answer."""
+    if value is None:
+        return None
+    return BRAND_NAMES[value] if 0 <= value < len(BRAND_NAMES) else "Unknown"
+
+
+def sysfs_pcie_root(sysfs_root, bus_id):
+    """The PCIe root complex a PCI device hangs off (C(pci0000:17)): the first directory under devices/ that its
+    bus/pci/devices/<bus ID> link leads to, read as Kubernetes reads the standard pcieRoot attribute; None when sysfs
+    does not know the device or the link leads elsewhere."""
+    link = os.path.join("bus", "pci", "devices", bus_id)
+    try:
+        target = os.readlink(os.path.join(sysfs_root, link))
+    except OSError:
+        return None
+    if os.path.isabs(target):
+        return None
+    target = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    if not target.startswith(os.path.join("devices", "pci")) or os.path.basename(target) != bus_id:
+        return None
+    return target.split(os.sep)[1]
 
 
 def scan_pci(sysfs_root):
@@ -368,6 +418,7 @@ def _read_gpu(nvml, index, sysfs_root):
 
     persistence = reader.optional("nvmlDeviceGetPersistenceMode", handle)
     mig_mode, mig_devices = _read_mig(nvml, reader, handle)
+    brand = reader.optional("nvmlDeviceGetBrand", handle)
 
     gpu = gpu_fact(
         index=index,
@@ -377,6 +428,8 @@ def _read_gpu(nvml, index, sysfs_root):
         memory_total_mib=memory_total // _MIB,
         compute_capability=f"{major}.{minor}",
         numa_node=numa_node,
+        brand=brand_name(brand),
+        pcie_root=sysfs_pcie_root(sysfs_root, bus_id),
         persistence_mode=None if persistence is None else persistence == _FEATURE_ENABLED,
         mig_mode=mig_mode,
         mig_devices=mig_devices,
@@ -413,6 +466,7 @@ def _read_mig(nvml, reader, handle):
         memory = reader.call("nvmlDeviceGetMemoryInfo", mig_handle).total
         device = {"uuid": mig_uuid, "profile": _mig_profile(mig_name), "memory_mib": memory // _MIB}
         device.update(_mig_attributes(nvml, reader, mig_handle))
+        device.update(_mig_placement(reader, handle, mig_handle))
         devices.append(device)
     return "enabled", devices
 
@@ -426,6 +480,20 @@ def _mig_attributes(nvml, reader, mig_handle):
         (key, None if attributes is None else int(getattr(attributes, attribute)))
         for key, attribute in MIG_ATTRIBUTE_FACTS
     )
+
+
+def _mig_placement(reader, handle, mig_handle):
+    """The MIG device's GPU-instance profile ID and memory-slice placement (MIG_PLACEMENT_KEYS); None each when this
+    driver or pynvml does not answer."""
+    gpu_instance_id = reader.optional("nvmlDeviceGetGpuInstanceId", mig_handle)
+    gpu_instance = None
+    if gpu_instance_id is not None:
+        gpu_instance = reader.optional("nvmlDeviceGetGpuInstanceById", handle, gpu_instance_id)
+    info = None if gpu_instance is None else reader.optional("nvmlGpuInstanceGetInfo", gpu_instance)
+    if info is None:
+        return dict.fromkeys(MIG_PLACEMENT_KEYS)
+    values = (info.profileId, info.placement.start, info.placement.size)
+    return dict(zip(MIG_PLACEMENT_KEYS, (int(value) for value in values)))
 
 
 def _mig_profile(name):

@@ -262,6 +262,9 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
             device = _parse_mig_device(mig, mig_index, fail, seen_uuids, index)
             device.update(mig_device_attributes(raw["name"], device["profile"]))
             mig_devices.append(device)
+        placements = _mig_placements({"index": index, "uuid": uuid, "name": raw["name"], "mig_devices": mig_devices})
+        for device, placement in zip(mig_devices, placements):
+            device.update(placement)
 
     return {
         "index": index,
@@ -280,6 +283,9 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
         "xid": xid,
         "lost": raw.get("lost", False),
         "pci_device_id": pci_device_id.lower() if pci_device_id else None,
+        "brand": spec_brand(raw["name"]),
+        # A simulated GPU has no PCI device in sysfs, so no root complex is known.
+        "pcie_root": None,
     }
 
 
@@ -469,6 +475,24 @@ def mig_device_attributes(gpu_name, profile):
     return dict(zip(MIG_ATTRIBUTE_KEYS, values))
 
 
+def spec_brand(name):
+    """The brand NVML gives a simulated GPU (as NVIDIA's go-nvlib names it): Tesla for the products named Tesla, else
+    Nvidia, as NVML answers for the data-centre GPUs the lab simulates."""
+    return "Tesla" if name.startswith("Tesla") else "Nvidia"
+
+
+def _mig_placements(gpu):
+    """Per declared MIG device: where the mock NVML library places it (gpu_instance_profile_id, placement_start,
+    placement_size, as _gpu_discovery.MIG_PLACEMENT_KEYS names them); None each where the library does not model
+    the product or the layout does not fit (the library's state then refuses the spec)."""
+    keys = ("gpu_instance_profile_id", "placement_start", "placement_size")
+    try:
+        placed = _mig_seed_layout(gpu, "<spec>")
+    except SpecError:
+        return [dict.fromkeys(keys) for _mig in gpu["mig_devices"]]
+    return [dict(zip(keys, (row[1], start, row[12]))) for row, start, _ci, _ci_start in placed]
+
+
 def _mig_seed_layout(gpu, path):
     """The declared MIG devices of a GPU placed as the mock NVML library serves them: per device (GPU-instance
     profile row, memory-slice start, NVML compute-instance profile index, compute-slice start). Each device is
@@ -566,7 +590,7 @@ def mock_nvml_state_text(spec, path="<spec>"):
             "minor_number {}".format(gpu["minor_number"]),
             "mig_mode " + gpu["mig_mode"],
             "architecture {}".format(_nvml_architecture(gpu["compute_capability"])),
-            "brand {}".format(_NVML_BRAND_TESLA if gpu["name"].startswith("Tesla") else _NVML_BRAND_NVIDIA),
+            "brand {}".format(_NVML_BRAND_TESLA if spec_brand(gpu["name"]) == "Tesla" else _NVML_BRAND_NVIDIA),
             "xid {}".format(gpu["xid"] or 0),
             "lost {}".format(int(gpu["lost"])),
         ]

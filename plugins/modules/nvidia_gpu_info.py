@@ -163,6 +163,15 @@ gpus:
           C(hopper), C(blackwell), ...); C(undefined) for a compute capability the collection does not know.
       type: str
       sample: hopper
+    brand:
+      description:
+        - The brand NVML gives the GPU (C(nvmlDeviceGetBrand)), named as NVIDIA's go-nvlib names it (C(Tesla),
+          C(Nvidia), C(Quadro), C(GeForce), ...; C(Unknown) for a brand it does not name); null when NVML does not
+          answer. NVIDIA's DRA driver publishes it as the C(brand) attribute.
+        - With O(simulate_from), C(Tesla) for a product named Tesla, else C(Nvidia), as the lab's mock NVML library
+          answers.
+      type: str
+      sample: Nvidia
     numa_node:
       description:
         - The NUMA node of the GPU; null when unknown. Taken from sysfs when NVML does not support the query.
@@ -234,6 +243,20 @@ gpus:
           description: The optical flow accelerators the MIG device's GPU instance has; null when NVML does not answer.
           type: int
           sample: 0
+        gpu_instance_profile_id:
+          description:
+            - NVIDIA's ID of the MIG device's GPU-instance profile (C(nvmlGpuInstanceGetInfo)), e.g. C(19) for
+              C(1g.10gb) on an H100; null when NVML does not answer. NVIDIA's DRA driver names MIG devices by it.
+          type: int
+          sample: 19
+        placement_start:
+          description: The first memory slice the MIG device's GPU instance holds; null when NVML does not answer.
+          type: int
+          sample: 0
+        placement_size:
+          description: The memory slices the MIG device's GPU instance holds; null when NVML does not answer.
+          type: int
+          sample: 1
     minor_number:
       description: The minor number of the device node C(/dev/nvidia<minor>); null when NVML does not support the query.
       type: int
@@ -251,6 +274,13 @@ gpus:
           with O(simulate_from), as named in the spec.
       type: str
       sample: sw0
+    pcie_root:
+      description:
+        - The PCIe root complex the GPU hangs off (C(pci0000:17)), where its link in C(/sys/bus/pci/devices) leads, as
+          Kubernetes reads its standard C(resource.kubernetes.io/pcieRoot) device attribute; null when sysfs does not
+          know the GPU (always with O(simulate_from)).
+      type: str
+      sample: pci0000:17
     xid:
       description:
         - A standing XID error the simulated spec gives the GPU; always null with NVML, where XIDs arrive

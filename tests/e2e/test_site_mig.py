@@ -732,9 +732,13 @@ def test_dra_slice_follows_the_layout(dra: tuple[Step, list[dict[str, Any]]]) ->
     succeeded_twice(step)
     assert summary(step.layout) == [SEVEN] * 8
     kinds = Counter(
-        (d["attributes"]["type"]["string"], d["attributes"].get("migProfile", {}).get("string")) for d in devices
+        (d["attributes"]["type"]["string"], d["attributes"].get("profile", {}).get("string")) for d in devices
     )
     assert kinds == {("mig", "1g.10gb"): 56}, kinds
+    # NVIDIA's names: the 1g.10gb GPU-instance profile (ID 19) at each of the seven first memory slices.
+    assert sorted(d["name"] for d in devices) == sorted(
+        f"gpu-{g}-mig-1g10gb-19-{s}" for g in range(8) for s in range(7)
+    )
     assert step.labels == {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}
 
 

@@ -124,21 +124,19 @@ def publisher(cluster):
 
 
 def _expected_attributes(spec, gpu_index, driver_version, cuda_version):
-    """What the slice must say, derived from the simulated spec's YAML itself."""
+    """What the slice must say, derived from the simulated spec's YAML itself: NVIDIA's attributes, and health."""
     gpu = spec["gpus"][gpu_index]
     attributes = {
         "type": {"string": "gpu"},
-        "index": {"int": gpu_index},
         "uuid": {"string": gpu["uuid"]},
         "productName": {"string": gpu["name"]},
-        "architecture": {"string": "hopper"},
-        "pciBusID": {"string": gpu["pci_bus_id"]},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Hopper"},
         "resource.kubernetes.io/pciBusID": {"string": gpu["pci_bus_id"]},
         "health": {"string": "Healthy"},
         "cudaComputeCapability": {"version": gpu["compute_capability"] + ".0"},
         "driverVersion": {"version": driver_version},
         "cudaDriverVersion": {"version": cuda_version},
-        "numaNode": {"int": gpu["numa_node"]},
         "resource.kubernetes.io/numaNode": {"int": gpu["numa_node"]},
     }
     return attributes
@@ -233,26 +231,33 @@ def test_mig_devices_are_published_with_their_profile_and_parent(cluster, publis
     assert publisher.publish(dra_devices(inventory), frozenset(), inventory) is True
     (published,) = _slices(cluster)
     by_name = {d["name"]: d for d in published["spec"]["devices"]}
-    assert sorted(by_name) == ["gpu-0-mig-0", "gpu-0-mig-1", "gpu-0-mig-2", "gpu-1"]
+    assert sorted(by_name) == ["gpu-0-mig-1g5gb-19-4", "gpu-0-mig-1g5gb-19-5", "gpu-0-mig-3g20gb-9-0", "gpu-1"]
     parent = "GPU-0a5e1c00-0000-4000-8000-00000000a100"
+    one_slice = {"multiprocessors": "14", "copyEngines": "1", "decoders": "0", "encoders": "0"}
     expected = {
-        "gpu-0-mig-0": ("3g.20gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a1", "19968Mi"),
-        "gpu-0-mig-1": ("1g.5gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a2", "4864Mi"),
-        "gpu-0-mig-2": ("1g.5gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a3", "4864Mi"),
+        "gpu-0-mig-3g20gb-9-0": ("3g.20gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a1", "19968Mi", range(0, 4)),
+        "gpu-0-mig-1g5gb-19-4": ("1g.5gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a2", "4864Mi", range(4, 5)),
+        "gpu-0-mig-1g5gb-19-5": ("1g.5gb", "MIG-0a5e1c00-0000-4000-8000-0000000000a3", "4864Mi", range(5, 6)),
     }
-    for name, (profile, uuid, memory) in expected.items():
+    for name, (profile, uuid, memory, memory_slices) in expected.items():
         attributes = by_name[name]["attributes"]
         assert attributes["type"] == {"string": "mig"}
-        assert attributes["migProfile"] == {"string": profile}
+        assert attributes["profile"] == {"string": profile}
         assert attributes["parentUUID"] == {"string": parent}
         assert attributes["uuid"] == {"string": uuid}
         assert attributes["productName"] == {"string": "NVIDIA A100-SXM4-40GB"}
+        assert attributes["architecture"] == {"string": "Ampere"}
         assert attributes["cudaComputeCapability"] == {"version": "8.0.0"}
         assert attributes["driverVersion"] == {"version": "535.247.1"}
-        assert by_name[name]["capacity"] == {"memory": {"value": memory}}
+        assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:07:00.0"}
+        capacity = by_name[name]["capacity"]
+        assert capacity["memory"] == {"value": memory}
+        assert {f"memorySlice{i}" for i in memory_slices} == {k for k in capacity if k.startswith("memorySlice")}
+        if profile == "1g.5gb":
+            assert {k: capacity[k]["value"] for k in one_slice} == one_slice
     whole = by_name["gpu-1"]
     assert whole["attributes"]["type"] == {"string": "gpu"}
-    assert "migProfile" not in whole["attributes"] and "numaNode" not in whole["attributes"]
+    assert "profile" not in whole["attributes"] and "resource.kubernetes.io/numaNode" not in whole["attributes"]
     assert whole["capacity"] == {"memory": {"value": "40Gi"}}
 
 

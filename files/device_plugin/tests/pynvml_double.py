@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 from gpu_device_plugin import simspec
-from gpu_device_plugin._shared import simulated_spec
+from gpu_device_plugin._shared import gpu_discovery, simulated_spec
 from gpu_device_plugin.inventory import Gpu, Inventory, MigDevice
 
 NVML_ERROR_UNINITIALIZED = 1
@@ -218,6 +218,33 @@ class PynvmlDouble:
             computeInstanceSliceCount=known["compute_instance_slices"],
             memorySizeMB=handle.mig.memory_mib,
         )
+
+    def nvmlDeviceGetBrand(self, handle: Any) -> int:
+        brand = self._gpu(handle).brand
+        if brand is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return gpu_discovery.BRAND_NAMES.index(brand)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        """A MIG device's GPU instance: numbered by the device's position (one compute instance each)."""
+        if not isinstance(handle, _MigHandle):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return handle.mig.index + 1
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gpu_instance_id: int) -> _MigHandle:
+        gpu = self._gpu(handle)
+        for mig in gpu.mig_devices:
+            if mig.index + 1 == gpu_instance_id:
+                return _MigHandle(gpu, mig)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: _MigHandle) -> SimpleNamespace:
+        """nvmlGpuInstanceInfo_t's profile ID and placement, where the mock NVML library places the device."""
+        mig = gpu_instance.mig
+        if mig.profile_id is None or mig.placement_start is None or mig.placement_size is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        placement = SimpleNamespace(start=mig.placement_start, size=mig.placement_size)
+        return SimpleNamespace(id=mig.index + 1, profileId=mig.profile_id, placement=placement)
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> _Pci:
         return _Pci(_bus(self._gpu(handle).pci_bus_id))

@@ -281,3 +281,32 @@ def test_a_cdi_spec_is_durable_its_directory_is_flushed_after_the_rename(tmp_pat
     monkeypatch.setattr(os, "fsync", fsync)
     cdi.write_atomically(str(tmp_path / "spec.json"), "{}")
     assert synced == [False, True]
+
+
+def test_mig_devices_are_prepared_by_their_names_and_by_the_names_earlier_versions_gave_them(dra):
+    # gpu-0-mig-1 is what an earlier version published for the second MIG device: a claim the scheduler
+    # allocated from that slice before the daemon was upgraded is still prepared on the same MIG device.
+    write_spec(dra.spec, fixture("a100-mig.yaml"))
+    dra.start()
+    assert dra.publisher.calls[0][0] == [
+        "gpu-0-mig-3g20gb-9-0",
+        "gpu-0-mig-1g5gb-19-4",
+        "gpu-0-mig-1g5gb-19-5",
+        "gpu-1",
+    ]
+    old = dra.allocate("old", "5e1f0000-0000-4000-8000-000000000071", ["gpu-0-mig-1"])
+    new = dra.allocate("new", "5e1f0000-0000-4000-8000-000000000072", ["gpu-0-mig-1g5gb-19-5"])
+    answers = dra.kubelet.prepare(DRIVER, [old, new])
+    assert {uid: (a.error, [d.device_name for d in a.devices]) for uid, a in answers.items()} == {
+        old[2]: ("", ["gpu-0-mig-1"]),
+        new[2]: ("", ["gpu-0-mig-1g5gb-19-5"]),
+    }
+    env = {uid: dra.spec_of(uid)["containerEdits"]["env"] for uid in (old[2], new[2])}
+    assert env == {
+        old[2]: ["NVIDIA_VISIBLE_DEVICES=MIG-0a5e1c00-0000-4000-8000-0000000000a2"],
+        new[2]: ["NVIDIA_VISIBLE_DEVICES=MIG-0a5e1c00-0000-4000-8000-0000000000a3"],
+    }
+    # The same MIG device under its other name is already taken.
+    again = dra.allocate("again", "5e1f0000-0000-4000-8000-000000000073", ["gpu-0-mig-1g5gb-19-4"])
+    error = dra.kubelet.prepare(DRIVER, [again])[again[2]].error
+    assert "is already prepared for ResourceClaim default/old" in error

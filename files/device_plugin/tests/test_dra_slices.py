@@ -6,19 +6,24 @@ The same behaviour against a real kube-apiserver is tests/integration/test_dra_a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 
 import pytest
 from gpu_device_plugin import simspec
+from gpu_device_plugin.dra import slices
 from gpu_device_plugin.dra.devices import dra_devices
 from gpu_device_plugin.dra.kubeapi import KubeApi, KubeApiError, claim_to_v1, slice_from_v1, slice_to_v1
 from gpu_device_plugin.dra.slices import (
+    MAX_ATTRIBUTES_AND_CAPACITIES,
     ResourceSlices,
     chunks,
     device_attributes,
+    device_capacity,
     mib_quantity,
     pci_bus_id,
+    quantity,
     semver,
     wanted_devices,
 )
@@ -59,57 +64,131 @@ def test_pci_bus_ids_take_the_extended_bdf_form():
     assert pci_bus_id("0000:2A:00.0") == "0000:2a:00.0"
 
 
-def test_an_h100_carries_every_attribute_a_claim_selects_on():
+def test_an_h100_carries_nvidia_s_attributes_with_nvidia_s_types():
     inventory = _inventory("h100x8.yaml")
     device = dra_devices(inventory)[4]
     assert device_attributes(device, inventory, healthy=True) == {
         "type": {"string": "gpu"},
-        "index": {"int": 4},
         "uuid": {"string": "GPU-6f1c0a3e-0000-4000-8000-000000000005"},
         "productName": {"string": "NVIDIA H100 80GB HBM3"},
-        "architecture": {"string": "hopper"},
-        "pciBusID": {"string": device.gpu.pci_bus_id},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Hopper"},
         "health": {"string": "Healthy"},
         "cudaComputeCapability": {"version": "9.0.0"},
         "driverVersion": {"version": "580.95.5"},
         "cudaDriverVersion": {"version": "13.0.0"},
-        "numaNode": {"int": 1},
         "resource.kubernetes.io/numaNode": {"int": 1},
         "resource.kubernetes.io/pciBusID": {"string": device.gpu.pci_bus_id},
     }
+    assert device_capacity(device) == {"memory": {"value": "81559Mi"}}
 
 
-def test_mig_devices_carry_their_profile_and_parent_and_no_pci_device_of_their_own():
+def test_a_t4_is_a_tesla_of_the_turing_architecture():
+    inventory = _inventory("t4x1.yaml")
+    (device,) = dra_devices(inventory)
+    attributes = device_attributes(device, inventory, healthy=True)
+    assert (attributes["brand"], attributes["architecture"]) == ({"string": "Tesla"}, {"string": "Turing"})
+    assert attributes["cudaComputeCapability"] == {"version": "7.5.0"}
+
+
+def test_mig_devices_are_named_and_described_as_nvidia_s_driver_does():
     inventory = _inventory("a100-mig.yaml")
     devices = {d.name: d for d in dra_devices(inventory)}
-    assert sorted(devices) == ["gpu-0-mig-0", "gpu-0-mig-1", "gpu-0-mig-2", "gpu-1"]
-    mig = device_attributes(devices["gpu-0-mig-1"], inventory, healthy=True)
-    assert mig["type"] == {"string": "mig"}
-    assert mig["uuid"] == {"string": "MIG-0a5e1c00-0000-4000-8000-0000000000a2"}
-    assert mig["migProfile"] == {"string": "1g.5gb"}
-    assert mig["parentUUID"] == {"string": "GPU-0a5e1c00-0000-4000-8000-00000000a100"}
-    assert mig["index"] == {"int": 0}
-    assert "resource.kubernetes.io/pciBusID" not in mig
+    # gpu-<minor>-mig-<profile without dots>-<GPU-instance profile ID>-<first memory slice>: the 3g.20gb takes
+    # slices 0-3, the two 1g.5gb the first free ones after it.
+    assert sorted(devices) == ["gpu-0-mig-1g5gb-19-4", "gpu-0-mig-1g5gb-19-5", "gpu-0-mig-3g20gb-9-0", "gpu-1"]
+    mig = device_attributes(devices["gpu-0-mig-1g5gb-19-4"], inventory, healthy=True)
+    parent = devices["gpu-1"].gpu
+    assert mig == {
+        "type": {"string": "mig"},
+        "uuid": {"string": "MIG-0a5e1c00-0000-4000-8000-0000000000a2"},
+        "parentUUID": {"string": "GPU-0a5e1c00-0000-4000-8000-00000000a100"},
+        "profile": {"string": "1g.5gb"},
+        "productName": {"string": "NVIDIA A100-SXM4-40GB"},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Ampere"},
+        "health": {"string": "Healthy"},
+        "cudaComputeCapability": {"version": "8.0.0"},
+        "driverVersion": {"version": "535.247.1"},
+        "cudaDriverVersion": {"version": "12.2.0"},
+        # The parent's: NVIDIA's driver gives a MIG device its GPU's PCI and NUMA attributes.
+        "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"},
+        "resource.kubernetes.io/numaNode": {"int": 0},
+    }
+    assert parent.numa_node is None
     whole = device_attributes(devices["gpu-1"], inventory, healthy=True)
-    assert "migProfile" not in whole and "parentUUID" not in whole
-    assert "numaNode" not in whole, "gpu-1's NUMA node is unknown: no attribute rather than a made-up one"
+    assert "profile" not in whole and "parentUUID" not in whole
+    assert "resource.kubernetes.io/numaNode" not in whole, "gpu-1's NUMA node is unknown: no attribute"
     entries = {e["name"]: e for e in wanted_devices(list(devices.values()), frozenset(), inventory, DRIVER, True)}
-    assert entries["gpu-0-mig-0"]["capacity"] == {"memory": {"value": "19968Mi"}}
+    assert entries["gpu-0-mig-3g20gb-9-0"]["capacity"] == {
+        "memory": {"value": "19968Mi"},
+        "multiprocessors": {"value": "42"},
+        "copyEngines": {"value": "3"},
+        "decoders": {"value": "2"},
+        "encoders": {"value": "0"},
+        "jpegEngines": {"value": "0"},
+        "ofaEngines": {"value": "0"},
+        **{f"memorySlice{i}": {"value": "1"} for i in range(4)},
+    }
+    assert entries["gpu-0-mig-1g5gb-19-5"]["capacity"]["memorySlice5"] == {"value": "1"}
     assert entries["gpu-1"]["capacity"] == {"memory": {"value": "40Gi"}}
+
+
+def test_a_mig_device_without_its_placement_keeps_the_name_of_earlier_versions():
+    inventory = _inventory("a100-mig.yaml")
+    gpu = inventory.gpus[0]
+    unplaced = tuple(dataclasses.replace(m, profile_id=None, placement_start=None) for m in gpu.mig_devices)
+    inventory = dataclasses.replace(
+        inventory, gpus=(dataclasses.replace(gpu, mig_devices=unplaced), *inventory.gpus[1:])
+    )
+    assert [d.name for d in dra_devices(inventory)] == ["gpu-0-mig-0", "gpu-0-mig-1", "gpu-0-mig-2", "gpu-1"]
+    assert all(d.legacy_name is None for d in dra_devices(inventory))
+
+
+@pytest.mark.parametrize(("value", "text"), [(14, "14"), (0, "0"), (1024, "1Ki"), (1536, "1536"), (2 << 20, "2Mi")])
+def test_counts_are_written_as_the_server_writes_binary_quantities(value, text):
+    assert quantity(value) == text
 
 
 @pytest.mark.parametrize("spec", ["h100x8.yaml", "a100-mig.yaml", "t4x1.yaml"])
 def test_every_device_stays_within_the_api_limits(spec):
     inventory = _inventory(spec)
     for entry in wanted_devices(dra_devices(inventory), frozenset(), inventory, DRIVER, True):
-        names = list(entry["attributes"]) + list(entry["capacity"])
-        assert len(names) <= 32
-        for name in names:
-            assert QUALIFIED.match(name) and len(name.rsplit("/", 1)[-1]) <= 32, name
-        for value in entry["attributes"].values():
-            assert len(value) == 1 and next(iter(value)) in ("int", "bool", "string", "version")
-            if "string" in value or "version" in value:
-                assert len(next(iter(value.values()))) <= 64
+        _within_the_api_limits(entry)
+
+
+def _within_the_api_limits(entry):
+    names = list(entry["attributes"]) + list(entry["capacity"])
+    assert len(names) <= MAX_ATTRIBUTES_AND_CAPACITIES == 32
+    for name in names:
+        assert QUALIFIED.match(name) and len(name.rsplit("/", 1)[-1]) <= 32, name
+    for value in entry["attributes"].values():
+        assert len(value) == 1 and next(iter(value)) in ("int", "bool", "string", "version")
+        if "string" in value or "version" in value:
+            assert len(next(iter(value.values()))) <= 64
+
+
+def test_the_largest_device_there_can_be_stays_within_32_attributes_and_capacities():
+    """A MIG device of all 8 memory slices on a GPU whose every optional fact is known: the most this driver
+    ever publishes for one device (NVIDIA's driver publishes as many; the limit is Kubernetes')."""
+    inventory = _inventory("a100-mig.yaml")
+    gpu = dataclasses.replace(inventory.gpus[0], pcie_root="pci0000:00", numa_node=1)
+    seven = dataclasses.replace(
+        gpu.mig_devices[0], profile="7g.40gb", profile_id=0, placement_start=0, placement_size=8, multiprocessors=98
+    )
+    inventory = dataclasses.replace(inventory, gpus=(dataclasses.replace(gpu, mig_devices=(seven,)),))
+    (device,) = dra_devices(inventory)
+    (entry,) = wanted_devices([device], frozenset({device.name}), inventory, DRIVER, True)
+    _within_the_api_limits(entry)
+    assert (len(entry["attributes"]), len(entry["capacity"])) == (14, 15)
+
+
+def test_a_device_past_the_limit_is_refused_with_one_sentence(monkeypatch):
+    inventory = _inventory("a100-mig.yaml")
+    device = dra_devices(inventory)[0]
+    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 20)
+    with pytest.raises(ValueError, match=r"^device gpu-0-mig-3g20gb-9-0 would have 13 attributes and 11 capacities"):
+        wanted_devices([device], frozenset(), inventory, DRIVER, True)
 
 
 def test_unhealthy_devices_are_tainted_or_else_left_out():

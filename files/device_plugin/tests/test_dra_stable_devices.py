@@ -137,7 +137,7 @@ def test_an_upgrade_that_meets_a_shifted_gpu_set_takes_the_uuids_from_the_cdi_sp
     check_after_gpu_0_is_gone(dra)
 
 
-def _inventory(gpus):
+def _inventory(gpus, minors=None):
     from gpu_device_plugin.inventory import Gpu, Inventory, MigDevice
 
     return Inventory(
@@ -151,6 +151,7 @@ def _inventory(gpus):
                 "8.0",
                 mig_mode="enabled" if migs else "disabled",
                 mig_devices=tuple(MigDevice(m, "1g.5gb", 4864, i) for i, m in enumerate(migs)),
+                minor_number=index if minors is None else minors[index],
             )
             for index, (uuid, migs) in enumerate(gpus)
         )
@@ -177,6 +178,18 @@ def test_a_gpu_seen_for_the_first_time_never_takes_the_number_of_one_that_went(t
     }
     with open(tmp_path / "devices.json", encoding="utf-8") as handle:
         assert json.load(handle) == {"version": 1, "gpus": {"GPU-a": 0, "GPU-b": 1, "GPU-c": 2, "GPU-n": 3}}
+
+
+def test_a_gpu_seen_first_is_numbered_by_its_minor_number_as_nvidia_s_driver_names_it(tmp_path):
+    from gpu_device_plugin.dra.devices import dra_devices
+    from gpu_device_plugin.dra.names import DeviceNumbers
+
+    numbers = DeviceNumbers(str(tmp_path))
+    numbers.load({})
+    # NVML's order is not the device nodes' order: /dev/nvidia2 is NVML index 0.
+    inventory = _inventory([("GPU-a", ()), ("GPU-b", ()), ("GPU-c", ())], minors=[2, 0, 1])
+    assert numbers.numbers(inventory) == {"GPU-a": 2, "GPU-b": 0, "GPU-c": 1}
+    assert [d.name for d in dra_devices(inventory, numbers.numbers(inventory))] == ["gpu-0", "gpu-1", "gpu-2"]
 
 
 def test_the_numbers_of_held_mig_devices_bind_their_gpu_and_a_corrupt_file_is_set_aside(tmp_path, caplog):

@@ -205,6 +205,13 @@ def test_the_nvml_backend_reads_mig_devices_through_the_library(tmp_path):
         ("1g.5gb", 4864),
         ("1g.5gb", 4864),
     ]
+    # Where each sits, from its GPU instance: NVIDIA's profile ID and the memory slices it holds.
+    assert [(m.profile_id, m.placement_start, m.placement_size) for m in mig_gpu.mig_devices] == [
+        (9, 0, 4),
+        (19, 4, 1),
+        (19, 5, 1),
+    ]
+    assert (mig_gpu.brand, whole.brand) == ("Nvidia", "Nvidia")
 
 
 def _driver_root(tmp_path, mock_nvml) -> str:

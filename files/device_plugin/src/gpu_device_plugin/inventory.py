@@ -12,6 +12,17 @@ class MigDevice:
     profile: str
     memory_mib: int
     index: int  # position among its parent's MIG devices
+    # Where it sits (its GPU instance's profile ID and memory slices) and what its GPU instance has; None where
+    # NVML does not say.
+    profile_id: Optional[int] = None
+    placement_start: Optional[int] = None
+    placement_size: Optional[int] = None
+    multiprocessors: Optional[int] = None
+    copy_engines: Optional[int] = None
+    decoders: Optional[int] = None
+    encoders: Optional[int] = None
+    jpeg_engines: Optional[int] = None
+    ofa_engines: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -23,8 +34,10 @@ class Gpu:
     pci_bus_id: str
     compute_capability: str
     architecture: str = "undefined"
+    brand: Optional[str] = None
     numa_node: Optional[int] = None
     pcie_switch: Optional[str] = None
+    pcie_root: Optional[str] = None
     nvlink_peers: frozenset[str] = frozenset()
     minor_number: int = 0
     xid: Optional[int] = None  # simulated only: the standing XID condition written in the spec
@@ -54,12 +67,30 @@ _SAME_FACTS = (
     "pci_bus_id",
     "compute_capability",
     "architecture",
+    "brand",
     "numa_node",
     "pcie_switch",
+    "pcie_root",
     "xid",
     "lost",
     "mig_mode",
 )
+
+
+def _mig(fact: dict[str, Any]) -> MigDevice:
+    return MigDevice(
+        uuid=fact["uuid"],
+        profile=fact["profile"],
+        memory_mib=fact["memory_mib"],
+        index=fact["index"],
+        profile_id=fact.get("gpu_instance_profile_id"),
+        placement_start=fact.get("placement_start"),
+        placement_size=fact.get("placement_size"),
+        **{key: fact.get(key) for key in _MIG_ENGINES},
+    )
+
+
+_MIG_ENGINES = ("multiprocessors", "copy_engines", "decoders", "encoders", "jpeg_engines", "ofa_engines")
 
 
 def _gpu(fact: dict[str, Any]) -> Gpu:
@@ -68,7 +99,7 @@ def _gpu(fact: dict[str, Any]) -> Gpu:
         memory_mib=fact["memory_total_mib"],
         nvlink_peers=frozenset(fact["nvlink_peers"]),
         minor_number=fact["index"] if minor is None else minor,
-        mig_devices=tuple(MigDevice(m["uuid"], m["profile"], m["memory_mib"], m["index"]) for m in fact["mig_devices"]),
+        mig_devices=tuple(_mig(m) for m in fact["mig_devices"]),
         **{key: fact[key] for key in _SAME_FACTS},
     )
 

@@ -9,8 +9,10 @@ import pytest
 from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     GPU_FACT_KEYS,
     MIG_ATTRIBUTE_KEYS,
+    MIG_PLACEMENT_KEYS,
     DiscoveryError,
     _pcie_switch_groups,
+    brand_name,
     facts_from_spec,
     format_cuda_version,
     gpu_architecture,
@@ -18,6 +20,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._gpu_discovery import (
     normalize_bus_id,
     scan_pci,
     sysfs_numa_node,
+    sysfs_pcie_root,
     to_text,
 )
 from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import MIG_ATTRIBUTE_KEYS as SPEC_MIG_KEYS
@@ -99,6 +102,29 @@ def test_sysfs_numa_node(tmp_path):
     assert sysfs_numa_node(root, "0000:99:00.0") is None
 
 
+def test_sysfs_pcie_root_is_the_root_complex_the_device_link_leads_to(tmp_path):
+    root = nvidia_host(tmp_path / "sys")
+    assert sysfs_pcie_root(root, "0000:2a:00.0") == "pci0000:00"
+    assert sysfs_pcie_root(root, "0000:99:00.0") is None
+
+
+def test_the_pcie_root_of_a_real_device_is_what_its_sysfs_path_starts_with():
+    """On this host's real /sys, as Kubernetes' deviceattribute helper reads the standard pcieRoot attribute."""
+    names = sorted(os.listdir("/sys/bus/pci/devices"))
+    assert names, "this host has a PCI bus"
+    for name in names:
+        target = os.path.realpath(os.path.join("/sys/bus/pci/devices", name))
+        assert target.startswith("/sys/devices/pci")
+        assert sysfs_pcie_root("/sys", name) == target.split("/")[3]
+
+
+@pytest.mark.parametrize(
+    ("value", "name"), [(2, "Tesla"), (14, "Nvidia"), (0, "Unknown"), (16, "TitanRTX"), (19, "Unknown"), (None, None)]
+)
+def test_nvml_brands_are_named_as_nvidia_s_go_nvlib_names_them(value, name):
+    assert brand_name(value) == name
+
+
 @pytest.mark.skipif(not os.path.isdir("/sys/bus/pci/devices"), reason="this host has no PCI bus in sysfs")
 def test_scan_pci_reads_the_real_sysfs():
     """Against this host's real /sys: every device reported is an NVIDIA GPU or NVSwitch function."""
@@ -146,7 +172,13 @@ def test_gpu_fact_has_every_key_and_derives_the_architecture():
     assert fact["architecture"] == "ampere"
     # The MIG attributes NVML gives are null where the source does not know them.
     assert fact["mig_devices"] == [
-        {"index": 0, "uuid": "MIG-1", "profile": "1g.5gb", "memory_mib": 4864, **dict.fromkeys(MIG_ATTRIBUTE_KEYS)}
+        {
+            "index": 0,
+            "uuid": "MIG-1",
+            "profile": "1g.5gb",
+            "memory_mib": 4864,
+            **dict.fromkeys(MIG_ATTRIBUTE_KEYS + MIG_PLACEMENT_KEYS),
+        }
     ]
     assert (fact["nvlink_peers"], fact["lost"], fact["xid"], fact["pcie_switch"]) == ([], False, None, None)
     with pytest.raises(ValueError, match="unknown GPU fact"):
@@ -189,10 +221,12 @@ def test_facts_from_spec_keeps_every_key_of_the_format():
             "memory_total_mib": 40960,
             "compute_capability": "8.0",
             "architecture": "ampere",
+            "brand": "Nvidia",
             "numa_node": 1,
             "persistence_mode": False,
             "mig_mode": "enabled",
-            # An A100 40GB's 1g.5gb as the mock NVML library models it: 14 SMs, one slice, one copy engine.
+            # An A100 40GB's 1g.5gb as the mock NVML library models it: 14 SMs, one slice, one copy engine, GPU-instance
+            # profile 19 on the first memory slice.
             "mig_devices": [
                 {
                     "index": 0,
@@ -207,11 +241,15 @@ def test_facts_from_spec_keeps_every_key_of_the_format():
                     "encoders": 0,
                     "jpeg_engines": 0,
                     "ofa_engines": 0,
+                    "gpu_instance_profile_id": 19,
+                    "placement_start": 0,
+                    "placement_size": 1,
                 }
             ],
             "minor_number": 4,
             "nvlink_peers": [],
             "pcie_switch": "plx0",
+            "pcie_root": None,
             "xid": 79,
             "lost": True,
         }

@@ -48,6 +48,8 @@ def test_defaults():
         "xid": None,
         "lost": False,
         "pci_device_id": None,
+        "brand": "Nvidia",
+        "pcie_root": None,
     }
     assert "nvswitches" not in result
 

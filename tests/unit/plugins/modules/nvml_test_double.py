@@ -26,6 +26,8 @@ class DoubleMigDevice:
     slot: int = 0
     # nvmlDeviceGetAttributes_v2: {struct field: value}; None answers NOT_SUPPORTED.
     attributes: Optional[dict] = None
+    # Its GPU instance (ID, profile ID, first memory slice, memory slices); None: NOT_SUPPORTED.
+    gpu_instance: Optional[tuple] = None
 
 
 @dataclass
@@ -49,6 +51,7 @@ class DoubleGpu:
     max_mig_devices: int = 7
     minor_number: Optional[int] = 0
     nvlinks: Optional[list] = None  # None: NOT_SUPPORTED on every link
+    brand: Optional[int] = real_pynvml.NVML_BRAND_NVIDIA  # None: NOT_SUPPORTED
 
 
 class _Handle:
@@ -237,6 +240,29 @@ class NvmlTestDouble:
         for field_name, value in device.mig.attributes.items():
             setattr(attributes, field_name, value)
         return attributes
+
+    def nvmlDeviceGetBrand(self, handle):
+        self._enter("nvmlDeviceGetBrand", handle)
+        return self._supported(handle.gpu.brand)
+
+    def nvmlDeviceGetGpuInstanceId(self, device):
+        self._enter("nvmlDeviceGetGpuInstanceId", device)
+        if device.mig is None or device.mig.gpu_instance is None:
+            raise real_pynvml.NVMLError(real_pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return device.mig.gpu_instance[0]
+
+    def nvmlDeviceGetGpuInstanceById(self, device, gpuInstanceId):
+        self._enter("nvmlDeviceGetGpuInstanceById", device)
+        for mig in device.gpu.mig_devices:
+            if mig.gpu_instance is not None and mig.gpu_instance[0] == gpuInstanceId:
+                return _Handle(device.gpu_index, device.gpu, mig)
+        raise real_pynvml.NVMLError(real_pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance):
+        self._enter("nvmlGpuInstanceGetInfo", gpuInstance)
+        info = real_pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id, info.profileId, info.placement.start, info.placement.size = gpuInstance.mig.gpu_instance
+        return info
 
     def nvmlDeviceGetAttributes_v2(self, device):
         return self._attributes("nvmlDeviceGetAttributes_v2", device)

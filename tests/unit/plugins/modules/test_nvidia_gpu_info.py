@@ -79,6 +79,9 @@ NO_ATTRIBUTES = dict.fromkeys(
         "encoders",
         "jpeg_engines",
         "ofa_engines",
+        "gpu_instance_profile_id",
+        "placement_start",
+        "placement_size",
     )
 )
 
@@ -102,8 +105,14 @@ def host_gpus():
             minor_number=1,
             mig_mode="enabled",
             mig_devices=[
+                # GPU instance 2, profile 9 (3g.40gb) on memory slices 4-7.
                 DoubleMigDevice(
-                    MIG0, "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40192, slot=0, attributes=H100_3G_ATTRIBUTES
+                    MIG0,
+                    "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+                    40192,
+                    slot=0,
+                    attributes=H100_3G_ATTRIBUTES,
+                    gpu_instance=(2, 9, 4, 4),
                 ),
                 # A driver that does not give this MIG device's attributes: they are null.
                 DoubleMigDevice(MIG1, "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9856, slot=3),
@@ -116,6 +125,7 @@ def host_gpus():
             bus_id="00000000:3B:00.0",
             memory_mib=15360,
             compute_capability=(7, 5),
+            brand=real_pynvml.NVML_BRAND_TESLA,
             numa_node=None,  # NVML: not supported; sysfs says -1
             persistence_mode=None,
             minor_number=None,
@@ -134,6 +144,7 @@ EXPECTED_GPUS = [
         "memory_total_mib": 81559,
         "compute_capability": "9.0",
         "architecture": "hopper",
+        "brand": "Nvidia",
         "numa_node": 0,
         "persistence_mode": True,
         "mig_mode": "disabled",
@@ -142,6 +153,7 @@ EXPECTED_GPUS = [
         "nvlink_peers": [UUID1],
         # The double does not answer nvmlDeviceGetTopologyCommonAncestor; XIDs come as events.
         "pcie_switch": None,
+        "pcie_root": "pci0000:00",
         "xid": None,
         "lost": False,
     },
@@ -153,6 +165,7 @@ EXPECTED_GPUS = [
         "memory_total_mib": 81559,
         "compute_capability": "9.0",
         "architecture": "hopper",
+        "brand": "Nvidia",
         "numa_node": 1,
         "persistence_mode": False,
         "mig_mode": "enabled",
@@ -170,6 +183,9 @@ EXPECTED_GPUS = [
                 "encoders": 0,
                 "jpeg_engines": 3,
                 "ofa_engines": 0,
+                "gpu_instance_profile_id": 9,
+                "placement_start": 4,
+                "placement_size": 4,
             },
             {"index": 1, "uuid": MIG1, "profile": "1g.10gb", "memory_mib": 9856, **NO_ATTRIBUTES},
         ],
@@ -177,6 +193,7 @@ EXPECTED_GPUS = [
         "nvlink_peers": [UUID0],
         # The double does not answer nvmlDeviceGetTopologyCommonAncestor; XIDs come as events.
         "pcie_switch": None,
+        "pcie_root": "pci0000:00",
         "xid": None,
         "lost": False,
     },
@@ -188,6 +205,7 @@ EXPECTED_GPUS = [
         "memory_total_mib": 15360,
         "compute_capability": "7.5",
         "architecture": "turing",
+        "brand": "Tesla",
         "numa_node": None,
         "persistence_mode": None,
         "mig_mode": "unsupported",
@@ -196,6 +214,7 @@ EXPECTED_GPUS = [
         "nvlink_peers": [],
         # The double does not answer nvmlDeviceGetTopologyCommonAncestor; XIDs come as events.
         "pcie_switch": None,
+        "pcie_root": "pci0000:00",
         "xid": None,
         "lost": False,
     },

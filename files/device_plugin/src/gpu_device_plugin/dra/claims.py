@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from gpu_device_plugin.dra import cdi
 from gpu_device_plugin.dra.checkpoint import Checkpoint, PreparedClaim
-from gpu_device_plugin.dra.devices import ClaimReader, DraDevice
+from gpu_device_plugin.dra.devices import ClaimReader, DraDevice, with_legacy_names
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class ClaimPreparer:
             self._ensure_spec(done)
             return done
         wanted = self._check(ref, uid, claim)
-        known = self.devices()
+        known = with_legacy_names(self.devices())
         unknown = sorted(d for d in wanted if d not in known)
         if unknown:
             raise ClaimError(

@@ -1,12 +1,13 @@
 """The numbers in this node's DRA device names, bound to GPU UUIDs: `<kubelet plugins dir>/<driver>/devices.json`.
 
-A device name (`gpu-<number>`, `gpu-<number>-mig-<MIG index>`) is what the ResourceSlice publishes and
+A device name (`gpu-<number>`, `gpu-<number>-mig-…`, devices.py) is what the ResourceSlice publishes and
 what the scheduler writes into a claim's allocation, so it must name the same physical GPU for as long
 as any claim may hold it. NVML indices are not stable: when a GPU fails or is removed, the GPUs after it
 are numbered one lower at the next start. So a GPU's number is given once, remembered by UUID, and never
-given to another GPU. A GPU seen for the first time gets its NVML index when no remembered GPU has that
-number (a new node, or one upgraded from the version that named devices by index, gets exactly the
-names it had), else the next number above every number given so far.
+given to another GPU. A GPU seen for the first time gets its minor number (`/dev/nvidia<minor>`, the
+number NVIDIA's DRA driver names GPUs by; the NVML index where NVML gives none) when no remembered GPU
+has that number, else the next number above every number given so far. A node that already has the file
+keeps the names it had.
 
 The file is JSON, written atomically when a number is given. One that cannot be read is renamed aside
 and the numbers are taken again from the prepared claims (the checkpoint) and the NVML indices."""
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "devices.json"
 VERSION = 1
-_NUMBER = re.compile(r"^gpu-(?P<number>[0-9]+)(-mig-[0-9]+)?$")
+_NUMBER = re.compile(r"^gpu-(?P<number>[0-9]+)(-mig-[a-z0-9-]+)?$")
 
 
 def number_in(device_name: str) -> Optional[int]:
@@ -53,7 +54,7 @@ def assign(known: Mapping[str, int], inventory: Inventory) -> tuple[dict[str, in
                     del bound[uuid]
         if number is None:
             taken = set(bound.values())
-            number = gpu.index if gpu.index not in taken else max(taken) + 1
+            number = gpu.minor_number if gpu.minor_number not in taken else max(taken) + 1
             log.info("DRA device number given", extra={"gpu": gpu.uuid, "number": number})
         bound[gpu.uuid] = number
         given[gpu.uuid] = number

@@ -41,16 +41,49 @@ _BINARY_SUFFIXES = ("Mi", "Gi", "Ti", "Pi", "Ei")
 
 
 # -- what a device looks like in the API ---------------------------------------------------------
-def mib_quantity(mib: int) -> str:
-    """A number of MiB as the API server writes the quantity (its canonical form): the largest binary
-    suffix that keeps the number whole, e.g. 81559Mi, 80Gi, 0."""
-    if mib == 0:
+# Kubernetes' limit on the attributes and capacities of one device together
+# (ResourceSliceMaxAttributesAndCapacitiesPerDevice).
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+# The architecture families (_shared/gpu_discovery's names) as NVIDIA's go-nvlib names NVML's architectures, which
+# NVIDIA's DRA driver publishes; a family NVML names otherwise, or not at all, is Unknown there too.
+ARCHITECTURE_NAMES = {
+    "kepler": "Kepler",
+    "maxwell": "Maxwell",
+    "pascal": "Pascal",
+    "volta": "Volta",
+    "turing": "Turing",
+    "ampere": "Ampere",
+    "ada-lovelace": "Ada Lovelace",
+    "hopper": "Hopper",
+    "blackwell": "Blackwell",
+}
+# A MIG device's capacities by its GPU instance's engines, as NVIDIA's DRA driver names them.
+MIG_ENGINE_CAPACITIES = (
+    ("multiprocessors", "multiprocessors"),
+    ("copyEngines", "copy_engines"),
+    ("decoders", "decoders"),
+    ("encoders", "encoders"),
+    ("jpegEngines", "jpeg_engines"),
+    ("ofaEngines", "ofa_engines"),
+)
+
+
+def quantity(value: int) -> str:
+    """A whole number as the API server writes a binary quantity (its canonical form): the largest binary
+    suffix that keeps the number whole, e.g. 14, 1Ki, 81559Mi, 40Gi."""
+    if value == 0:
         return "0"
-    value, suffix = mib, 0
-    while value % 1024 == 0 and suffix < len(_BINARY_SUFFIXES) - 1:
+    suffixes = ("", "Ki", *_BINARY_SUFFIXES)
+    suffix = 0
+    while value % 1024 == 0 and suffix < len(suffixes) - 1:
         value //= 1024
         suffix += 1
-    return f"{value}{_BINARY_SUFFIXES[suffix]}"
+    return f"{value}{suffixes[suffix]}"
+
+
+def mib_quantity(mib: int) -> str:
+    """A number of MiB as the API server writes the quantity of its bytes, e.g. 81559Mi, 80Gi, 0."""
+    return quantity(mib * 1024 * 1024)
 
 
 def semver(text: str) -> Optional[str]:
@@ -78,19 +111,21 @@ def _string(value: str) -> dict[str, str]:
 
 
 def device_attributes(device: DraDevice, inventory: Inventory, healthy: bool) -> dict[str, dict[str, Any]]:
-    """The device's attributes. Bare names are in the driver's domain (CEL:
-    `device.attributes["<driver>"].<name>`); `resource.kubernetes.io/` names are the standard ones
-    that constraints can match across drivers."""
+    """The device's attributes: the names, types and values NVIDIA's DRA driver publishes (docs/compared-dra.md),
+    and `health`. Bare names are in the driver's domain (CEL: `device.attributes["<driver>"].<name>`);
+    `resource.kubernetes.io/` names are the standard ones that constraints can match across drivers. A MIG
+    device carries its parent GPU's."""
     gpu = device.gpu
     attributes: dict[str, dict[str, Any]] = {
         "type": _string("mig" if device.mig is not None else "gpu"),
-        "index": {"int": gpu.index},
         "uuid": _string(device.uuid),
         "productName": _string(gpu.name),
-        "architecture": _string(gpu.architecture),
-        "pciBusID": _string(pci_bus_id(gpu.pci_bus_id)),
+        "architecture": _string(ARCHITECTURE_NAMES.get(gpu.architecture, "Unknown")),
         "health": _string(HEALTHY if healthy else UNHEALTHY),
+        STANDARD_PREFIX + "pciBusID": _string(pci_bus_id(gpu.pci_bus_id)),
     }
+    if gpu.brand is not None:
+        attributes["brand"] = _string(gpu.brand)
     versions = (
         ("cudaComputeCapability", gpu.compute_capability),
         ("driverVersion", inventory.driver_version),
@@ -100,16 +135,31 @@ def device_attributes(device: DraDevice, inventory: Inventory, healthy: bool) ->
         version = semver(text)
         if version is not None:
             attributes[name] = {"version": version}
+    if gpu.pcie_root is not None:
+        attributes[STANDARD_PREFIX + "pcieRoot"] = _string(gpu.pcie_root)
     if gpu.numa_node is not None and gpu.numa_node >= 0:
-        attributes["numaNode"] = {"int": gpu.numa_node}
         attributes[STANDARD_PREFIX + "numaNode"] = {"int": gpu.numa_node}
     if device.mig is not None:
-        attributes["migProfile"] = _string(device.mig.profile)
+        attributes["profile"] = _string(device.mig.profile)
         attributes["parentUUID"] = _string(gpu.uuid)
-    else:
-        # A MIG device is no PCI device of its own: the standard attribute names whole GPUs only.
-        attributes[STANDARD_PREFIX + "pciBusID"] = _string(pci_bus_id(gpu.pci_bus_id))
     return attributes
+
+
+def device_capacity(device: DraDevice) -> dict[str, dict[str, str]]:
+    """The device's capacities as NVIDIA's DRA driver publishes them: a GPU's `memory`; a MIG device's memory,
+    its GPU instance's engines (where NVML gives them) and `memorySlice<i>` 1 for each memory slice it holds."""
+    capacity = {"memory": {"value": mib_quantity(device.memory_mib)}}
+    mig = device.mig
+    if mig is None:
+        return capacity
+    for name, field in MIG_ENGINE_CAPACITIES:
+        value = getattr(mig, field)
+        if value is not None:
+            capacity[name] = {"value": quantity(value)}
+    if mig.placement_start is not None and mig.placement_size is not None:
+        for memory_slice in range(mig.placement_start, mig.placement_start + mig.placement_size):
+            capacity[f"memorySlice{memory_slice}"] = {"value": "1"}
+    return capacity
 
 
 def device_entry(device: DraDevice, inventory: Inventory, healthy: bool, driver: str, taint: bool) -> dict[str, Any]:
@@ -117,8 +167,13 @@ def device_entry(device: DraDevice, inventory: Inventory, healthy: bool, driver:
     entry: dict[str, Any] = {
         "name": device.name,
         "attributes": device_attributes(device, inventory, healthy),
-        "capacity": {"memory": {"value": mib_quantity(device.memory_mib)}},
+        "capacity": device_capacity(device),
     }
+    if len(entry["attributes"]) + len(entry["capacity"]) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise ValueError(
+            f"device {device.name} would have {len(entry['attributes'])} attributes and {len(entry['capacity'])}"
+            f" capacities, more than the {MAX_ATTRIBUTES_AND_CAPACITIES} Kubernetes allows a device."
+        )
     if not healthy and taint:
         entry["taints"] = [{"key": f"{driver}/unhealthy", "value": UNHEALTHY, "effect": "NoSchedule"}]
     return entry
