@@ -15,9 +15,17 @@ DRIVER = "gpu.gpuops.k8s"
 
 
 def claim_json(
-    namespace: str, name: str, uid: str, devices: Sequence[str], pool: str, driver: str = DRIVER, request: str = "gpu"
+    namespace: str,
+    name: str,
+    uid: str,
+    devices: Sequence[str],
+    pool: str,
+    driver: str = DRIVER,
+    request: str = "gpu",
+    config: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """A ResourceClaim as `resource.k8s.io/v1` returns it, allocated the given devices (empty: not allocated)."""
+    """A ResourceClaim as `resource.k8s.io/v1` returns it, allocated the given devices (empty: not allocated), with
+    `config` as its allocation's device configuration."""
     claim: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -29,6 +37,8 @@ def claim_json(
         claim["status"]["allocation"] = {
             "devices": {"results": [{"request": request, "driver": driver, "pool": pool, "device": d} for d in devices]}
         }
+        if config:
+            claim["status"]["allocation"]["devices"]["config"] = list(config)
     return claim
 
 

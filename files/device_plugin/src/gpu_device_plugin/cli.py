@@ -112,6 +112,7 @@ def add_daemon_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cdi-dir", help="dra: where per-claim CDI specs are written (default /var/run/cdi)")
     p.add_argument("--node-name", help="dra: this node's name, the pool name (default: NODE_NAME)")
     p.add_argument("--kubeconfig", help="dra: kubeconfig for the API server (default: in-cluster credentials)")
+    p.add_argument("--nvidia-smi", help="dra: the nvidia-smi that sets a GPU's time slice (default: the driver root's)")
     p.add_argument("--log-format", choices=("json", "text"))
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
 

@@ -114,6 +114,9 @@ class Config:
     cdi_dir: str = "/var/run/cdi"
     node_name: str = ""
     kubeconfig: str = ""  # empty: the in-cluster service account
+    # What sets a GPU's time-slice interval for a claim's GpuConfig (dra/timeslice.py): empty, the driver's
+    # nvidia-smi under the driver root.
+    nvidia_smi: str = ""
     # GPU faults (faults.py): the node-local health file ("" or "off": none), the XID classes of the user's
     # own as (xid, class) pairs over the collection's table, the Node condition GPUHealthy where the daemon
     # has API credentials, and the alert webhook ("" : none).
@@ -180,6 +183,7 @@ _ENV = (
     ("cdi_dir", "GPU_DEVICE_PLUGIN_CDI_DIR", "str"),
     ("node_name", "NODE_NAME", "str"),
     ("kubeconfig", "GPU_DEVICE_PLUGIN_KUBECONFIG", "str"),
+    ("nvidia_smi", "GPU_DEVICE_PLUGIN_NVIDIA_SMI", "str"),
     ("container_driver_root", "CONTAINER_DRIVER_ROOT", "str"),
     ("health_file", "GPU_DEVICE_PLUGIN_HEALTH_FILE", "str"),
     ("node_condition", "GPU_DEVICE_PLUGIN_NODE_CONDITION", "bool"),
@@ -358,6 +362,7 @@ class _FileReader:
             "cdiDir": ("cdi_dir", "str"),
             "nodeName": ("node_name", "str"),
             "kubeconfig": ("kubeconfig", "str"),
+            "nvidiaSmi": ("nvidia_smi", "str"),
             "healthFile": ("health_file", "str"),
             "nodeCondition": ("node_condition", "bool"),
             "alertWebhook": ("alert_webhook", "str"),

@@ -45,6 +45,8 @@ class PreparedClaim:
     name: str
     uid: str
     devices: tuple[PreparedDevice, ...]
+    # The whole GPUs whose time-slice interval the claim's GpuConfig set, to be set back when it is unprepared.
+    time_sliced: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -55,17 +57,21 @@ class CheckpointError(OSError):
     """The checkpoint cannot be written; the message names the file."""
 
 
-def _claims_json(claims: dict[str, PreparedClaim]) -> dict[str, Any]:
-    return {
-        uid: {
-            "namespace": c.namespace,
-            "name": c.name,
-            "devices": [
-                {"device": d.device, "pool": d.pool, "requests": list(d.requests), "uuid": d.uuid} for d in c.devices
-            ],
-        }
-        for uid, c in sorted(claims.items())
+def _claim_json(c: PreparedClaim) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "namespace": c.namespace,
+        "name": c.name,
+        "devices": [
+            {"device": d.device, "pool": d.pool, "requests": list(d.requests), "uuid": d.uuid} for d in c.devices
+        ],
     }
+    if c.time_sliced:  # only then: a checkpoint without it reads and checks as before
+        entry["timeSliced"] = list(c.time_sliced)
+    return entry
+
+
+def _claims_json(claims: dict[str, PreparedClaim]) -> dict[str, Any]:
+    return {uid: _claim_json(c) for uid, c in sorted(claims.items())}
 
 
 def _checksum(claims: dict[str, Any]) -> str:
@@ -116,6 +122,7 @@ class Checkpoint:
                         )
                         for d in entry["devices"]
                     ),
+                    tuple(str(u) for u in entry.get("timeSliced") or ()),
                 )
                 for uid, entry in body.items()
             }

@@ -12,9 +12,10 @@ import re
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Optional
 
-from gpu_device_plugin.dra import cdi
+from gpu_device_plugin.dra import cdi, opaque
 from gpu_device_plugin.dra.checkpoint import Checkpoint, PreparedClaim
 from gpu_device_plugin.dra.devices import ClaimReader, DraDevice, with_legacy_names
+from gpu_device_plugin.dra.timeslice import TimeSliceError, TimeSlicer
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,14 @@ class ClaimPreparer:
         checkpoint: Checkpoint,
         writer: cdi.SpecWriter,
         devices: Callable[[], dict[str, DraDevice]],
+        time_slicer: Optional[TimeSlicer] = None,
     ) -> None:
         self.driver = driver
         self.pool = node  # one pool per node, named after it
         self.checkpoint = checkpoint
         self.writer = writer
         self.devices = devices
+        self.time_slicer = time_slicer
         self.claims: dict[str, PreparedClaim] = {}
 
     # -- prepare -------------------------------------------------------------------------------
@@ -84,6 +87,7 @@ class ClaimPreparer:
                         f"device {device} is already prepared for ResourceClaim {other.ref};"
                         f" ResourceClaim {ref} cannot have it too."
                     )
+        time_slices = self._time_slices(ref, claim, wanted, known)
         prepared = PreparedClaim(
             namespace,
             name,
@@ -92,11 +96,15 @@ class ClaimPreparer:
                 cdi.PreparedDevice(device, self.pool, tuple(requests), cdi.device_id(uid, device), known[device].uuid)
                 for device, requests in wanted.items()
             ),
+            tuple(sorted(time_slices)),
         )
         self._write_spec(prepared, [(known[d.device], d) for d in prepared.devices])
+        self._set_time_slices(prepared, time_slices)
         try:
             self.checkpoint.write({**self.claims, uid: prepared})
         except OSError as exc:
+            if self.time_slicer is not None and prepared.time_sliced:
+                self.time_slicer.reset(prepared.time_sliced)
             self._remove_spec_quietly(uid)
             raise ClaimError(f"ResourceClaim {ref} was not prepared: {exc}") from None
         self.claims[uid] = prepared
@@ -105,6 +113,60 @@ class ClaimPreparer:
             extra={"claim": ref, "devices": [d.device for d in prepared.devices], "cdi": self.writer.cdi_dir},
         )
         return prepared
+
+    def _time_slices(
+        self,
+        ref: str,
+        claim: Optional[Mapping[str, Any]],
+        wanted: Mapping[str, list[str]],
+        known: Mapping[str, DraDevice],
+    ) -> dict[str, int]:
+        """The claim's opaque configuration for this driver (dra/opaque.py) applied to its devices: the time-slice
+        interval of each whole GPU it sets one on. ClaimError for a configuration that cannot be used or asks for
+        what this driver does not provide (MPS)."""
+        allocation = _get(claim, "status", "allocation") or {}
+        try:
+            candidates = opaque.configs(allocation, self.driver)
+            chosen = [
+                (device, config)
+                for device, requests in wanted.items()
+                for request in requests or [""]
+                if (config := opaque.config_for(device, request, known[device].mig is not None, candidates))
+            ]
+        except opaque.OpaqueError as exc:
+            raise ClaimError(f"ResourceClaim {ref} has a device configuration this driver cannot use: {exc}.") from None
+        slices: dict[str, int] = {}
+        for device, config in chosen:
+            if config.strategy == opaque.MPS:
+                raise ClaimError(
+                    f"ResourceClaim {ref} asks for MPS sharing of device {device} ({config.kind}), which this driver"
+                    " does not provide; use the TimeSlicing strategy or no sharing."
+                )
+            interval = config.time_slice
+            if interval is None:
+                continue
+            uuid = known[device].gpu.uuid
+            if slices.setdefault(uuid, interval) != interval:
+                raise ClaimError(f"ResourceClaim {ref} asks for two time-slice intervals on GPU {uuid}.")
+        return slices
+
+    def _set_time_slices(self, prepared: PreparedClaim, slices: Mapping[str, int]) -> None:
+        if not slices:
+            return
+        if self.time_slicer is None:
+            self._remove_spec_quietly(prepared.uid)
+            raise ClaimError(
+                f"ResourceClaim {prepared.ref} asks for a time-slice interval, which this node cannot set."
+            )
+        done: list[str] = []
+        try:
+            for uuid, interval in sorted(slices.items()):
+                self.time_slicer.set([uuid], interval)
+                done.append(uuid)
+        except TimeSliceError as exc:
+            self.time_slicer.reset(done)
+            self._remove_spec_quietly(prepared.uid)
+            raise ClaimError(f"ResourceClaim {prepared.ref} was not prepared: {exc}.") from None
 
     def _check(self, ref: str, uid: str, claim: Optional[Mapping[str, Any]]) -> dict[str, list[str]]:
         """The claim's devices of this driver and pool -> the request names they serve."""
@@ -152,6 +214,8 @@ class ClaimPreparer:
             except OSError as exc:
                 raise ClaimError(f"ResourceClaim {ref} was not unprepared: {exc}") from None
             self.claims = rest
+            if done.time_sliced and self.time_slicer is not None:
+                self.time_slicer.reset(done.time_sliced)
         try:
             self.writer.remove(uid)
         except OSError as exc:

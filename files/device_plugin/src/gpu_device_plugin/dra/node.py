@@ -27,6 +27,7 @@ from gpu_device_plugin.dra.claims import ClaimPreparer
 from gpu_device_plugin.dra.devicehealth import DeviceHealthHub
 from gpu_device_plugin.dra.devices import ClaimReader, DraDevice, SlicePublisher, by_name, dra_devices
 from gpu_device_plugin.dra.names import DeviceNumbers
+from gpu_device_plugin.dra.timeslice import TimeSlicer
 from gpu_device_plugin.state import DeviceState
 from gpu_device_plugin.unix_server import ServeError, UnixServer
 
@@ -70,7 +71,12 @@ class DraNode:
         )
         self.numbers = DeviceNumbers(config.dra_plugin_dir)
         self.preparer = ClaimPreparer(
-            config.driver_name, config.node_name, Checkpoint(config.dra_plugin_dir), self.writer, self._devices
+            config.driver_name,
+            config.node_name,
+            Checkpoint(config.dra_plugin_dir),
+            self.writer,
+            self._devices,
+            TimeSlicer(config.nvidia_smi, config.mounts),
         )
         self.hub: Optional[DeviceHealthHub] = None
         self.registrar = plugin.RegistrationServicer(config.driver_name, config.dra_socket)
