@@ -1389,6 +1389,21 @@ EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, int *brand)
     return end(NVML_SUCCESS);
 }
 
+/* Every simulated GPU is a bare-metal one: NVML_GPU_VIRTUALIZATION_MODE_NONE (0 in nvml.h), never passthrough
+ * or a vGPU guest. NVIDIA's DRA driver asks it before it offers dynamic MIG (a vGPU guest cannot repartition). */
+EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, int *mode)
+{
+    ENTER("nvmlDeviceGetVirtualizationMode");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_device(device, &gpu);
+    if (rc)
+        return rc;
+    if (mode == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    *mode = 0;
+    return end(NVML_SUCCESS);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor)
 {
     ENTER("nvmlDeviceGetMinorNumber");

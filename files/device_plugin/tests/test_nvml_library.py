@@ -51,6 +51,23 @@ def test_nvml_facts_equal_the_spec_field_by_field(tmp_path, name):
             assert got[key] == want[key], f"{name} GPU {want['index']}: {key}"
 
 
+@pytest.mark.parametrize("name", ["h100x8.yaml", "a100-mig.yaml", "t4x1.yaml"])
+def test_every_simulated_gpu_is_bare_metal(tmp_path, name):
+    # NVIDIA's DRA driver asks before it offers dynamic MIG (docs/compared-dra.md); a missing symbol ends it.
+    library = MockNvml(os.path.join(FIXTURES, name), str(tmp_path / "state"))
+    nvml = library.pynvml
+    try:
+        nvml.nvmlInit()
+        modes = [
+            nvml.nvmlDeviceGetVirtualizationMode(nvml.nvmlDeviceGetHandleByIndex(index))
+            for index in range(nvml.nvmlDeviceGetCount())
+        ]
+        nvml.nvmlShutdown()
+    finally:
+        library.close()
+    assert modes == [nvml.NVML_GPU_VIRTUALIZATION_MODE_NONE] * len(modes)
+
+
 def test_real_handles_are_unhashable_and_never_equal_and_keyed_by_address(mock_nvml):
     nvml = mock_nvml.pynvml
     nvml.nvmlInit()
