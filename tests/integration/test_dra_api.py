@@ -160,6 +160,7 @@ def test_eight_h100s_are_published_field_by_field_and_a_second_publish_writes_no
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
     ]
     assert published["spec"]["driver"] == DRIVER
+    assert published["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpuops.k8s"}
     assert published["spec"]["nodeName"] == NODE
     assert published["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
     devices = published["spec"]["devices"]

@@ -350,6 +350,23 @@ def test_the_generation_moves_on_every_change_and_only_then():
     assert [d["name"] for d in stored["spec"]["devices"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 
 
+def test_every_slice_is_labelled_as_this_driver_s_and_a_slice_that_lost_the_label_gets_it_back():
+    """The label is how a slice of ours is told from NVIDIA's driver's when both are called gpu.nvidia.com."""
+    inventory = _inventory("t4x1.yaml")
+    api = InMemoryApiDouble()
+    slices = ResourceSlices(api, "node-a", "gpu.nvidia.com")
+    slices.publish(dra_devices(inventory), frozenset(), inventory)
+    stored = _only(api.slices.values())
+    assert stored["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpuops.k8s"}
+    stored["metadata"]["labels"] = {"team": "ml"}
+    assert slices.reconcile() is True
+    assert _only(api.slices.values())["metadata"]["labels"] == {
+        "team": "ml",
+        "app.kubernetes.io/managed-by": "gpuops.k8s",
+    }
+    assert slices.reconcile() is False
+
+
 def test_a_node_registered_again_gets_its_slices_owned_by_the_new_node_object():
     inventory = _inventory("h100x8.yaml")
     api = InMemoryApiDouble()

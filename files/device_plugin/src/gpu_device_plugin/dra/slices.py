@@ -35,6 +35,9 @@ MAX_DEVICES_PER_SLICE = 128  # ResourceSliceMaxDevices
 MAX_TAINTED_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures
 MAX_ATTRIBUTE_VALUE_LENGTH = 64  # DeviceAttributeMaxValueLength
 STANDARD_PREFIX = "resource.kubernetes.io/"
+# On every slice this driver writes: how the role (and anyone) tells its slices from another driver's of the same
+# name (NVIDIA's, where both could be called gpu.nvidia.com).
+LABELS = {"app.kubernetes.io/managed-by": "gpuops.k8s"}
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 _BINARY_SUFFIXES = ("Mi", "Gi", "Ti", "Pi", "Ei")
@@ -335,11 +338,16 @@ class ResourceSlices:
             if index < len(current):
                 metadata = dict(current[index]["metadata"])
                 metadata["ownerReferences"] = [owner]
+                metadata["labels"] = {**(metadata.get("labels") or {}), **LABELS}
                 if self.api.update_resource_slice({"metadata": metadata, "spec": spec}) is None:
                     raise KubeApiError(f"ResourceSlice {metadata['name']} was deleted while being updated.", 409)
                 name = metadata["name"]
             else:
-                metadata = {"generateName": f"{self.node_name}-{self.driver}-", "ownerReferences": [owner]}
+                metadata = {
+                    "generateName": f"{self.node_name}-{self.driver}-",
+                    "ownerReferences": [owner],
+                    "labels": dict(LABELS),
+                }
                 name = self.api.create_resource_slice({"metadata": metadata, "spec": spec})["metadata"]["name"]
             self.writes += 1
             log.info(
@@ -367,6 +375,7 @@ class ResourceSlices:
                 or spec.get("nodeName") != self.node_name
                 or _without_taint_times(spec.get("devices") or []) != _without_taint_times(devices)
                 or not any(r.get("uid") == owner["uid"] for r in item["metadata"].get("ownerReferences") or [])
+                or any((item["metadata"].get("labels") or {}).get(k) != v for k, v in LABELS.items())
             ):
                 return False
         return True
