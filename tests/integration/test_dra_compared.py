@@ -13,8 +13,9 @@ daemon's DRA mode runs them. What stands in for a GPU node, per shape, under one
 
 - the mock library's state, written from the spec (tests/mock_nvml/nvml_state.py), named to both by
   $GPUOPS_MOCK_NVML_STATE;
-- a driver root for NVIDIA's `--container-driver-root`: usr/lib64/libnvidia-ml.so.1 (a link to the mock library
-  our side loads), libcuda.so.1 (the empty one built beside it) and usr/bin/nvidia-smi, a stub that exits 1;
+- a driver root for NVIDIA's `--container-driver-root`: usr/lib64/libnvidia-ml.so.<driver version> (a copy of the
+  mock library our side loads), libcuda.so.<driver version> (of the empty one built beside it), their .so.1 links
+  (NVIDIA's CDI spec for a claim looks for both by version) and usr/bin/nvidia-smi, a stub that exits 1;
 - a sysfs double: devices/pci<domain>:<bus>/<bus id>/numa_node (the spec's NUMA node, -1 where it has none) and
   the link bus/pci/devices/<bus id> to it. NVIDIA's driver reads the NUMA node and the PCIe root from it
   ($NVIDIA_DRA_SYSFS_ROOT); ours reads the PCIe root from it (NvmlBackend's sysfs root) and the NUMA node from
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,8 +124,11 @@ class GpuNode:
         self.driver_root = directory / "driver-root"
         lib = self.driver_root / "usr/lib64"
         lib.mkdir(parents=True)
-        for name in ("libnvidia-ml.so.1", "libcuda.so.1"):
-            (lib / name).symlink_to(mock_library_dir() / name)
+        version = self.spec["driver_version"]
+        for name in ("libnvidia-ml.so", "libcuda.so"):
+            # Copies: NVIDIA's library locator follows links and reads the version from the file's own name.
+            shutil.copyfile(mock_library_dir() / f"{name}.1", lib / f"{name}.{version}")
+            (lib / f"{name}.1").symlink_to(f"{name}.{version}")
         smi = self.driver_root / "usr/bin/nvidia-smi"
         smi.parent.mkdir(parents=True)
         smi.write_text(NVIDIA_SMI_STUB)
@@ -142,7 +147,7 @@ class GpuNode:
 class NvidiaPlugin:
     """NVIDIA's gpu-kubelet-plugin for one node, in its own process group."""
 
-    def __init__(self, node: GpuNode, kubeconfig: str) -> None:
+    def __init__(self, node: GpuNode, kubeconfig: str, flags: tuple[str, ...] = ()) -> None:
         self.node_name = f"nvidia-{node.shape}"
         run = node.dir / "nvidia"
         for sub in ("plugins", "registry", "cdi", "host-root"):
@@ -160,6 +165,7 @@ class NvidiaPlugin:
             f"--kubelet-plugins-directory-path={run / 'plugins'}",
             f"--kubelet-registrar-directory-path={run / 'registry'}",
             "--image-name=dra-compared.invalid/none:v0",  # required; used only for MPS daemons' pods
+            *flags,
         ]
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
