@@ -74,6 +74,7 @@ integration: setup
 	scripts/build-containerd2.sh >/dev/null && scripts/build-containerd24.sh >/dev/null
 	scripts/build-containerd17.sh >/dev/null
 	scripts/build-nvidia-device-plugin.sh >/dev/null && scripts/build-toolkit-repo.sh >/dev/null
+	scripts/build-nvidia-dra-driver.sh >/dev/null
 	python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=20 tests/integration
 
 daemon: setup
