@@ -333,9 +333,12 @@ def test_both_drivers_publish_the_same_devices_and_ours_adds_health_only(publish
     names = expected_names(published[shape]["node"].spec)
     assert sorted(devices(nvidia)) == names
     assert sorted(devices(ours)) == names
-    # The one difference docs/compared-dra.md names, and no other (slice fields and labels included): ours adds
-    # `health` to every device, a string, Healthy on a healthy GPU.
-    assert differences(nvidia, ours) == [f"{name}: attributes health only ours" for name in names]
+    # The differences docs/compared-dra.md names, and no other (slice fields included): ours labels its slices (so
+    # that the role tells them from NVIDIA's driver's), and adds `health` to every device, a string, Healthy on a
+    # healthy GPU.
+    assert differences(nvidia, ours) == [
+        "slice label app.kubernetes.io/managed-by: NVIDIA's None, ours 'gpuops.k8s'" for _slice in ours
+    ] + [f"{name}: attributes health only ours" for name in names]
     assert all(devices(ours)[n]["attributes"]["health"] == {"string": "Healthy"} for n in names)
 
 

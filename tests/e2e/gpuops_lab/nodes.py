@@ -88,14 +88,19 @@ def build_images(cfg: LabConfig, bin_dir: Path) -> str:
             if stale != image:
                 succeeds(["podman", "rmi", stale])
 
-    # The pause image is rebuilt only when the pause binary changes (its hash is a label).
-    pause_sum = hashlib.sha256((bin_dir / "pause").read_bytes()).hexdigest()[:16]
+    # The pause image is rebuilt only when the pause binary or its recipe changes (their hash is a label). The same
+    # program is also /bin/bash: a demo pod whose image is replaced by this one (NVIDIA's demo specs run
+    # `bash -c "nvidia-smi -L; ... sleep"`, tests/e2e/test_site_dra_nvidia.py) runs it as its command and keeps
+    # running, so the pod's GPUs can be read from its container. A TEST DOUBLE of the demos' ubuntu image.
+    recipe = 'FROM scratch\nCOPY pause /pause\nCOPY pause /bin/bash\nENTRYPOINT ["/pause"]\n'
+    pause_sum = hashlib.sha256((bin_dir / "pause").read_bytes() + recipe.encode()).hexdigest()[:16]
     label = output(["podman", "image", "inspect", "--format", '{{index .Labels "gpuops.pause"}}', PAUSE_IMAGE])
-    if (label or "").strip() != pause_sum:
+    rebuilt = (label or "").strip() != pause_sum
+    if rebuilt:
         log(f"building the pause image {PAUSE_IMAGE}")
         with tempfile.TemporaryDirectory() as context:
             shutil.copy2(bin_dir / "pause", Path(context) / "pause")
-            (Path(context) / "Containerfile").write_text('FROM scratch\nCOPY pause /pause\nENTRYPOINT ["/pause"]\n')
+            (Path(context) / "Containerfile").write_text(recipe)
             run(
                 [
                     "podman",
@@ -114,7 +119,7 @@ def build_images(cfg: LabConfig, bin_dir: Path) -> str:
             )
     images = cfg.lab / "images"
     images.mkdir(parents=True, exist_ok=True)
-    if not (images / "pause.tar").is_file():
+    if rebuilt or not (images / "pause.tar").is_file():
         run(
             ["podman", "save", "-q", "--format", "docker-archive", "-o", images / "pause.tar", PAUSE_IMAGE],
             what="podman save",
