@@ -230,8 +230,8 @@ def main() -> int:
 
         claims = Claims(admin)
         batches = {
-            NVIDIA: [claims.allocated(f"nvidia-{SHAPE}", "gpu-0", pod=False) for _ in range(WARMUP + args.rounds)],
-            OURS: [claims.allocated(f"ours-{SHAPE}", "gpu-0", pod=True) for _ in range(WARMUP + args.rounds)],
+            NVIDIA: [claims.allocated(f"nvidia-{SHAPE}", "gpu-0", pod=False) for _round in range(WARMUP + args.rounds)],
+            OURS: [claims.allocated(f"ours-{SHAPE}", "gpu-0", pod=True) for _round in range(WARMUP + args.rounds)],
         }
         node_api = KubeApi(node_kubeconfig)
         # The Node authorizer learns of the pods from a watch: wait until the node may read the last claim.

@@ -325,6 +325,7 @@ def apply(documents: list[dict[str, Any]]) -> None:
         text=True,
         capture_output=True,
         timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
