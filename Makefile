@@ -29,8 +29,8 @@ PLUGIN_DIR := files/device_plugin
 # instance 1) have labs of their own. The integration tier's builds (scripts/build-early.sh, started with setup at
 # low priority) use the CPU that setup, lint and molecule's apt leave.
 FIRST_TIERS := setup
-LANE1_TIERS := lint sanity units integration daemon daemon-py39 test-awx demo-modules
-LANE2_TIERS := molecule daemon-image e2e
+LANE1_TIERS := lint sanity units integration daemon daemon-py39 daemon-image test-awx demo-modules
+LANE2_TIERS := molecule e2e
 TIERS := $(FIRST_TIERS) $(LANE1_TIERS) $(LANE2_TIERS)
 # make test-full also runs the README's first command, after the e2e tier in its lane: the demo's lab is instance 0,
 # the e2e tier's (which runs site.yml and validate.yml on the same lab nodes in make test).

@@ -359,6 +359,9 @@ def claim_gpus(lab: Lab, namespace: str, pod: client.V1Pod) -> list[str]:
     return sorted(gpus)
 
 
+# In `make test-full` only: the claims it proves (one GPU per claim, a claim shared by containers and by pods, the
+# extended-resource mapping) are `make test`'s in the tests above and in test_site_dra.py; this applies NVIDIA's own.
+@pytest.mark.full
 def test_nvidia_s_demo_claims_run_unchanged_and_each_pod_sees_exactly_its_claim_s_gpus(
     lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]
 ) -> None:
