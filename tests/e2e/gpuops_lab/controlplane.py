@@ -317,11 +317,33 @@ def stop_control_plane(cfg: LabConfig, extra: tuple[str, ...] = ()) -> None:
         stop(cfg, name)
 
 
+# Offsets for the control planes tests start: above every lab instance's ports and the lab's serve ports, 200 apart
+# (a control plane's ports span 155), the last one's ports below 65536.
+_SCRATCH_OFFSETS = range(10000, 39001, 200)
+
+
+def ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections (net.ipv4.ip_local_port_range)."""
+    try:
+        low, high = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
 def free_port_offset(tries: int = 50) -> int:
-    """A port offset (a multiple of 1000 above every lab instance's ports and the lab's serve ports) whose
-    control-plane ports are all free on 127.0.0.1 now."""
+    """A port offset whose control-plane ports are all free on 127.0.0.1 now and outside the ephemeral range, where
+    an outgoing connection could take one between this check and the bind."""
+    ephemeral = ephemeral_ports()
+    offsets = [
+        offset
+        for offset in _SCRATCH_OFFSETS
+        if not any(port in ephemeral for port in control_plane_ports(LabConfig.scratch(Path("/nonexistent"), offset)))
+    ]
+    if not offsets:
+        raise LabError(f"no control-plane ports outside the ephemeral range {ephemeral.start}-{ephemeral.stop - 1}")
     for _attempt in range(tries):
-        offset = random.randrange(10, 40) * 1000
+        offset = random.choice(offsets)
         probe = LabConfig.scratch(Path("/nonexistent"), offset)
         if not any(port_open(port) for port in control_plane_ports(probe)):
             return offset
