@@ -33,37 +33,13 @@ log() { printf '[build-nvidia-device-plugin] %s\n' "$*" >&2; }
 key=$(printf '%s\n' "$version" "${commands[*]}" "$recipe_revision" "$("$go" env GOVERSION)" | sha256sum | cut -c1-8)
 out="$cache/nvidia-device-plugin-$version-$key"
 
-# shellcheck source=scripts/build-once.sh
-. "$(dirname "$0")/build-once.sh"
-build_once "$out" "$out/bin" "$module $version"
-
-rm -rf "$out"
-mkdir -p "$out/bin"
-export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTOOLCHAIN=local GOMAXPROCS="$jobs"
-export GOFLAGS="-modcacherw -trimpath -buildvcs=false" GONOSUMDB="$module"
-# The compiler and linker collect garbage less often (scripts/build-early.sh says why and what it saves).
-export GOGC=${GPUOPS_BUILD_GOGC:-400}
-# Both commands dlopen libnvidia-ml.so.1 through go-nvml's cgo loader.
-export CGO_ENABLED=1
-
-log "fetching $module@$version from the Go module proxy"
-download=$("$go" mod download -json "$module@$version")
-dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$download")
-sum=$(sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p' <<<"$download")
-[ -d "$dir" ] || { log "the module proxy gave no directory for $module@$version"; exit 1; }
-if [ -z "${module_sums[$version]:-}" ] || [ "$sum" != "${module_sums[$version]}" ]; then
-  log "$module@$version has checksum '${sum:-none}', not the one pinned in this script ('${module_sums[$version]:-none}')"
-  exit 1
-fi
-cp -r "$dir" "$out/src"
-chmod -R u+w "$out/src"
+# shellcheck source=scripts/go-module-build.sh
+. "$(dirname "$0")/go-module-build.sh"
+go_module_start "$out"
+go_module_fetch "${module_sums[$version]:-}" "$out/src"
 
 cd "$out/src"
-ldflags="-s -w -X $module/internal/info.version=$version"
-for cmd in "${commands[@]}"; do
-  log "building $cmd (about 2 CPU-minutes each, cached in $GOCACHE)"
-  nice "$go" build -p "$jobs" -ldflags "$ldflags" -o "$out/bin/$cmd" "./cmd/$cmd"
-done
+go_module_build "$out/bin" "${commands[@]}"
 rm -rf "$out/src"
 touch "$out/.complete"
 log "built ${commands[*]} into $out/bin"

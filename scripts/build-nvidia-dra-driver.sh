@@ -44,40 +44,19 @@ key=$(printf '%s\n' "$version" "$kubernetes_version" "$double_sum" "${commands[*
   "$("$go" env GOVERSION)" | sha256sum | cut -c1-8)
 out="$cache/nvidia-dra-driver-$version-$key"
 
-# shellcheck source=scripts/build-once.sh
-. "$(dirname "$0")/build-once.sh"
-build_once "$out" "$out/bin" "$module $version"
-
-rm -rf "$out"
-mkdir -p "$out/bin"
-export GOMODCACHE="$cache/go-mod" GOCACHE="$cache/go-build" GOTOOLCHAIN=local GOMAXPROCS="$jobs"
-export GOFLAGS="-modcacherw -trimpath -buildvcs=false" GONOSUMDB="$module"
-# The compiler and linker collect garbage less often (scripts/build-early.sh says why and what it saves).
-export GOGC=${GPUOPS_BUILD_GOGC:-400}
-# The plugin dlopens libnvidia-ml.so.1 through go-nvml's cgo loader, whose link flags NVIDIA's Makefile allows.
-export CGO_ENABLED=1 CGO_LDFLAGS_ALLOW='-Wl,--unresolved-symbols=ignore-in-object-files'
-
-log "fetching $module@$version from the Go module proxy"
-download=$("$go" mod download -json "$module@$version")
-dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$download")
-sum=$(sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p' <<<"$download")
-[ -d "$dir" ] || { log "the module proxy gave no directory for $module@$version"; exit 1; }
-if [ "$sum" != "$module_sum" ]; then
-  log "$module@$version has checksum '${sum:-none}', not the one pinned in this script ('$module_sum')"
-  exit 1
-fi
-cp -r "$dir" "$out/src"
+# shellcheck source=scripts/go-module-build.sh
+. "$(dirname "$0")/go-module-build.sh"
+go_module_start "$out"
+# go-nvml's loader links with a flag NVIDIA's Makefile allows.
+export CGO_LDFLAGS_ALLOW='-Wl,--unresolved-symbols=ignore-in-object-files'
+go_module_fetch "$module_sum" "$out/src"
 cp -r "$double" "$out/go-nvfm-double"
-chmod -R u+w "$out/src" "$out/go-nvfm-double"
+chmod -R u+w "$out/go-nvfm-double"
 
 cd "$out/src"
 "$go" mod edit -require="k8s.io/kubernetes@$kubernetes_version" -replace=github.com/NVIDIA/go-nvfm=../go-nvfm-double
 printf '%s\n' "$kubernetes_sums" >>go.sum
-ldflags="-s -w -X $module/internal/info.version=$version"
-for cmd in "${commands[@]}"; do
-  log "building $cmd (cached in $GOCACHE)"
-  nice "$go" build -p "$jobs" -ldflags "$ldflags" -o "$out/bin/$cmd" "./cmd/$cmd"
-done
+go_module_build "$out/bin" "${commands[@]}"
 rm -rf "$out/src" "$out/go-nvfm-double"
 touch "$out/.complete"
 log "built ${commands[*]} into $out/bin"
