@@ -28,16 +28,11 @@ import grpc  # noqa: E402
 import yaml  # noqa: E402
 from gpu_device_plugin.api import api_pb2, api_pb2_grpc  # noqa: E402
 from kubelet_double import KubeletDouble  # noqa: E402
-from proc_stats import cpu_seconds, rss_mb  # noqa: E402
+from proc_stats import cpu_seconds, percentile, rss_mb  # noqa: E402
 
 SPEC = os.path.join(HERE, "..", "tests", "fixtures", "simulated", "h100x8.yaml")
 GPU = "nvidia.com/gpu"
 CALLS = 5000
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def wait(predicate, timeout: float) -> bool:

@@ -44,25 +44,20 @@ ROOT = HERE.parent
 PLUGIN = ROOT / "files" / "device_plugin"
 sys.path[:0] = [str(HERE), str(PLUGIN / "src"), str(PLUGIN / "tests"), str(ROOT / "tests" / "integration")]
 
+import dra_claims  # noqa: E402
 import test_dra_compared as compared  # noqa: E402
 from dra_kubelet_double import PluginWatcherDouble  # noqa: E402
 from gpu_device_plugin.dra.kubeapi import KubeApi  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from local_api import ScratchControlPlane, wait_for  # noqa: E402
-from proc_stats import cpu_seconds, rss_mb  # noqa: E402
+from proc_stats import cpu_seconds, percentile, rss_mb  # noqa: E402
 
 SHAPE = "h100x8"
 DRIVER = compared.DRIVER
-GROUP = "resource.k8s.io"
 NAMESPACE = "dra-compared-bench"
 DEVICE_CLASS = "dra-compared-bench"
 WARMUP = 5
 NVIDIA, OURS = "NVIDIA's", "ours"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class Claims:
@@ -74,55 +69,15 @@ class Claims:
         self.count = 0
         self.core.create_namespace({"metadata": {"name": NAMESPACE}})
         self.core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
-        self.custom.create_cluster_custom_object(
-            GROUP,
-            "v1",
-            "deviceclasses",
-            {
-                "apiVersion": f"{GROUP}/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": DEVICE_CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
+        dra_claims.device_class(self.custom, DEVICE_CLASS, DRIVER)
 
     def allocated(self, node: str, device: str, pod: bool) -> tuple[str, str, str]:
         """A claim allocated `device` of `node`'s pool (and a pod on `node` using it): (namespace, name, uid)."""
         self.count += 1
         name = f"claim-{self.count}"
-        request = {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS, "count": 1}}
-        claim = self.custom.create_namespaced_custom_object(
-            GROUP,
-            "v1",
-            NAMESPACE,
-            "resourceclaims",
-            {
-                "apiVersion": f"{GROUP}/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name},
-                "spec": {"devices": {"requests": [request]}},
-            },
-        )
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-        result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": device}
-        claim["status"] = {
-            "allocation": {"devices": {"results": [result]}, "nodeSelector": {"nodeSelectorTerms": [term]}}
-        }
-        claim = self.custom.replace_namespaced_custom_object_status(
-            GROUP, "v1", NAMESPACE, "resourceclaims", name, claim
-        )
+        claim = dra_claims.allocated_claim(self.custom, (NAMESPACE, name), DEVICE_CLASS, (DRIVER, node), [device])
         if pod:
-            self.core.create_namespaced_pod(
-                NAMESPACE,
-                {
-                    "metadata": {"name": f"pod-{self.count}"},
-                    "spec": {
-                        "nodeName": node,
-                        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                        "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
-                    },
-                },
-            )
+            dra_claims.claim_pod(self.core, (NAMESPACE, name), f"pod-{self.count}", node)
         return NAMESPACE, name, claim["metadata"]["uid"]
 
 

@@ -41,27 +41,23 @@ ROOT = HERE.parent
 PLUGIN = ROOT / "files" / "device_plugin"
 sys.path[:0] = [str(PLUGIN / "src"), str(PLUGIN / "tests"), str(ROOT / "tests" / "integration")]
 
+import dra_claims  # noqa: E402
 import test_dra_api as dra_api  # noqa: E402
 from dra_kubelet_double import PluginWatcherDouble  # noqa: E402
 from gpu_device_plugin.dra import cdi  # noqa: E402
 from gpu_device_plugin.dra.kubeapi import KubeApi  # noqa: E402
 from kubernetes import client  # noqa: E402
 from local_api import ScratchControlPlane, wait_for  # noqa: E402
+from proc_stats import percentile  # noqa: E402
 
 NODE = dra_api.NODE
 DRIVER = dra_api.DRIVER
-GROUP = dra_api.GROUP
 NAMESPACE = "dra-bench"
 DEVICE_CLASS = "gpu.gpuops.k8s"
 SPEC = ROOT / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
 GPUS = [f"gpu-{i}" for i in range(8)]
 WARMUP = 5
 TARGET_P99_MS = 50.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class Cluster:
@@ -76,69 +72,14 @@ class Cluster:
         self.core.create_namespace({"metadata": {"name": NAMESPACE}})
         # No controller-manager runs to create it; pods need it.
         self.core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
-        self.custom.create_cluster_custom_object(
-            GROUP,
-            "v1",
-            "deviceclasses",
-            {
-                "apiVersion": f"{GROUP}/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": DEVICE_CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
+        dra_claims.device_class(self.custom, DEVICE_CLASS, DRIVER)
 
     def allocated_claim(self, devices: list[str]) -> tuple[str, str, str]:
         """An allocated claim for `devices` of NODE and a pod on NODE that uses it: (namespace, name, uid)."""
         self.claims += 1
         name = f"claim-{self.claims}"
-        claim = self.custom.create_namespaced_custom_object(
-            GROUP,
-            "v1",
-            NAMESPACE,
-            "resourceclaims",
-            {
-                "apiVersion": f"{GROUP}/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": "gpus", "exactly": {"deviceClassName": DEVICE_CLASS, "count": len(devices)}}
-                        ]
-                    }
-                },
-            },
-        )
-        # What the scheduler writes when it allocates.
-        claim["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "gpus", "driver": DRIVER, "pool": NODE, "device": device} for device in devices
-                    ]
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
-                    ]
-                },
-            }
-        }
-        claim = self.custom.replace_namespaced_custom_object_status(
-            GROUP, "v1", NAMESPACE, "resourceclaims", name, claim
-        )
-        self.core.create_namespaced_pod(
-            NAMESPACE,
-            {
-                "metadata": {"name": f"pod-{self.claims}"},
-                "spec": {
-                    "nodeName": NODE,
-                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                    "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
-                },
-            },
-        )
+        claim = dra_claims.allocated_claim(self.custom, (NAMESPACE, name), DEVICE_CLASS, (DRIVER, NODE), devices)
+        dra_claims.claim_pod(self.core, (NAMESPACE, name), f"pod-{self.claims}", NODE)
         return NAMESPACE, name, claim["metadata"]["uid"]
 
 

@@ -32,7 +32,7 @@ sys.path[:0] = [
 ]
 
 from gpu_device_plugin.api import api_pb2  # noqa: E402
-from proc_stats import cpu_seconds, rss_mb  # noqa: E402
+from proc_stats import cpu_seconds, percentile, rss_mb  # noqa: E402
 from test_device_plugin_compared import (  # noqa: E402
     H100,
     NVIDIA,
@@ -44,11 +44,6 @@ from test_device_plugin_compared import (  # noqa: E402
 )
 
 KINDS = (NVIDIA, OURS)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def latencies(run: PluginRun, calls: int) -> dict[str, tuple[float, float]]:

@@ -1,4 +1,5 @@
-"""What the benchmarks read about a running process from /proc: its CPU time and its resident memory."""
+"""What the benchmarks measure with: a running process's CPU time and resident memory, read from /proc, and the
+percentiles they report."""
 
 from __future__ import annotations
 
@@ -19,3 +20,9 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile of the samples (0 <= q <= 1): the sample at that rank, the nearest one rounding."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dra_claims
 import pytest
 import yaml
 from kubernetes import client, config
@@ -263,62 +264,11 @@ def test_mig_devices_are_published_with_their_profile_and_parent(cluster, publis
 
 
 def _allocated_claim(cluster, name, devices):
-    custom = cluster["custom"]
-    custom.create_cluster_custom_object(
-        GROUP,
-        "v1",
-        "deviceclasses",
-        {
-            "apiVersion": f"{GROUP}/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": f"{name}-class"},
-            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
-        },
+    dra_claims.device_class(cluster["custom"], f"{name}-class", DRIVER)
+    memory = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0'
+    return dra_claims.allocated_claim(
+        cluster["custom"], (NAMESPACE, name), f"{name}-class", (DRIVER, NODE), devices, selectors=(memory,)
     )
-    claim = custom.create_namespaced_custom_object(
-        GROUP,
-        "v1",
-        NAMESPACE,
-        "resourceclaims",
-        {
-            "apiVersion": f"{GROUP}/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpus",
-                            "exactly": {
-                                "deviceClassName": f"{name}-class",
-                                "count": len(devices),
-                                "selectors": [
-                                    {
-                                        "cel": {
-                                            "expression": f'device.capacity["{DRIVER}"].memory'
-                                            '.compareTo(quantity("40Gi")) >= 0'
-                                        }
-                                    }
-                                ],
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    )
-    # What the scheduler writes when it allocates.
-    claim["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": device} for device in devices]
-            },
-            "nodeSelector": {
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]
-            },
-        }
-    }
-    return custom.replace_namespaced_custom_object_status(GROUP, "v1", NAMESPACE, "resourceclaims", name, claim)
 
 
 @pytest.fixture(scope="module")
@@ -358,17 +308,7 @@ def test_the_node_reads_only_the_claims_of_its_own_pods(cluster, namespace):
         node_api.get_resource_claim(NAMESPACE, "no-such-claim")
     assert absent.value.status == 403, "to a node, a claim that does not exist is one it may not read"
     # A pod bound to the node that uses the claim: the Node authorizer now lets the node read it.
-    cluster["core"].create_namespaced_pod(
-        NAMESPACE,
-        {
-            "metadata": {"name": "user"},
-            "spec": {
-                "nodeName": NODE,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "node-claim"}],
-                "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
-            },
-        },
-    )
+    dra_claims.claim_pod(cluster["core"], (NAMESPACE, "node-claim"), "user", NODE)
 
     def readable():
         try:
