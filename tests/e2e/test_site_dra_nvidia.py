@@ -1,7 +1,10 @@
 """site.yml names a lab node's DRA driver gpu.nvidia.com, NVIDIA's DRA driver's name, and claims written in NVIDIA's
 dialect run on it: NVIDIA's DeviceClasses, CEL on NVIDIA's attributes, a GpuConfig that time-slices a GPU shared by two
 pods. Before that, the role refuses the new name while a claim is prepared under the old one, and where NVIDIA's own
-driver serves the name (its DeviceClass in the cluster, its ResourceSlices on the node).
+driver serves the name (its DeviceClass in the cluster, its ResourceSlices on the node); after it, a run finishes a
+change of name that an earlier run left half done. Last, NVIDIA's own demo specs run on our driver, then on NVIDIA's
+driver (gpu-kubelet-plugin v0.5.0, built by scripts/build-nvidia-dra-driver.sh) on the same node with the same kubelet:
+the two publish the same devices, and every claim gets the same devices from both.
 
 Proven against the lab's real kube-apiserver, scheduler, ResourceClaim controller, kubelet and containerd 1.7, with
 the lab's mock NVIDIA driver (docs/mock-nvml.md). The time slice is set through a TEST DOUBLE of nvidia-smi (the lab
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,17 +26,18 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, container_environment
+from conftest import PAUSE_IMAGE, Lab, container_pid, gpu_device_nodes, run_lab
 from dra_objects import GPU, RESOURCE, pod_manifest
 from kubernetes import client
 from playbook_run import LAB_PY, REPO, PlaybookRun, lab_inventory
-from test_site_dra import delete_pod, run_site, running, visible_devices
+from test_site_dra import SERVICE, delete_pod, run_site, running, visible_devices
 
 OURS = "gpu.gpuops.k8s"
 NVIDIA = "gpu.nvidia.com"
 NVIDIA_SMI = "/usr/local/sbin/gpuops-lab-nvidia-smi"
 # Where the hardened service may write (ReadWritePaths: the health directory), as the double runs as the daemon.
 NVIDIA_SMI_LOG = "/var/lib/gpuops/gpuops-lab-nvidia-smi.log"
+RECORD = "/var/lib/gpuops/dra-driver-name"
 MANAGED = {"app.kubernetes.io/managed-by": "gpuops.k8s"}
 H100 = [f"GPU-6f1c0a3e-0000-4000-8000-00000000000{i}" for i in range(1, 9)]
 
@@ -140,6 +145,29 @@ def test_a_claim_prepared_under_the_old_name_stops_the_change_of_name(lab: Lab, 
         api.delete_namespaced_custom_object(*RESOURCE, "default", "resourceclaims", name)
 
 
+def create_slice(lab: Lab, node: str, driver: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """An empty ResourceSlice of the driver in the node's pool, owned by the Node as a kubelet plugin's are."""
+    node_uid = lab.core.read_node(node).metadata.uid
+    metadata: dict[str, Any] = {
+        "generateName": f"{node}-{driver}-",
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}],
+    }
+    if labels:
+        metadata["labels"] = labels
+    piece = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+    return client.CustomObjectsApi(lab.api).create_cluster_custom_object(*RESOURCE, "resourceslices", piece)
+
+
 def test_nvidia_s_driver_in_the_cluster_or_on_the_node_stops_the_change_of_name(lab: Lab, flow: NvidiaFlow) -> None:
     api = client.CustomObjectsApi(lab.api)
     # What NVIDIA's chart installs: the DeviceClass of its name, labelled by Helm.
@@ -160,22 +188,7 @@ def test_nvidia_s_driver_in_the_cluster_or_on_the_node_stops_the_change_of_name(
         f" so this driver cannot be named {NVIDIA}"
     ) in " ".join(refused.output.split()), refused.summary()
     # What NVIDIA's kubelet plugin publishes on the node: a slice of its name, not labelled ours.
-    node_uid = lab.core.read_node(flow.node).metadata.uid
-    foreign = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {
-            "generateName": f"{flow.node}-{NVIDIA}-",
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": flow.node, "uid": node_uid}],
-        },
-        "spec": {
-            "driver": NVIDIA,
-            "nodeName": flow.node,
-            "pool": {"name": flow.node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [],
-        },
-    }
-    created = api.create_cluster_custom_object(*RESOURCE, "resourceslices", foreign)
+    created = create_slice(lab, flow.node, NVIDIA)
     try:
         refused = to_nvidia(flow)
     finally:
@@ -209,7 +222,7 @@ def test_the_node_s_driver_is_named_gpu_nvidia_com_and_the_old_name_is_gone(
     assert devices_of(lab, flow.node, OURS) == {}, "the old name's slices are deleted"
     listing = lab.node_exec(flow.node, "ls", "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry").stdout
     assert OURS not in listing and NVIDIA in listing
-    record = lab.node_exec(flow.node, "cat", "/var/lib/gpuops/dra-driver-name").stdout
+    record = lab.node_exec(flow.node, "cat", RECORD).stdout
     assert record == f"{NVIDIA}\n"
     api = client.CustomObjectsApi(lab.api)
     classes = {c["metadata"]["name"]: c for c in api.list_cluster_custom_object(*RESOURCE, "deviceclasses")["items"]}
@@ -292,20 +305,71 @@ def test_a_time_sliced_gpu_config_is_set_for_two_pods_sharing_the_claim_and_set_
     assert state["claims"] == {}
 
 
+def test_a_change_of_name_cut_short_is_finished_by_the_next_run_without_a_restart(
+    lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]
+) -> None:
+    """A run that stopped after the daemon restarted under the new name and before the old name's leftovers went: the
+    node's record still names the old name, and its plugin directory, registration socket and a slice are there. The
+    next run removes them and records the new name; the daemon, already under the new name, keeps running."""
+    old_dir = f"/var/lib/kubelet/plugins/{OURS}"
+    old_socket = f"/var/lib/kubelet/plugins_registry/{OURS}-reg.sock"
+    daemon_pid = lab.node_exec(flow.node, "systemctl", "show", "-p", "MainPID", "--value", SERVICE).stdout.strip()
+    lab.node_exec(
+        flow.node,
+        "sh",
+        "-c",
+        f"mkdir -p {old_dir} && printf '%s\\n' '{{\"claims\": {{}}}}' > {old_dir}/checkpoint.json && touch {old_socket}"
+        f" && printf '%s\\n' {OURS} > {RECORD}",
+    )
+    create_slice(lab, flow.node, OURS, labels=MANAGED)
+    finished = to_nvidia(flow)
+    assert finished.returncode == 0, finished.summary()
+    assert finished.changed > 0
+    assert slices_of(lab, flow.node, OURS) == []
+    left_over = lab.node_exec(flow.node, "ls", "-d", old_dir, old_socket, check=False)
+    assert left_over.returncode != 0 and left_over.stdout == "", left_over.stdout
+    assert lab.node_exec(flow.node, "cat", RECORD).stdout == f"{NVIDIA}\n"
+    assert (
+        lab.node_exec(flow.node, "systemctl", "show", "-p", "MainPID", "--value", SERVICE).stdout.strip() == daemon_pid
+    )
+    assert len(devices_of(lab, flow.node, NVIDIA)) == 8
+
+
 # NVIDIA's own demo specs of its DRA driver (v0.5.0's module, demo/specs), applied with only the container image
 # replaced by the lab's (whose /bin/bash is the lab's pause program: a TEST DOUBLE of the demos' ubuntu image, which
-# keeps running the `bash -c ...` the demos give it). Left out, with docs/compared-dra.md's reasons: gpu-test4 (MIG
-# devices of an A100 40GB), gpu-test5 (MPS, which this driver refuses), gpu-test6 (selects on an `index` attribute
-# neither driver publishes), the VFIO and IMEX specs, extended-resources/mig-1g-12gb.yaml (an H200's MIG profile).
-DEMOS = ("quickstart/v1/gpu-test1.yaml", "quickstart/v1/gpu-test2.yaml", "quickstart/v1/gpu-test3.yaml")
-EXTENDED = "extended-resources/gpu-full.yaml"
+# keeps running the `bash -c ...` the demos give it), first to our driver under NVIDIA's name, then to NVIDIA's own
+# driver on the same node. Left out, with docs/compared-dra.md's reasons: gpu-test4 (MIG devices of an A100 40GB),
+# gpu-test5 (MPS, which this driver refuses), gpu-test6 (selects on an `index` attribute neither driver publishes), the
+# VFIO and IMEX specs, extended-resources/mig-1g-12gb.yaml (an H200's MIG profile).
+DEMOS = (
+    "quickstart/v1/gpu-test1.yaml",
+    "quickstart/v1/gpu-test2.yaml",
+    "quickstart/v1/gpu-test3.yaml",
+    "extended-resources/gpu-full.yaml",
+)
+# NVIDIA's driver on the lab node: its binary and a TEST DOUBLE of the GPUs' PCI devices in sysfs (the node's sysfs is
+# this machine's, with no NVIDIA device), which NVIDIA's driver reads through its own NVIDIA_DRA_SYSFS_ROOT.
+NVIDIA_UNIT = "gpuops-lab-nvidia-dra"
+NVIDIA_BINARY = "/usr/local/bin/gpu-kubelet-plugin"
+NVIDIA_SYSFS = "/run/gpuops-lab-nvidia-dra/sysfs"
+NODE_NVIDIA_SMI = "/usr/bin/nvidia-smi"
+PLUGIN_DIR = f"/var/lib/kubelet/plugins/{NVIDIA}"
 
 
-def nvidia_demo_specs() -> Path:
-    """NVIDIA's module as scripts/build-nvidia-dra-driver.sh downloads it into the Go module cache."""
-    subprocess.run([str(REPO / "scripts" / "build-nvidia-dra-driver.sh")], check=True, stdout=subprocess.DEVNULL)
+def nvidia_build() -> tuple[Path, Path]:
+    """NVIDIA's gpu-kubelet-plugin and its module's demo specs, as scripts/build-nvidia-dra-driver.sh builds it and
+    downloads the module into the Go module cache."""
+    done = subprocess.run(
+        [str(REPO / "scripts" / "build-nvidia-dra-driver.sh")],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    assert done.returncode == 0, f"scripts/build-nvidia-dra-driver.sh failed:\n{done.stderr[-3000:]}"
     cache = Path(os.environ.get("GPUOPS_CACHE") or Path.home() / ".cache" / "gpuops")
-    return cache / "go-mod" / "sigs.k8s.io" / "dra-driver-nvidia-gpu@v0.5.0" / "demo" / "specs"
+    module = cache / "go-mod" / "sigs.k8s.io" / "dra-driver-nvidia-gpu@v0.5.0"
+    return Path(done.stdout.strip().splitlines()[-1]) / "gpu-kubelet-plugin", module / "demo" / "specs"
 
 
 def with_lab_image(document: dict[str, Any]) -> dict[str, Any]:
@@ -330,85 +394,111 @@ def apply(documents: list[dict[str, Any]]) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def pod_devices(lab: Lab, node: str, pod: client.V1Pod) -> list[list[str]]:
-    """Per container, the GPUs its claims' CDI specs gave it (GPUOPS_DEVICE_<NAME> variables, as visible_devices)."""
-    seen = []
-    for status in pod.status.container_statuses:
-        environment = container_environment(lab, node, status.container_id.removeprefix("containerd://"))
-        seen.append(sorted(v for k, v in environment.items() if k.startswith("GPUOPS_DEVICE_")))
-    return seen
-
-
-def claim_gpus(lab: Lab, namespace: str, pod: client.V1Pod) -> list[str]:
-    """The UUIDs of the devices the pod's claims were allocated, from the API (the slice's uuid attributes)."""
+def pod_allocation(lab: Lab, namespace: str, pod: client.V1Pod) -> dict[str, list[str]]:
+    """Per container, the names of the devices allocated to the claims and requests it names (in the extended-resource
+    demo, to the requests the scheduler mapped to it), from the API."""
     api = client.CustomObjectsApi(lab.api)
     raw = lab.api.sanitize_for_serialization(pod)
-    names = [s["resourceClaimName"] for s in raw["status"].get("resourceClaimStatuses") or []]
-    names += [c["resourceClaimName"] for c in raw["spec"].get("resourceClaims") or [] if c.get("resourceClaimName")]
-    # A pod asking for nvidia.com/gpu on a DRA node: the claim the scheduler wrote for it.
-    extended = raw["status"].get("extendedResourceClaimStatus")
-    if extended:
-        names.append(extended["resourceClaimName"])
-    assert names, f"{namespace}/{pod.metadata.name} has no claim"
-    published = devices_of(lab, pod.spec.node_name, NVIDIA)
-    gpus = set()
-    for name in names:
-        claim = api.get_namespaced_custom_object(*RESOURCE, namespace, "resourceclaims", name)
-        for result in claim["status"]["allocation"]["devices"]["results"]:
-            gpus.add(published[result["device"]]["attributes"]["uuid"]["string"])
-    return sorted(gpus)
+    claim_of = {c["name"]: c.get("resourceClaimName") for c in raw["spec"].get("resourceClaims") or []}
+    claim_of.update({s["name"]: s["resourceClaimName"] for s in raw["status"].get("resourceClaimStatuses") or []})
+    wanted = {
+        c["name"]: [(claim_of[r["name"]], r.get("request")) for r in (c.get("resources") or {}).get("claims") or []]
+        for c in raw["spec"]["containers"]
+    }
+    extended = raw["status"].get("extendedResourceClaimStatus") or {}
+    for mapping in extended.get("requestMappings") or []:
+        wanted[mapping["containerName"]].append((extended["resourceClaimName"], mapping["requestName"]))
+    results = {}
+    for claim_name in {claim_name for pairs in wanted.values() for claim_name, _request in pairs}:
+        claim = api.get_namespaced_custom_object(*RESOURCE, namespace, "resourceclaims", claim_name)
+        results[claim_name] = claim["status"]["allocation"]["devices"]["results"]
+        for result in results[claim_name]:
+            assert (result["driver"], result["pool"]) == (NVIDIA, pod.spec.node_name), result
+    return {
+        container: sorted(
+            {r["device"] for name, request in pairs for r in results[name] if request in (None, r["request"])}
+        )
+        for container, pairs in wanted.items()
+    }
 
 
-# In `make test-full` only: the claims it proves (one GPU per claim, a claim shared by containers and by pods, the
-# extended-resource mapping) are `make test`'s in the tests above and in test_site_dra.py; this applies NVIDIA's own.
-@pytest.mark.full
-def test_nvidia_s_demo_claims_run_unchanged_and_each_pod_sees_exactly_its_claim_s_gpus(
-    lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]
-) -> None:
-    specs = nvidia_demo_specs()
-    namespaces = []
-    others = [n for n in lab.nodes if n != flow.node]
-    # The extended-resource demo asks for nvidia.com/gpu, which another lab node's device plugin could serve: only
-    # this node may take it, so that its DeviceClass mapping is what serves it.
+def container_device_nodes(lab: Lab, node: str, container_id: str) -> list[str]:
+    """The NVIDIA device nodes in the container's /dev, as 'name major:minor' (hex), MIG's capability nodes
+    (nvidia-caps/nvidia-cap<minor>) among them."""
+    pid = container_pid(lab, node, container_id)
+    listed = lab.node_exec(
+        node,
+        "sh",
+        "-c",
+        f"cd /proc/{pid}/root/dev && stat -c '%n %t:%T' nvidia* nvidia-caps/* 2>/dev/null",
+        check=False,
+    ).stdout
+    return sorted(line for line in listed.splitlines() if not line.startswith("nvidia-caps "))
+
+
+def run_demos(lab: Lab, node: str, specs: Path) -> dict[str, list[dict[str, Any]]]:
+    """Apply each demo in turn on the node (the other nodes cordoned: the extended-resource demo asks for
+    nvidia.com/gpu, which another node's device plugin could serve) and wait for its pods. Per namespace, per pod
+    (sorted, as pod names are random), per container: its devices and the NVIDIA device nodes it sees. Every container
+    sees exactly its devices' GPUs, and a capability node for each MIG device's GPU and compute instance. The
+    namespaces are gone when it returns, so every claim is unprepared."""
+    spec_path = Path(run_lab("spec-path", node.rsplit("-", 1)[1]).strip())
+    others = [n for n in lab.nodes if n != node]
     for other in others:
         lab.core.patch_node(other, {"spec": {"unschedulable": True}})
+    namespaces: list[str] = []
+    seen: dict[str, list[dict[str, Any]]] = {}
     try:
-        for path in (*DEMOS, EXTENDED):
+        for path in DEMOS:
             documents = [d for d in yaml.safe_load_all((specs / path).read_text()) if d]
-            namespaces += [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"]
+            (namespace,) = [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"]
+            namespaces.append(namespace)
             apply([with_lab_image(d) for d in documents])
-        seen: dict[str, dict[str, Any]] = {}
-        for namespace in namespaces:
-            pods = lab.wait_until(
-                f"the pods of {namespace} Running",
-                lambda ns=namespace: (
-                    (items := lab.core.list_namespaced_pod(ns).items)
-                    and all(p.status.phase == "Running" for p in items)
-                    and items
-                ),
-                timeout=180,
-            )
+            try:
+                pods = lab.wait_until(
+                    f"the pods of {namespace} running, every container ready",
+                    lambda ns=namespace: (
+                        (items := lab.core.list_namespaced_pod(ns).items)
+                        and all(
+                            p.status.phase == "Running" and all(s.ready for s in p.status.container_statuses or [])
+                            for p in items
+                        )
+                        and items
+                    ),
+                    timeout=180,
+                )
+            except pytest.fail.Exception as error:
+                states = {
+                    f"{p.metadata.name}/{s.name}": (s.restart_count, lab.api.sanitize_for_serialization(s.state))
+                    for p in lab.core.list_namespaced_pod(namespace).items
+                    for s in p.status.container_statuses or []
+                }
+                pytest.fail(f"{error}: {states}")
+            published = devices_of(lab, node, NVIDIA)
+            records = []
             for pod in pods:
-                assert pod.spec.node_name == flow.node, f"{namespace}/{pod.metadata.name}"
-                gpus = claim_gpus(lab, namespace, pod)
-                containers = pod_devices(lab, flow.node, pod)
-                # Every container sees exactly the GPUs of the claims it names (each demo's containers name all).
-                assert containers == [gpus] * len(containers), f"{namespace}/{pod.metadata.name}"
-                seen[f"{namespace}/{pod.metadata.name}"] = {"gpus": gpus, "containers": len(containers)}
-        # gpu-test1: two pods, a claim each from the template: two different GPUs. gpu-test2: one pod, two
-        # containers sharing one GPU. gpu-test3: two pods sharing one claim: the same GPU. gpu-full: one GPU
-        # through the DeviceClass's extended-resource mapping.
-        assert len(seen["gpu-test1/pod1"]["gpus"]) == len(seen["gpu-test1/pod2"]["gpus"]) == 1
-        assert seen["gpu-test1/pod1"]["gpus"] != seen["gpu-test1/pod2"]["gpus"]
-        assert seen["gpu-test2/pod"] == {"gpus": seen["gpu-test2/pod"]["gpus"], "containers": 2}
-        assert len(seen["gpu-test2/pod"]["gpus"]) == 1
-        assert (
-            seen["gpu-test3/pod1"]["gpus"] == seen["gpu-test3/pod2"]["gpus"]
-            and len(seen["gpu-test3/pod1"]["gpus"]) == 1
-        )
-        assert len(seen["extended-resource-gpu-full/gpu-full-pod"]["gpus"]) == 1
+                assert pod.spec.node_name == node, f"{namespace}/{pod.metadata.name}"
+                allocation = pod_allocation(lab, namespace, pod)
+                ids = {s.name: s.container_id.removeprefix("containerd://") for s in pod.status.container_statuses}
+                containers = []
+                for container in pod.spec.containers:
+                    devices = allocation[container.name]
+                    attributes = [published[d]["attributes"] for d in devices]
+                    gpus = sorted({a.get("parentUUID", a["uuid"])["string"] for a in attributes})
+                    nodes = container_device_nodes(lab, node, ids[container.name])
+                    where = f"{namespace}/{pod.metadata.name}/{container.name}"
+                    assert [n for n in nodes if not n.startswith("nvidia-caps/")] == gpu_device_nodes(
+                        spec_path, gpus
+                    ), where
+                    migs = sum(a["type"]["string"] == "mig" for a in attributes)
+                    assert sum(n.startswith("nvidia-caps/") for n in nodes) == 2 * migs, (where, nodes)
+                    containers.append({"devices": devices, "gpus": gpus, "nodes": nodes})
+                records.append(containers)
+            seen[namespace] = sorted(records, key=json.dumps)
     finally:
         for namespace in namespaces:
+            # The demos' containers wait for SIGTERM; nothing of theirs needs a grace period.
+            lab.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
             lab.core.delete_namespace(namespace)
         for other in others:
             lab.core.patch_node(other, {"spec": {"unschedulable": False}})
@@ -417,3 +507,185 @@ def test_nvidia_s_demo_claims_run_unchanged_and_each_pod_sees_exactly_its_claim_
             lambda: not {n.metadata.name for n in lab.core.list_namespace().items} & set(namespaces),
             timeout=180,
         )
+    return seen
+
+
+def slices_of_ours(lab: Lab, node: str) -> list[dict[str, Any]]:
+    return [s for s in slices_of(lab, node, NVIDIA) if s["metadata"].get("labels") == MANAGED]
+
+
+def delete_slices(lab: Lab, node: str) -> None:
+    """The node's ResourceSlices of gpu.nvidia.com, whichever driver wrote them."""
+    for piece in slices_of(lab, node, NVIDIA):
+        client.CustomObjectsApi(lab.api).delete_cluster_custom_object(
+            *RESOURCE, "resourceslices", piece["metadata"]["name"]
+        )
+
+
+def sysfs_double(spec: Path) -> str:
+    """A shell script that makes the TEST DOUBLE of sysfs for the spec's GPUs: each PCI device under its root complex
+    (its own domain and bus, as tests/integration/test_dra_compared.py's) with its NUMA node."""
+    lines = [f"rm -rf {NVIDIA_SYSFS}", f"mkdir -p {NVIDIA_SYSFS}/bus/pci/devices"]
+    for gpu in yaml.safe_load(spec.read_text())["gpus"]:
+        bus = gpu["pci_bus_id"].lower()
+        root = "pci" + bus[: bus.rindex(":")]
+        numa = gpu.get("numa_node")
+        lines += [
+            f"mkdir -p {NVIDIA_SYSFS}/devices/{root}/{bus}",
+            f"echo {-1 if numa is None else numa} > {NVIDIA_SYSFS}/devices/{root}/{bus}/numa_node",
+            f"ln -s ../../../devices/{root}/{bus} {NVIDIA_SYSFS}/bus/pci/devices/{bus}",
+        ]
+    return " && ".join(lines)
+
+
+class NodeDrivers:
+    """Our driver and NVIDIA's, one at a time on the lab node."""
+
+    def __init__(self, lab: Lab, node: str, binary: Path) -> None:
+        self.lab, self.node, self.binary = lab, node, binary
+        self.spec_path = Path(run_lab("spec-path", node.rsplit("-", 1)[1]).strip())
+
+    def published(self, ours: bool) -> dict[str, Any]:
+        """Once the driver has published the node's 8 GPUs: its devices and slices."""
+        self.lab.wait_until(
+            f"{'our' if ours else 'NVIDIA'}'s driver publishing 8 devices",
+            lambda: (
+                len(devices_of(self.lab, self.node, NVIDIA)) == 8
+                and all(
+                    (s["metadata"].get("labels") == MANAGED) == ours for s in slices_of(self.lab, self.node, NVIDIA)
+                )
+            ),
+            timeout=120,
+        )
+        return {"devices": devices_of(self.lab, self.node, NVIDIA), "slices": slices_of(self.lab, self.node, NVIDIA)}
+
+    def start_ours(self) -> None:
+        """Our driver's unit started; its plugin directory made first where it is not there (the unit may write only
+        there, so systemd refuses to start it without it)."""
+        self.lab.node_exec(self.node, "mkdir", "-p", PLUGIN_DIR)
+        self.lab.node_exec(self.node, "systemctl", "start", SERVICE)
+
+    def stop_ours(self) -> None:
+        """Our driver stopped, its slices deleted."""
+        self.lab.node_exec(self.node, "systemctl", "stop", SERVICE)
+        delete_slices(self.lab, self.node)
+
+    def start_nvidia(self) -> None:
+        """NVIDIA's gpu-kubelet-plugin as a transient unit on the node, with the sysfs double of the node's GPUs."""
+        subprocess.run(["podman", "cp", str(self.binary), f"{self.node}:{NVIDIA_BINARY}"], check=True, timeout=60)
+        self.lab.node_exec(self.node, "sh", "-c", sysfs_double(self.spec_path))
+        # NVIDIA's driver will not start without an nvidia-smi under its driver root (it runs it for time-slicing):
+        # the module's double, where the driver's packages put it.
+        self.lab.node_exec(self.node, "ln", "-sfn", NVIDIA_SMI, NODE_NVIDIA_SMI)
+        hook = self.lab.node_exec(self.node, "sh", "-c", "command -v nvidia-cdi-hook").stdout.strip()
+        self.lab.node_exec(
+            self.node,
+            "systemd-run",
+            f"--unit={NVIDIA_UNIT}",
+            f"--setenv=NVIDIA_DRA_SYSFS_ROOT={NVIDIA_SYSFS}",
+            NVIDIA_BINARY,
+            f"--node-name={self.node}",
+            # The node's own credentials, as our driver's in the lab (NVIDIA's chart gives its plugin a service
+            # account of its own).
+            "--kubeconfig=/etc/gpuops-lab/kubelet.kubeconfig",
+            "--nvidia-driver-root=/",
+            "--container-driver-root=/",
+            "--host-root=/",
+            "--cdi-root=/var/run/cdi",
+            f"--nvidia-cdi-hook-path={hook}",
+            "--image-name=lab.invalid/none:v0",  # required; used only for MPS control daemons' pods
+        )
+
+    def stop_nvidia(self) -> str:
+        """NVIDIA's driver stopped, its slices and plugin directory deleted; its last log lines."""
+        log = self.lab.node_exec(
+            self.node, "journalctl", "-u", NVIDIA_UNIT, "--no-pager", "-n", "40", check=False
+        ).stdout
+        self.lab.node_exec(self.node, "systemctl", "stop", NVIDIA_UNIT, check=False)
+        delete_slices(self.lab, self.node)
+        self.lab.node_exec(self.node, "rm", "-rf", PLUGIN_DIR, NODE_NVIDIA_SMI)
+        return log
+
+
+@pytest.fixture(scope="module")
+def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) -> Iterator[dict[str, Any]]:
+    """Per driver: its devices and slices on the node, and what NVIDIA's demos got from it. Ours runs first, as the
+    flow left it; then NVIDIA's driver on the same node, ours stopped and its plugin directory set aside. Ours and its
+    plugin directory are as they were afterwards."""
+    binary, specs = nvidia_build()
+    drivers = NodeDrivers(lab, flow.node, binary)
+    ours = drivers.published(ours=True)
+    seen: dict[str, dict[str, Any]] = {"ours": {**ours, "demos": run_demos(lab, flow.node, specs)}}
+    drivers.stop_ours()
+    lab.node_exec(flow.node, "mv", PLUGIN_DIR, f"{PLUGIN_DIR}.ours")
+    log = ""
+    try:
+        drivers.start_nvidia()
+        seen["nvidia"] = {**drivers.published(ours=False), "demos": run_demos(lab, flow.node, specs)}
+        log = drivers.stop_nvidia()
+        yield seen
+    finally:
+        log = log or drivers.stop_nvidia()
+        sys.stderr.write(f"NVIDIA's driver's last log lines:\n{log}\n")
+        drivers.stop_ours()
+        lab.node_exec(
+            flow.node,
+            "sh",
+            "-c",
+            f"rm -rf {NVIDIA_SYSFS} {NVIDIA_BINARY} && if [ -d {PLUGIN_DIR}.ours ]; then rm -rf {PLUGIN_DIR}"
+            f" && mv {PLUGIN_DIR}.ours {PLUGIN_DIR}; fi",
+        )
+        drivers.start_ours()
+        drivers.published(ours=True)
+
+
+def assert_demo_allocations(seen: dict[str, list[Any]]) -> None:
+    """What NVIDIA's demos ask for, on the node's eight identical GPUs. gpu-test1: two pods, a claim each from the
+    template: two different GPUs. gpu-test2: one pod, two containers sharing one GPU. gpu-test3: two pods sharing one
+    claim: the same GPU. gpu-full: one GPU through the DeviceClass's extended-resource mapping. (run_demos checked each
+    container's device nodes.)"""
+    (one,), (two,) = seen["gpu-test1"]
+    assert len(one["gpus"]) == len(two["gpus"]) == 1 and one["gpus"] != two["gpus"]
+    ((first, second),) = seen["gpu-test2"]
+    assert first["devices"] == second["devices"] and len(first["gpus"]) == 1
+    (first,), (second,) = seen["gpu-test3"]
+    assert first == second and len(first["gpus"]) == 1
+    ((full,),) = seen["extended-resource-gpu-full"]
+    assert len(full["gpus"]) == 1
+
+
+def test_nvidia_s_demo_claims_run_unchanged_on_ours_and_each_container_sees_exactly_its_devices(
+    demos: dict[str, Any],
+) -> None:
+    assert_demo_allocations(demos["ours"]["demos"])
+
+
+def test_nvidia_s_driver_on_the_same_node_publishes_our_devices(demos: dict[str, Any]) -> None:
+    """What each driver published on the lab node: the same devices, attributes and capacities, apart from what
+    docs/compared-dra.md names (our `health`; NVIDIA's pcieRoot, read from the sysfs double it alone is given)."""
+    ours, nvidia = demos["ours"]["devices"], demos["nvidia"]["devices"]
+    assert all("labels" not in s["metadata"] for s in demos["nvidia"]["slices"])
+    assert sorted(ours) == sorted(nvidia) == [f"gpu-{i}" for i in range(8)]
+    for name, device in nvidia.items():
+        attributes = dict(device["attributes"])
+        assert attributes.pop("resource.kubernetes.io/pcieRoot")["string"].startswith("pci0000:")
+        mine = dict(ours[name]["attributes"])
+        assert mine.pop("health") == {"string": "Healthy"}
+        assert (name, mine) == (name, attributes)
+        assert (name, ours[name]["capacity"]) == (name, device["capacity"])
+
+
+def test_nvidia_s_demo_claims_get_the_same_allocation_from_nvidia_s_driver_as_from_ours(demos: dict[str, Any]) -> None:
+    """The same allocation up to the names of the eight identical GPUs: NVIDIA's driver lists a slice's devices in no
+    fixed order (a Go map), and the scheduler takes the first device that fits, so which GPU a claim gets can differ
+    between two starts of NVIDIA's own driver. Per demo, per pod, per container: as many devices and device nodes, and
+    the same sharing (assert_demo_allocations)."""
+    assert_demo_allocations(demos["nvidia"]["demos"])
+
+    def shape(seen: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        return {
+            namespace: sorted([[len(c["devices"]), len(c["nodes"])] for c in containers] for containers in pods)
+            for namespace, pods in seen.items()
+        }
+
+    assert shape(demos["nvidia"]["demos"]) == shape(demos["ours"]["demos"])
