@@ -16,6 +16,9 @@ fails, the play fails with a sentence that names the node left cordoned.
 `make test-full` adds a node that changes its deployment and its allocation in one run: from the DRA driver's
 DaemonSet to the device plugin's systemd service, and back.
 
+Last, the driver takes NVIDIA's name, gpu.nvidia.com, through its DaemonSet (test_site_dra_nvidia.py does it under
+systemd): the pod restarts under the new name, the old name's slices and files go, the admission policy follows.
+
 At the end the node goes back to the device plugin's DaemonSet, as test_upgrade_driver.py expects it.
 """
 
@@ -25,6 +28,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -46,6 +50,7 @@ from playbook_run import PlaybookRun
 POD_SELECTOR = "app.kubernetes.io/name=gpuops-dra-plugin"
 DAEMONSET = "gpuops-dra-plugin"
 DRA_VARS = {"gpu_allocation_mode": "dra", "device_plugin_dra_daemonset_node_credentials": True}
+NVIDIA = "gpu.nvidia.com"
 
 
 @pytest.fixture(scope="module")
@@ -212,16 +217,10 @@ def _slice(name: str, node: str, driver: str = DRIVER) -> dict:
     }
 
 
-def test_the_dra_pods_account_may_write_only_its_own_nodes_slices(
-    lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
-) -> None:
-    """A token the API server binds to the driver's running pod (what the kubelet mounts into a pod of
-    that account): the admission policy the role applies refuses it any write to another node's slices or
-    to another driver's, and lets it write its own node's (server-side dry runs: admission runs, nothing is
-    stored)."""
-    ds = dra_ds[0]
-    other = next(n for n in lab.nodes if n != ds.node)
-    pod = ready_pod(lab, ds.node, DAEMONSET)
+def pod_account(lab: Lab, node: str) -> client.ApiClient:
+    """A client with a token the API server binds to the driver's running pod on the node (what the kubelet mounts
+    into a pod of that account)."""
+    pod = ready_pod(lab, node, DAEMONSET)
     token = lab.core.create_namespaced_service_account_token(
         DAEMONSET,
         NAMESPACE,
@@ -242,7 +241,27 @@ def test_the_dra_pods_account_may_write_only_its_own_nodes_slices(
     settings.ssl_ca_cert = lab.api.configuration.ssl_ca_cert
     settings.verify_ssl = lab.api.configuration.verify_ssl
     settings.api_key = {"authorization": f"Bearer {token}"}
-    account = client.ApiClient(settings)
+    return client.ApiClient(settings)
+
+
+def refused(call: Any, *args: Any) -> str:
+    """The API's 403 for the call, run as a server-side dry run (admission runs, nothing is stored)."""
+    with pytest.raises(client.ApiException) as error:
+        call(*args, dry_run="All")
+    assert error.value.status == 403, error.value.body
+    return error.value.body
+
+
+def test_the_dra_pods_account_may_write_only_its_own_nodes_slices(
+    lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
+) -> None:
+    """A token the API server binds to the driver's running pod (what the kubelet mounts into a pod of
+    that account): the admission policy the role applies refuses it any write to another node's slices or
+    to another driver's, and lets it write its own node's (server-side dry runs: admission runs, nothing is
+    stored)."""
+    ds = dra_ds[0]
+    other = next(n for n in lab.nodes if n != ds.node)
+    account = pod_account(lab, ds.node)
     admin = client.CustomObjectsApi(lab.api)
     theirs = f"e2e-other-{uuid.uuid4().hex[:6]}"
     admin.create_cluster_custom_object(*RESOURCE, "resourceslices", _slice(theirs, other))
@@ -250,13 +269,6 @@ def test_the_dra_pods_account_may_write_only_its_own_nodes_slices(
         who = client.AuthenticationV1Api(account).create_self_subject_review({"metadata": {}}).status.user_info
         assert who.extra["authentication.kubernetes.io/node-name"] == [ds.node]
         custom = client.CustomObjectsApi(account)
-
-        def refused(call, *args) -> str:
-            with pytest.raises(client.ApiException) as error:
-                call(*args, dry_run="All")
-            assert error.value.status == 403, error.value.body
-            return error.value.body
-
         body = refused(custom.create_cluster_custom_object, *RESOURCE, "resourceslices", _slice("e2e-x", other))
         assert ds.node in body and "ValidatingAdmissionPolicy" in body, body
         current = admin.get_cluster_custom_object(*RESOURCE, "resourceslices", theirs)
@@ -381,3 +393,48 @@ def test_the_deployment_and_the_allocation_change_in_one_run(
     dra_pod(lab, node)
     lab.wait_until(f"8 GPUs published for {node}", lambda: len(published(lab, node)) == 8, timeout=180)
     assert lab.allocatable(node).get(GPU, "0") == "0"
+
+
+def test_the_driver_renamed_gpu_nvidia_com_through_its_daemonset(
+    lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
+) -> None:
+    """device_plugin_dra_driver_name in daemonset mode: the node's pod restarts under NVIDIA's name and publishes the
+    node's GPUs under it, labelled as this driver's; the old name's slices, plugin directory and registration socket
+    are gone; the admission policy follows the name; the node records it. (The module's teardown then leaves DRA, which
+    deletes the slices of the name the node records.)"""
+    ds = dra_ds[0]
+    before = dra_pod(lab, ds.node).metadata.uid
+    renamed = ds.run_site(**DRA_VARS, device_plugin_dra_driver_name=NVIDIA)
+    assert renamed.returncode == 0, renamed.summary()
+    pod = dra_pod(lab, ds.node)
+    assert pod.metadata.uid != before
+    custom = client.CustomObjectsApi(lab.api)
+
+    def slices_named(driver: str) -> list[dict]:
+        return custom.list_cluster_custom_object(
+            *RESOURCE, "resourceslices", field_selector=f"spec.nodeName={ds.node},spec.driver={driver}"
+        )["items"]
+
+    lab.wait_until(
+        f"8 GPUs published as {NVIDIA}",
+        lambda: sum(len(s["spec"].get("devices", [])) for s in slices_named(NVIDIA)) == 8,
+        timeout=180,
+    )
+    assert all(s["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpuops.k8s"} for s in slices_named(NVIDIA))
+    assert slices_named(DRIVER) == []
+    listing = lab.node_exec(ds.node, "ls", "/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry").stdout
+    assert DRIVER not in listing and NVIDIA in listing
+    assert lab.node_exec(ds.node, "cat", "/var/lib/gpuops/dra-driver-name").stdout == f"{NVIDIA}\n"
+    account = pod_account(lab, ds.node)
+    try:
+        custom_as_pod = client.CustomObjectsApi(account)
+        custom_as_pod.create_cluster_custom_object(
+            *RESOURCE, "resourceslices", _slice("e2e-own", ds.node, driver=NVIDIA), dry_run="All"
+        )
+        refused(custom_as_pod.create_cluster_custom_object, *RESOURCE, "resourceslices", _slice("e2e-old", ds.node))
+    finally:
+        account.close()
+        # NVIDIA's DeviceClass names, which the role created and keeps after the node leaves DRA: gone, as
+        # test_site_dra_nvidia.py starts from a cluster without them (it installs a DeviceClass of NVIDIA's chart).
+        for name in (NVIDIA, "mig.nvidia.com"):
+            custom.delete_cluster_custom_object(*RESOURCE, "deviceclasses", name)
