@@ -510,10 +510,6 @@ def run_demos(lab: Lab, node: str, specs: Path) -> dict[str, list[dict[str, Any]
     return seen
 
 
-def slices_of_ours(lab: Lab, node: str) -> list[dict[str, Any]]:
-    return [s for s in slices_of(lab, node, NVIDIA) if s["metadata"].get("labels") == MANAGED]
-
-
 def delete_slices(lab: Lab, node: str) -> None:
     """The node's ResourceSlices of gpu.nvidia.com, whichever driver wrote them."""
     for piece in slices_of(lab, node, NVIDIA):
