@@ -188,6 +188,16 @@ def _mig_device_fact(position, mig):
     return fact
 
 
+def _nvml_mig_position(mig):
+    """Where NVML lists a MIG device among its GPU's: by its GPU instance's ID, which follows from the instance's
+    placement (NVIDIA's driver numbers the GPU instances of a GPU's 8 memory slices: the whole GPU 0, the halves 1-2,
+    the quarters 3-6, the eighths 7-14). A device whose placement is not known keeps its place in the spec."""
+    start, size = mig.get("placement_start"), mig.get("placement_size")
+    if start is None or not size:
+        return 0
+    return 8 // size - 1 + start // size
+
+
 def facts_from_spec(spec):
     """The facts a simulated-GPU spec (as _simulated_spec.parse_spec returns it) describes: the same shape as NVML's.
 
@@ -198,6 +208,7 @@ def facts_from_spec(spec):
         # The PCI device ID is the bus's fact (nvidia_gpu_info's pci_devices), not NVML's.
         fields = dict((key, value) for key, value in gpu.items() if key not in ("memory_mib", "pci_device_id"))
         fields["memory_total_mib"] = gpu["memory_mib"]
+        fields["mig_devices"] = sorted(gpu.get("mig_devices") or [], key=_nvml_mig_position)
         gpus.append(gpu_fact(**fields))
     return {"driver_version": spec["driver_version"], "cuda_driver_version": spec["cuda_driver_version"], "gpus": gpus}
 

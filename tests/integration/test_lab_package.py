@@ -20,7 +20,13 @@ sys.path.insert(0, str(E2E))
 from gpuops_lab import LabError, cli, nodes, pki  # noqa: E402
 from gpuops_lab.config import LabConfig  # noqa: E402
 from gpuops_lab.controlplane import owned_by, running_pid  # noqa: E402
-from gpuops_lab.inventory import inventory_text, mig_minors, nvidia_devices_script, resolve_spec  # noqa: E402
+from gpuops_lab.inventory import (  # noqa: E402
+    inventory_text,
+    mig_capabilities,
+    mig_minors,
+    nvidia_devices_script,
+    resolve_spec,
+)
 
 LAB_PY = E2E / "lab.py"
 
@@ -191,6 +197,18 @@ def test_mig_capabilities_are_numbered_as_the_driver_numbers_them() -> None:
     assert "mount --bind -o ro /etc/gpuops-lab/proc-driver /proc/driver" in script
 
 
+def test_each_mig_capability_has_its_file_with_the_minor_of_mig_minors() -> None:
+    # /proc/driver/nvidia/capabilities, where NVIDIA's DRA driver reads a MIG device's capability minors: one file per
+    # line of mig-minors, in the driver's layout and format.
+    files = mig_capabilities([0, 1])
+    assert len(files) == len(mig_minors([0, 1]).splitlines())
+    assert files["mig/config"] == "DeviceFileMinor: 1\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+    assert files["mig/monitor"].startswith("DeviceFileMinor: 2\n")
+    assert files["gpu0/mig/gi1/access"].startswith("DeviceFileMinor: 12\n")
+    assert files["gpu0/mig/gi14/ci7/access"].startswith("DeviceFileMinor: 137\n")
+    assert files["gpu1/mig/gi0/access"].startswith("DeviceFileMinor: 138\n")
+
+
 def test_podman_inventory(tmp_path: Path) -> None:
     cfg = config(tmp_path, 0, GPUOPS_LAB_CONNECTION="podman")
     nodes_group = group(inventory_text(cfg, 1))
@@ -209,7 +227,9 @@ def test_specs_by_name_or_path(tmp_path: Path) -> None:
     own = tmp_path / "mine.yaml"
     own.write_text("gpus: []\n")
     assert resolve_spec(str(own)) == own
-    with pytest.raises(LabError, match=r"^no simulated-GPU spec 'v100' \(give a file, or one of: a100-mig h100x8 t4x1"):
+    with pytest.raises(
+        LabError, match=r"^no simulated-GPU spec 'v100' \(give a file, or one of: a100-mig a100x4-mig h100x8 t4x1"
+    ):
         resolve_spec("v100")
 
 

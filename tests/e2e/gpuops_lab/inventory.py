@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -384,6 +385,20 @@ def mig_minors(minors: list[int]) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def mig_capabilities(minors: list[int]) -> dict[str, str]:
+    """/proc/driver/nvidia/capabilities as the driver writes it for GPUs of these minor numbers: per MIG capability of
+    mig-minors (the same minors), its file, relative to that directory, and its content: the minor of its
+    /dev/nvidia-caps/nvidia-cap<minor> and that node's mode (0444, written in decimal as the driver writes it).
+    NVIDIA's DRA driver reads a MIG device's GPU-instance and compute-instance files to put their device nodes into
+    the claim's CDI specification."""
+    files = {}
+    for line in mig_minors(minors).splitlines():
+        capability, minor = line.split()
+        path = f"mig/{capability}" if capability in ("config", "monitor") else capability.replace("/", "/mig/", 1)
+        files[path] = f"DeviceFileMinor: {minor}\nDeviceFileMode: {0o444}\nDeviceFileModify: 1\n"
+    return files
+
+
 def nvidia_devices_script(minors: list[int]) -> str:
     """A shell script that makes the device nodes the driver makes for GPUs of these minor numbers
     (nvidiactl, nvidia-uvm, nvidia-uvm-tools, and nvidia<minor> for each GPU), mode 0666, and removes the
@@ -450,6 +465,11 @@ def install_mock_driver(cfg: LabConfig, index: int, library: Path) -> None:
     caps = cfg.node_dir(index) / "proc-driver" / "nvidia-caps"
     caps.mkdir(parents=True, exist_ok=True)
     (caps / "mig-minors").write_text(mig_minors(facts["minors"]))
+    capabilities = cfg.node_dir(index) / "proc-driver" / "nvidia" / "capabilities"
+    shutil.rmtree(capabilities, ignore_errors=True)
+    for path, content in mig_capabilities(facts["minors"]).items():
+        (capabilities / path).parent.mkdir(parents=True, exist_ok=True)
+        (capabilities / path).write_text(content)
     script = cfg.nvidia_devices_script(index)
     script.write_text(nvidia_devices_script(facts["minors"]))
     script.chmod(0o755)
