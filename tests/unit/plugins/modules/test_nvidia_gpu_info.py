@@ -498,9 +498,16 @@ def test_simulated_fixture(monkeypatch, capsys, spec_path, check_mode):
         assert gpu["persistence_mode"] == source.get("persistence_mode", True)
         assert gpu["minor_number"] == source.get("minor_number", index)
         assert gpu["mig_mode"] == source.get("mig_mode", "disabled")
-        # The spec's keys; the attributes NVML would give come from the mock library's model (below).
+        # The spec's keys, in NVML's order: by GPU instance ID, which follows from the placement (the whole GPU 0,
+        # halves 1-2, quarters 3-6, eighths 7-14 of 8 memory slices); the attributes NVML would give come from the
+        # mock library's model (below).
+        ids = {
+            m["uuid"]: 8 // m["placement_size"] - 1 + m["placement_start"] // m["placement_size"]
+            for m in gpu["mig_devices"]
+        }
+        in_nvml_order = sorted(source.get("mig_devices", []), key=lambda mig, ids=ids: ids[mig["uuid"]])
         assert [{k: m[k] for k in ("index", "uuid", "profile", "memory_mib")} for m in gpu["mig_devices"]] == [
-            dict(mig, index=position) for position, mig in enumerate(source.get("mig_devices", []))
+            dict(mig, index=position) for position, mig in enumerate(in_nvml_order)
         ]
         assert gpu["pcie_switch"] == source.get("pcie_switch")
         assert gpu["xid"] == source.get("xid")
