@@ -21,32 +21,29 @@ ANSIBLE_CORE_MATRIX := 2.19.14/3.11 2.20.10/3.13 2.21.5/3.13
 NEWEST = venv=$$(scripts/e2e-env.sh) && export PATH="$$venv/bin:$$PATH"
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e e2e-dra lab-up lab-down collection bench clean
+.PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
 
-# make test: setup first and alone, then three lanes side by side, each lane's tiers in order (scripts/make-test.sh).
+# make test: setup first and alone, then two lanes side by side, each lane's tiers in order (scripts/make-test.sh).
 # A tier waits much of its time (apt in molecule's containers, the lab's pods, the integration tier's API servers), so
-# lanes fill the two cores that one tier at a time leaves idle. The e2e tier (lab instance 0), test-awx (lab instance
-# 1) and e2e-dra (lab instance 2) have labs of their own. The integration tier's builds (scripts/build-early.sh,
-# started with setup at low priority) use the CPU that setup, lint and molecule's apt leave. The third lane's tiers
-# need no build until test-awx, which needs Kubernetes (its lab), as e2e-dra does.
+# two lanes fill the two cores that one tier at a time leaves idle. The e2e tier (lab instance 0) and test-awx (lab
+# instance 1) have labs of their own. The integration tier's builds (scripts/build-early.sh, started with setup at
+# low priority) use the CPU that setup, lint and molecule's apt leave.
 FIRST_TIERS := setup
-LANE1_TIERS := lint sanity units integration demo-modules
+LANE1_TIERS := lint sanity units integration daemon daemon-py39 daemon-image test-awx demo-modules
 LANE2_TIERS := molecule e2e
-LANE3_TIERS := daemon daemon-py39 daemon-image test-awx e2e-dra
-TIERS := $(FIRST_TIERS) $(LANE1_TIERS) $(LANE2_TIERS) $(LANE3_TIERS)
+TIERS := $(FIRST_TIERS) $(LANE1_TIERS) $(LANE2_TIERS)
 # make test-full also runs the README's first command, after the e2e tier in its lane: the demo's lab is instance 0,
 # the e2e tier's (which runs site.yml and validate.yml on the same lab nodes in make test).
 FULL_TIERS := $(TIERS) demo-test
 
 # The tiers in their lanes, then a table of each tier's lane, start and minutes (scripts/make-test.sh).
 test:
-	@MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS)" "$(LANE3_TIERS)"
+	@MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS)"
 
 # The same tiers with every exhaustive case as well (GPUOPS_TEST_FULL=1): each drift one by one, every MIG
 # config name, the molecule cases one by one (README, "Test tiers"). Run before resolving an issue that touches them.
 test-full:
-	@GPUOPS_TEST_FULL=1 MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS) demo-test" \
-	  "$(LANE3_TIERS)"
+	@GPUOPS_TEST_FULL=1 MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS) demo-test"
 
 setup:
 	@scripts/bootstrap.sh
@@ -96,16 +93,9 @@ daemon-image: setup
 
 # The end-to-end tier: a real control plane and GPU node containers (tests/e2e/lab.py). The first
 # run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
-# Its DRA modules in NVIDIA's dialect are a tier of their own, e2e-dra, on a lab of its own (instance 2), so that
-# make test runs them in another lane; `make e2e e2e-dra` runs the whole of tests/e2e.
 LAB_NODES ?= 2
-E2E_DRA_MODULES := tests/e2e/test_site_dra.py tests/e2e/test_site_dra_nvidia.py
-E2E_DRA_LAB_INSTANCE ?= 2
 e2e: setup
-	$(NEWEST) && python -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(E2E_DRA_MODULES)) tests/e2e
-
-e2e-dra: setup
-	$(NEWEST) && GPUOPS_LAB_INSTANCE=$(E2E_DRA_LAB_INSTANCE) python -m pytest -q -p no:cacheprovider $(E2E_DRA_MODULES)
+	$(NEWEST) && python -m pytest -q -p no:cacheprovider tests/e2e
 
 # The AWX path: the execution environment built (make ee), then site.yml run as AWX runs a job
 # (ansible-runner transmit | the EE's ansible-runner worker | process) over SSH against a lab of its own
