@@ -135,8 +135,8 @@ def allocated_devices(claim: dict[str, Any]) -> list[str]:
 
 def visible_devices(lab: Lab, node: str, pod: client.V1Pod) -> list[str]:
     """The UUIDs the claim's CDI spec gave the container's process: its GPUOPS_DEVICE_<NAME> variables, read from
-    /proc in the node. (The spec's NVIDIA_VISIBLE_DEVICES=<UUIDs> has become `void` by then: the nvidia runtime in
-    CDI mode applied nvidia-ctk's spec for those UUIDs, which sets it so; docs/compared-cdi.md.)"""
+    /proc in the node. (NVIDIA_VISIBLE_DEVICES is `void`: the claim's devices came as nvidia-ctk's devices too, and
+    both specs set it so; docs/compared-cdi.md.)"""
     container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
     environment = container_environment(lab, node, container_id)
     assert environment.get("NVIDIA_VISIBLE_DEVICES") == "void", environment.get("NVIDIA_VISIBLE_DEVICES")

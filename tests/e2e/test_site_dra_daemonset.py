@@ -123,8 +123,9 @@ def test_a_claim_container_sees_the_device_nodes_of_its_gpu(
     try:
         pod = running_pod(lab, name)
         container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
-        # The claim's GPU, by the variable its CDI spec sets (NVIDIA_VISIBLE_DEVICES is `void` once the nvidia
-        # runtime in CDI mode has applied nvidia-ctk's spec for it: docs/compared-cdi.md).
+        # The claim's GPU, by the variable its CDI spec sets (NVIDIA_VISIBLE_DEVICES is `void`: the pod's driver
+        # found nvidia-ctk's spec in the CDI directory it shares with the host and handed the GPU over as its device
+        # too; docs/compared-cdi.md).
         environment = container_environment(lab, ds.node, container_id)
         visible = [value for key, value in environment.items() if key.startswith("GPUOPS_DEVICE_")]
         assert len(visible) == 1, visible

@@ -341,8 +341,7 @@ def test_a_change_of_name_cut_short_is_finished_by_the_next_run_without_a_restar
 # replaced by the lab's (whose /bin/bash is the lab's pause program: a TEST DOUBLE of the demos' ubuntu image, which
 # keeps running the `bash -c ...` the demos give it), first to our driver under NVIDIA's name, then to NVIDIA's own
 # driver on the same node, per shape of the node's GPUs: gpu-test4 asks for MIG devices of A100 40GBs, so it runs with
-# the node's GPUs simulated as four of them (tests/fixtures/simulated/a100x4-mig.yaml), on NVIDIA's driver only for now
-# (docs/compared-dra.md says why). Left out, with
+# the node's GPUs simulated as four of them (tests/fixtures/simulated/a100x4-mig.yaml). Left out, with
 # docs/compared-dra.md's reasons: gpu-test5 (MPS, which this driver refuses), gpu-test6 (selects on an `index` attribute
 # neither driver publishes), the VFIO and IMEX specs, extended-resources/mig-1g-12gb.yaml (a GH200's MIG profile).
 DEMOS = {
@@ -665,10 +664,7 @@ def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) 
                 drivers.start_nvidia()
                 nvidia_running = True
             seen["ours" if ours else "nvidia"][shape] = drivers.published(shape, ours=ours)
-            # gpu-test4 does not run on ours yet: a container naming one request of its claim is given every MIG
-            # device of the claim (docs/compared-dra.md, "NVIDIA's demo claims").
-            if not ours:
-                seen["nvidia"][shape]["demos"] = run_demos(lab, flow.node, specs, shape)
+            seen["ours" if ours else "nvidia"][shape]["demos"] = run_demos(lab, flow.node, specs, shape)
             if ours:
                 drivers.stop_ours()
                 lab.node_exec(flow.node, "rm", "-rf", PLUGIN_DIR)
@@ -727,11 +723,15 @@ def test_nvidia_s_demo_claims_run_unchanged_on_ours_and_each_container_sees_exac
     assert_demo_allocations(demos["ours"]["h100x8"]["demos"], demos["ours"]["h100x8"]["devices"])
 
 
-def test_nvidia_s_mig_demo_runs_on_nvidia_s_driver_on_the_lab_s_a100s(demos: dict[str, Any]) -> None:
-    """gpu-test4 on NVIDIA's driver, on the lab's MIG capabilities (docs/lab.md): each container sees its GPU and the
-    capability nodes of exactly its MIG device's GPU and compute instance (run_demos)."""
-    nvidia = demos["nvidia"]["a100x4-mig"]
-    assert_demo_allocations(nvidia["demos"], nvidia["devices"])
+@pytest.mark.parametrize("driver", ["ours", "nvidia"])
+def test_nvidia_s_mig_demo_runs_on_both_drivers_on_the_lab_s_a100s(demos: dict[str, Any], driver: str) -> None:
+    """gpu-test4 on each driver, on the lab's MIG capabilities (docs/lab.md): each of a pod's four containers names one
+    request of the pod's claim and sees its GPU and the capability nodes of exactly its MIG device's GPU and compute
+    instance (run_demos), not those of the claim's other three: on ours, each device is handed over as the toolkit's CDI
+    device too and NVIDIA_VISIBLE_DEVICES is void (docs/dra.md, "What a container is given")."""
+    seen = demos[driver]["a100x4-mig"]
+    assert len(seen["demos"]) == len(DEMOS["a100x4-mig"])
+    assert_demo_allocations(seen["demos"], seen["devices"])
 
 
 @pytest.mark.parametrize("shape", DEMOS)
@@ -750,12 +750,15 @@ def test_nvidia_s_driver_on_the_same_node_publishes_our_devices(demos: dict[str,
         assert (name, ours[name]["capacity"]) == (name, device["capacity"])
 
 
-def test_nvidia_s_demo_claims_get_the_same_allocation_from_nvidia_s_driver_as_from_ours(demos: dict[str, Any]) -> None:
-    """The same allocation up to the names of the eight identical GPUs: NVIDIA's driver lists a slice's devices in no
-    fixed order (a Go map), and the scheduler takes the first device that fits, so which GPU a claim gets can differ
-    between two starts of NVIDIA's own driver. Per demo, per pod, per container: as many devices and device nodes, and
-    the same sharing (assert_demo_allocations)."""
-    ours, nvidia = demos["ours"]["h100x8"], demos["nvidia"]["h100x8"]
+@pytest.mark.parametrize("shape", DEMOS)
+def test_nvidia_s_demo_claims_get_the_same_allocation_from_nvidia_s_driver_as_from_ours(
+    demos: dict[str, Any], shape: str
+) -> None:
+    """The same allocation up to the names of identical GPUs: NVIDIA's driver lists a slice's devices in no fixed order
+    (a Go map), and the scheduler takes the first device that fits, so which GPU a claim gets can differ between two
+    starts of NVIDIA's own driver. Per demo, per pod, per container: as many devices and device nodes (a MIG device's
+    capability nodes among them), and the same sharing (assert_demo_allocations)."""
+    ours, nvidia = demos["ours"][shape], demos["nvidia"][shape]
     assert_demo_allocations(nvidia["demos"], nvidia["devices"])
 
     def counts(seen: dict[str, list[Any]]) -> dict[str, list[Any]]:

@@ -256,6 +256,21 @@ def test_toolkit_mirror():
     assert role.get("container_toolkit_gpg_key_url") == "http://127.0.0.1:38917/gpgkey"
 
 
+@pytest.mark.parametrize(
+    ("inventory", "wanted"),
+    [
+        ({}, False),
+        ({"container_toolkit_runtime_mode": "cdi"}, True),
+        ({"device_plugin_device_list_strategy": "cdi-cri"}, True),
+        # A DRA node: its driver hands claimed devices over as this specification's devices too (docs/dra.md).
+        ({"gpu_allocation_mode": "dra"}, True),
+        ({"gpu_allocation_mode": "device_plugin"}, False),
+    ],
+)
+def test_toolkit_cdi_specification_by_default(inventory, wanted):
+    assert RoleVars("container_toolkit", "debian12", **inventory).get("container_toolkit_cdi") is wanted
+
+
 # --- cuda_toolkit ----------------------------------------------------------------------------------
 
 

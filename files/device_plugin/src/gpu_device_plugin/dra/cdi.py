@@ -6,8 +6,16 @@ file renamed over the old) and removed on unprepare. Each device of the claim is
 never answer with a stale one; its fully-qualified ID is `gpuops.k8s/gpu=<claim UID>-<device name>`.
 
 What goes in is what the device plugin gives a container (allocation.py): the GPU's device node,
-the control device nodes, NVIDIA_VISIBLE_DEVICES with the UUIDs, and with the `mounts` strategy the
-host driver's libraries and tools plus LD_LIBRARY_PATH and PATH. Device nodes are listed only where
+the control device nodes, NVIDIA_VISIBLE_DEVICES, and with the `mounts` strategy the host driver's
+libraries and tools plus LD_LIBRARY_PATH and PATH.
+
+NVIDIA_VISIBLE_DEVICES is one value per container, whichever devices set it, while the kubelet gives each
+container only the devices of the requests it names. So where the NVIDIA Container Toolkit's own CDI spec
+(kind nvidia.com/gpu, `nvidia-ctk cdi generate`) names every device of the claim, each device is also handed
+over as the toolkit's device (`nvidia.com/gpu=<UUID>`: its device nodes, a MIG device's capability nodes, the
+driver's libraries and hooks) and the variable is `void`, so that the nvidia runtime adds nothing: a container
+gets exactly the devices of its requests. Where it does not, the variable names every UUID of the claim, and
+the nvidia runtime gives each container of the claim all of them. Device nodes are listed only where
 they exist when the claim is prepared (a simulated GPU has none); each device also sets
 GPUOPS_DEVICE_<NAME> to its UUID, so that no device is without edits, which CDI refuses. The spec's annotations name the
 claim and its devices with their UUIDs, so that the checkpoint can be rebuilt from the specs if it is lost (a spec
@@ -23,6 +31,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import yaml
+
 from gpu_device_plugin import allocation, hostdriver
 from gpu_device_plugin.config import MountsSettings
 from gpu_device_plugin.dra.devices import DraDevice
@@ -32,8 +42,15 @@ CLASS = "gpu"
 KIND = f"{VENDOR}/{CLASS}"
 CDI_VERSION = "0.6.0"  # the first version with annotations
 ANNOTATION_CLAIM = "gpuops.k8s/claim"  # <namespace>/<name>/<uid>
-ANNOTATION_DEVICES = "gpuops.k8s/devices"  # JSON: [{"device", "pool", "requests", "uuid"}]
+ANNOTATION_DEVICES = "gpuops.k8s/devices"  # JSON: [{"device", "pool", "requests", "uuid"[, "toolkit"]}]
+TOOLKIT_KIND = allocation.CDI_KIND  # the NVIDIA Container Toolkit's CDI specs: nvidia.com/gpu
+# Where CDI specs live (the CDI specification's defaults); the toolkit writes /var/run/cdi/nvidia.yaml or
+# /etc/cdi/nvidia.yaml.
+SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 _SPEC_FILE = re.compile(r"^" + re.escape(f"{VENDOR}-{CLASS}_") + r"(?P<uid>[A-Za-z0-9-]+)\.json$")
+
+
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class CdiError(OSError):
@@ -49,6 +66,16 @@ class PreparedDevice:
     requests: tuple[str, ...]
     cdi_id: str
     uuid: str = ""  # the GPU or MIG device's UUID: what the device is, whatever its name; "" when not known
+    toolkit_id: str = ""  # the toolkit's CDI device (nvidia.com/gpu=<UUID>) handed over with ours; "" when none
+
+    @property
+    def cdi_ids(self) -> list[str]:
+        """The CDI devices the kubelet hands to a container that uses this device."""
+        return [self.cdi_id, self.toolkit_id] if self.toolkit_id else [self.cdi_id]
+
+
+def toolkit_id(uuid: str) -> str:
+    return f"{TOOLKIT_KIND}={uuid}"
 
 
 def device_id(claim_uid: str, device: str) -> str:
@@ -79,8 +106,54 @@ def claim_uids_on_disk(cdi_dir: str) -> dict[str, str]:
     return found
 
 
+class ToolkitSpecs:
+    """The device names in the NVIDIA Container Toolkit's CDI specs (kind nvidia.com/gpu, JSON or YAML) found
+    in some directories. A file is read again only when its size or modification time changed; one that cannot
+    be read or parsed names no device."""
+
+    def __init__(self, dirs: Sequence[str]) -> None:
+        self.dirs = list(dict.fromkeys(os.path.normpath(d) for d in dirs))
+        self._files: dict[str, tuple[tuple[int, int], frozenset[str]]] = {}
+
+    def names(self) -> frozenset[str]:
+        found: set[str] = set()
+        seen: dict[str, tuple[tuple[int, int], frozenset[str]]] = {}
+        for directory in self.dirs:
+            try:
+                entries = sorted(os.listdir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                if not entry.endswith((".json", ".yaml", ".yml")) or _SPEC_FILE.match(entry):
+                    continue
+                path = os.path.join(directory, entry)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                stamp = (st.st_mtime_ns, st.st_size)
+                cached = self._files.get(path)
+                names = cached[1] if cached is not None and cached[0] == stamp else _toolkit_names(path)
+                seen[path] = (stamp, names)
+                found |= names
+        self._files = seen
+        return frozenset(found)
+
+
+def _toolkit_names(path: str) -> frozenset[str]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            spec = yaml.load(handle, Loader=_Loader)  # JSON is YAML
+        if not isinstance(spec, dict) or spec.get("kind") != TOOLKIT_KIND:
+            return frozenset()
+        return frozenset(str(d["name"]) for d in spec.get("devices") or [] if isinstance(d, dict) and d.get("name"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return frozenset()
+
+
 class SpecWriter:
-    """Builds and writes the specs; knows the host's driver files when the mounts strategy is on."""
+    """Builds and writes the specs; knows the host's driver files when the mounts strategy is on, and the
+    toolkit's CDI devices."""
 
     def __init__(
         self,
@@ -88,11 +161,23 @@ class SpecWriter:
         mounts: MountsSettings,
         strategies: Sequence[str],
         host_driver: Optional[hostdriver.HostDriver],
+        toolkit_dirs: Optional[Sequence[str]] = None,
     ) -> None:
         self.cdi_dir = cdi_dir
         self.mounts = mounts
         self.with_mounts = "mounts" in strategies
         self.host_driver = host_driver
+        if toolkit_dirs is None:
+            toolkit_dirs = [cdi_dir, *(mounts.local(d) for d in SPEC_DIRS)]
+        self.toolkit = ToolkitSpecs(toolkit_dirs)
+
+    def toolkit_ids(self, uuids: Sequence[str]) -> Optional[dict[str, str]]:
+        """UUID -> the toolkit's CDI device for each of these devices, when the toolkit's spec names every one
+        of them; None when it does not (no spec, or one written before a device was there)."""
+        names = self.toolkit.names()
+        if not uuids or not all(u and u in names for u in uuids):
+            return None
+        return {u: toolkit_id(u) for u in uuids}
 
     def _node(self, host_path: str) -> Optional[dict[str, str]]:
         if not os.path.exists(self.mounts.local(host_path)):
@@ -113,9 +198,12 @@ class SpecWriter:
                 edits["deviceNodes"] = [node]
             entries.append({"name": prepared.cdi_id.split("=", 1)[1], "containerEdits": edits})
         controls = [self._node(os.path.join(dev_root, n)) for n in hostdriver.CONTROL_DEVICES]
-        uuids = ",".join(dict.fromkeys(dra.uuid for dra, _prepared in devices))
+        if any(prepared.toolkit_id for _dra, prepared in devices):
+            visible = "void"  # the toolkit's devices bring each container its own; the nvidia runtime adds none
+        else:
+            visible = ",".join(dict.fromkeys(dra.uuid for dra, _prepared in devices))
         common: dict[str, Any] = {
-            "env": [f"{allocation.VISIBLE_DEVICES}={uuids}"],
+            "env": [f"{allocation.VISIBLE_DEVICES}={visible}"],
             "deviceNodes": [n for n in controls if n is not None],
         }
         if self.with_mounts and self.host_driver is not None:
@@ -131,7 +219,14 @@ class SpecWriter:
                 f"PATH={self.mounts.container_bin_dir}:{allocation.DEFAULT_PATH}",
             ]
         described = [
-            {"device": p.device, "pool": p.pool, "requests": list(p.requests), "uuid": dra.uuid} for dra, p in devices
+            {
+                "device": p.device,
+                "pool": p.pool,
+                "requests": list(p.requests),
+                "uuid": dra.uuid,
+                **({"toolkit": p.toolkit_id} if p.toolkit_id else {}),
+            }
+            for dra, p in devices
         ]
         return {
             "cdiVersion": CDI_VERSION,
@@ -177,6 +272,7 @@ def read_claim_from_spec(path: str) -> Optional[tuple[str, str, str, list[Prepar
                 tuple(d["requests"]),
                 device_id(uid, d["device"]),
                 str(d.get("uuid") or variables.get(device_variable(d["device"]), "")),
+                str(d.get("toolkit") or ""),
             )
             for d in json.loads(annotations[ANNOTATION_DEVICES])
         ]

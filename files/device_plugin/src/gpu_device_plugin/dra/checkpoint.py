@@ -6,7 +6,8 @@ is JSON with a SHA-256 checksum of its claims, written atomically before the kub
 A file that cannot be read or whose checksum does not match is renamed aside (never deleted) and the
 caller rebuilds what it can from the CDI specs on disk.
 
-Version 2 records each device's UUID beside its name. Version 1 (names only, when names were NVML
+Version 2 records each device's UUID beside its name, and the toolkit's CDI device handed over with it
+where there is one (cdi.py). Version 1 (names only, when names were NVML
 indices) is still read: its devices come back with an empty UUID, which the caller fills in
 (ClaimPreparer.load) before the file is written again as version 2."""
 
@@ -62,7 +63,15 @@ def _claim_json(c: PreparedClaim) -> dict[str, Any]:
         "namespace": c.namespace,
         "name": c.name,
         "devices": [
-            {"device": d.device, "pool": d.pool, "requests": list(d.requests), "uuid": d.uuid} for d in c.devices
+            {
+                "device": d.device,
+                "pool": d.pool,
+                "requests": list(d.requests),
+                "uuid": d.uuid,
+                # only when set: a checkpoint without it reads and checks as before
+                **({"toolkit": d.toolkit_id} if d.toolkit_id else {}),
+            }
+            for d in c.devices
         ],
     }
     if c.time_sliced:  # only then: a checkpoint without it reads and checks as before
@@ -119,6 +128,7 @@ class Checkpoint:
                             tuple(d["requests"]),
                             device_id(uid, d["device"]),
                             str(d.get("uuid") or ""),
+                            str(d.get("toolkit") or ""),
                         )
                         for d in entry["devices"]
                     ),

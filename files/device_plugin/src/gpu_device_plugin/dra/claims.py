@@ -88,12 +88,26 @@ class ClaimPreparer:
                         f" ResourceClaim {ref} cannot have it too."
                     )
         time_slices = self._time_slices(ref, claim, wanted, known)
+        toolkit = self.writer.toolkit_ids([known[d].uuid for d in wanted])
+        if toolkit is None and len(wanted) > 1:
+            log.warning(
+                "the NVIDIA Container Toolkit's CDI spec does not name every device of the claim, so each of its"
+                " containers is given every device of the claim (NVIDIA_VISIBLE_DEVICES), whichever requests it names",
+                extra={"claim": ref, "devices": sorted(wanted)},
+            )
         prepared = PreparedClaim(
             namespace,
             name,
             uid,
             tuple(
-                cdi.PreparedDevice(device, self.pool, tuple(requests), cdi.device_id(uid, device), known[device].uuid)
+                cdi.PreparedDevice(
+                    device,
+                    self.pool,
+                    tuple(requests),
+                    cdi.device_id(uid, device),
+                    known[device].uuid,
+                    (toolkit or {}).get(known[device].uuid, ""),
+                )
                 for device, requests in wanted.items()
             ),
             tuple(sorted(time_slices)),

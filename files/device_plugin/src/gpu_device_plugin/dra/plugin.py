@@ -94,7 +94,7 @@ class ClaimService:
                         request_names=list(device.requests),
                         pool_name=device.pool,
                         device_name=device.device,
-                        cdi_device_ids=[device.cdi_id],
+                        cdi_device_ids=device.cdi_ids,
                     )
         return response
 
