@@ -16,21 +16,25 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 # Python its sanity and units run on (scripts/ansible-test-matrix.sh): the oldest is requirements/controller-oldest.txt's,
 # the newest requirements/controller.txt's. README "Version matrix" says the same (tests/integration/test_agreements.py).
 ANSIBLE_CORE_MATRIX := 2.19.14/3.11 2.20.10/3.13 2.21.5/3.13
+# make test runs sanity and units on both ends of the range, make test-full on every minor of it (README).
+ANSIBLE_CORE_ENDS := $(firstword $(ANSIBLE_CORE_MATRIX)) $(lastword $(ANSIBLE_CORE_MATRIX))
+ANSIBLE_CORE_RUN = $(if $(filter 1,$(GPUOPS_TEST_FULL)),$(ANSIBLE_CORE_MATRIX),$(ANSIBLE_CORE_ENDS))
 # The newest controller's environment (requirements/e2e.txt) on the CPython scripts/build-python.sh builds: the e2e
 # tier and the demo run ansible-playbook from it. Every other tier runs on the oldest controller ($(VENV)).
 NEWEST = venv=$$(scripts/e2e-env.sh) && export PATH="$$venv/bin:$$PATH"
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule e2e lab-up lab-down collection bench clean
+.PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule molecule-default molecule-runtimes e2e lab-up lab-down collection bench clean
 
 # make test: setup first and alone, then two lanes side by side, each lane's tiers in order (scripts/make-test.sh).
 # A tier waits much of its time (apt in molecule's containers, the lab's pods, the integration tier's API servers), so
 # two lanes fill the two cores that one tier at a time leaves idle. The e2e tier (lab instance 0) and test-awx (lab
-# instance 1) have labs of their own. The integration tier's builds (scripts/build-early.sh, started with setup at
-# low priority) use the CPU that setup, lint and molecule's apt leave.
+# instance 1) have labs of their own; molecule's scenarios are split between the lanes (default in lane 2, the runtime
+# scenarios in lane 1, on containers and ports of their own). The integration tier's builds (scripts/build-early.sh,
+# started with setup) run beside lane 1's first tiers, which need none of them; its tests wait each for its own build.
 FIRST_TIERS := setup
-LANE1_TIERS := lint sanity units integration daemon daemon-py39 daemon-image test-awx demo-modules
-LANE2_TIERS := molecule e2e
+LANE1_TIERS := lint sanity units molecule-runtimes daemon daemon-py39 daemon-image integration test-awx demo-modules
+LANE2_TIERS := molecule-default e2e
 TIERS := $(FIRST_TIERS) $(LANE1_TIERS) $(LANE2_TIERS)
 # make test-full also runs the README's first command, after the e2e tier in its lane: the demo's lab is instance 0,
 # the e2e tier's (which runs site.yml and validate.yml on the same lab nodes in make test).
@@ -65,16 +69,14 @@ lint: setup
 	scripts/galaxy-importer.sh
 
 sanity: setup collection
-	scripts/ansible-test-matrix.sh sanity $(ANSIBLE_CORE_MATRIX)
+	scripts/ansible-test-matrix.sh sanity $(ANSIBLE_CORE_RUN)
 
 units: setup collection
-	scripts/ansible-test-matrix.sh units $(ANSIBLE_CORE_MATRIX)
+	scripts/ansible-test-matrix.sh units $(ANSIBLE_CORE_RUN)
 
+# Its tests that need a build (Kubernetes, containerd, NVIDIA's binaries) run last, and each waits for its build
+# (tests/integration/conftest.py), so the others run while scripts/build-early.sh is still building.
 integration: setup
-	scripts/build-containerd2.sh >/dev/null && scripts/build-containerd24.sh >/dev/null
-	scripts/build-containerd17.sh >/dev/null
-	scripts/build-nvidia-device-plugin.sh >/dev/null && scripts/build-toolkit-repo.sh >/dev/null
-	scripts/build-nvidia-dra-driver.sh >/dev/null
 	python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=20 tests/integration
 
 daemon: setup
@@ -114,6 +116,15 @@ lab-down:
 MOLECULE_SCENARIOS ?=
 molecule: setup
 	scripts/molecule.sh $(MOLECULE_SCENARIOS)
+
+# make test's two parts of it, one in each lane: the node scenario (make test-full: every scenario, the full-only
+# ones after it), and the runtime scenarios, which make test-full runs in molecule-default's place.
+MOLECULE_RUNTIMES := crio docker
+molecule-default: setup
+	$(if $(filter 1,$(GPUOPS_TEST_FULL)),scripts/molecule.sh,scripts/molecule.sh default)
+
+molecule-runtimes: setup
+	$(if $(filter 1,$(GPUOPS_TEST_FULL)),@echo "make test-full: molecule-default runs every scenario",scripts/molecule.sh $(MOLECULE_RUNTIMES))
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make test's builds started early: with the first tier, at low priority, while setup (downloads), lint, sanity and
-# units (mostly one process at a time on 2 cores) leave a core idle. Builds the CPython of the newer ansible-core
+# make test's builds started early: with the first tier, at the priority make test gives them (GPUOPS_BUILD_NICE, which
+# each build script's compiler runs at), while setup (downloads), lint, sanity and units (mostly one process at a time
+# on 2 cores) leave a core idle. Builds the CPython of the newer ansible-core
 # versions' sanity and units (the first tiers that need a build) and the newest controller's environment on it (the
 # e2e tier's), then what the integration tier needs: Kubernetes, containerd 2.1/2.4/1.7, NVIDIA's device plugin and
 # NVIDIA's DRA driver. Each build script takes its own lock and caches its output, so the tier that needs a build

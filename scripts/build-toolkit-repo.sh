@@ -65,7 +65,7 @@ chmod -R u+w "$work/src"
 log "building $module commands at v$version (cached in $GOCACHE)"
 for cmd in nvidia-ctk nvidia-container-runtime nvidia-container-runtime.cdi \
   nvidia-container-runtime.legacy nvidia-cdi-hook nvidia-container-runtime-hook; do
-  (cd "$work/src" && timeout 1200 nice go build -trimpath -buildvcs=false \
+  (cd "$work/src" && timeout 1200 nice -n "${GPUOPS_BUILD_NICE:-10}" go build -trimpath -buildvcs=false \
     -ldflags "-s -w -X $module/internal/info.version=$version" -o "$work/bin/$cmd" "./cmd/$cmd")
 done
 

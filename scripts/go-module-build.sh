@@ -46,6 +46,6 @@ go_module_build() {
   shift
   for cmd in "$@"; do
     log "building $cmd (cached in $GOCACHE)"
-    nice "$go" build -p "$jobs" -ldflags "$ldflags" -o "$bin/$cmd" "./cmd/$cmd"
+    nice -n "${GPUOPS_BUILD_NICE:-10}" "$go" build -p "$jobs" -ldflags "$ldflags" -o "$bin/$cmd" "./cmd/$cmd"
   done
 }

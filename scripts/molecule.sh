@@ -11,13 +11,25 @@ log() { printf '[molecule] %s\n' "$*" >&2; }
 scripts/build-base-image.sh >/dev/null
 GPUOPS_TOOLKIT_REPO=$(scripts/build-toolkit-repo.sh)
 export GPUOPS_TOOLKIT_REPO
-# The apt cache may already serve another run on this machine: stop it at the end only if it was started here.
-acng_pidfile=${GPUOPS_CACHE:-$HOME/.cache/gpuops}/apt-cacher-ng/run/apt-cacher-ng.pid
-acng_was_running=false
-if [ -f "$acng_pidfile" ] && kill -0 "$(cat "$acng_pidfile")" 2>/dev/null; then acng_was_running=true; fi
-GPUOPS_APT_PROXY=$(scripts/apt-cache.sh start)
+# The apt cache may already serve another run on this machine (make test runs molecule-default and molecule-runtimes
+# side by side): each run of this script holds a shared lock while it runs, and the last one to end stops the cache,
+# if a run of this script started it (one started by hand is left running).
+acng_run=${GPUOPS_CACHE:-$HOME/.cache/gpuops}/apt-cacher-ng/run
+mkdir -p "$acng_run"
+exec 9>"$acng_run/molecule.lock"
+flock -s 9
+acng_pidfile=$acng_run/apt-cacher-ng.pid
+if ! { [ -f "$acng_pidfile" ] && kill -0 "$(cat "$acng_pidfile")" 2>/dev/null; }; then touch "$acng_run/started-by-molecule"; fi
+GPUOPS_APT_PROXY=$(flock "$acng_run/start.lock" scripts/apt-cache.sh start)
 export GPUOPS_APT_PROXY
-if [ "$acng_was_running" = false ]; then trap 'scripts/apt-cache.sh stop' EXIT; fi
+stop_apt_cache() {
+  exec 9>&-
+  if flock -xn "$acng_run/molecule.lock" true && [ -e "$acng_run/started-by-molecule" ]; then
+    scripts/apt-cache.sh stop
+    rm -f "$acng_run/started-by-molecule"
+  fi
+}
+trap stop_apt_cache EXIT
 # Ports on the machine's 127.0.0.1 (the hosts use its network): the toolkit repository and the device
 # plugin's metrics endpoint in scenario default.
 export GPUOPS_TOOLKIT_REPO_PORT=${GPUOPS_TOOLKIT_REPO_PORT:-31210}

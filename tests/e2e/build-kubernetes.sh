@@ -88,7 +88,7 @@ for c in "${commands[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
 log "compiling ${commands[*]} with $jobs jobs (about 25 CPU-minutes the first time: 15 minutes on 2 idle cores, 40 on busy ones)"
 start=$(date +%s)
 /usr/bin/time -v -o "$out/build-time.txt" \
-  nice -n 10 "$go" build -p "$jobs" -ldflags "$ldflags" -o "$out/bin/" "${pkgs[@]}"
+  nice -n "${GPUOPS_BUILD_NICE:-10}" "$go" build -p "$jobs" -ldflags "$ldflags" -o "$out/bin/" "${pkgs[@]}"
 log "compiled in $(($(date +%s) - start)) s (details: $out/build-time.txt)"
 
 log "compiling the pause program"

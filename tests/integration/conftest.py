@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,25 @@ from local_api import ApiServerSettings, ScratchControlPlane
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = Path(__file__).resolve().parent / "configs"
+# What waits for a build: these fixtures, and a module that runs a build script itself.
+BUILD_FIXTURES = frozenset({"containerd2", "containerd17", "kubernetes_bin", "control_plane", "k3s_render"})
+BUILD_SCRIPT = re.compile(r"build-[a-z0-9-]+\.sh|built_containerd\(")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules that wait for a build (Kubernetes, containerd, NVIDIA's binaries: scripts/build-early.sh builds them
+    from make test's first minute) go last, each whole, in their order; the others first, so that on a cold machine
+    the tier's workers test what needs no build while the builds finish. The order is the same in every worker."""
+    texts: dict[Path, bool] = {}
+
+    def runs_a_build(item) -> bool:
+        path = Path(str(item.fspath))
+        if path not in texts:
+            texts[path] = bool(BUILD_SCRIPT.search(path.read_text(encoding="utf-8")))
+        return texts[path] or bool(BUILD_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+    late = {Path(str(item.fspath)) for item in items if runs_a_build(item)}
+    items.sort(key=lambda item: Path(str(item.fspath)) in late)
 
 
 @pytest.fixture(scope="session")

@@ -345,7 +345,12 @@ def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
     assert re.search(r"^TIERS := \$\(FIRST_TIERS\) \$\(LANE1_TIERS\) \$\(LANE2_TIERS\)$", makefile, re.M)
     full_tiers = re.search(r"^FULL_TIERS := \$\(TIERS\) (.*)$", makefile, re.M).group(1).split()
     demo = {"the demo"} if "demo-test" in full_tiers and "demo-test" not in tiers else set()
-    assert rows == marked | scenarios | demo
+    # ansible-core: make test runs the matrix's ends, make test-full every minor.
+    ends = re.search(r"^ANSIBLE_CORE_ENDS := (.*)$", makefile, re.M).group(1)
+    assert ends == "$(firstword $(ANSIBLE_CORE_MATRIX)) $(lastword $(ANSIBLE_CORE_MATRIX))"
+    middle = {"the ansible-core minors between the oldest and the newest"} if len(ansible_core_matrix()) > 2 else set()
+    rows |= set(re.findall(r"^\| (the ansible-core minors between the oldest and the newest) \|", table.group(1), re.M))
+    assert rows == marked | scenarios | demo | middle
     assert "test-full:" in makefile
 
 
