@@ -12,19 +12,26 @@ scripts/build-base-image.sh >/dev/null
 GPUOPS_TOOLKIT_REPO=$(scripts/build-toolkit-repo.sh)
 export GPUOPS_TOOLKIT_REPO
 # The apt cache may already serve another run on this machine (make test runs molecule-default and molecule-runtimes
-# side by side): each run of this script holds a shared lock while it runs, and the last one to end stops the cache,
-# if a run of this script started it (one started by hand is left running).
+# side by side): each run of this script records its PID while it runs, and the last one to end stops the cache, if a
+# run of this script started it (one started by hand is left running). No lock is held across the run: the cache's
+# daemon, started from here, would inherit it and hold it for its lifetime.
 acng_run=${GPUOPS_CACHE:-$HOME/.cache/gpuops}/apt-cacher-ng/run
-mkdir -p "$acng_run"
-exec 9>"$acng_run/molecule.lock"
-flock -s 9
+mkdir -p "$acng_run/users"
+touch "$acng_run/users/$$"
 acng_pidfile=$acng_run/apt-cacher-ng.pid
 if ! { [ -f "$acng_pidfile" ] && kill -0 "$(cat "$acng_pidfile")" 2>/dev/null; }; then touch "$acng_run/started-by-molecule"; fi
-GPUOPS_APT_PROXY=$(flock "$acng_run/start.lock" scripts/apt-cache.sh start)
+# flock -o: the lock's descriptor is closed before the command runs, so the daemon it starts does not hold it.
+GPUOPS_APT_PROXY=$(flock -o "$acng_run/start.lock" scripts/apt-cache.sh start)
 export GPUOPS_APT_PROXY
 stop_apt_cache() {
-  exec 9>&-
-  if flock -xn "$acng_run/molecule.lock" true && [ -e "$acng_run/started-by-molecule" ]; then
+  rm -f "$acng_run/users/$$"
+  local user
+  for user in "$acng_run"/users/*; do
+    [ -e "$user" ] || continue
+    if kill -0 "$(basename "$user")" 2>/dev/null; then return 0; fi
+    rm -f "$user" # a run that ended without its trap
+  done
+  if [ -e "$acng_run/started-by-molecule" ]; then
     scripts/apt-cache.sh stop
     rm -f "$acng_run/started-by-molecule"
   fi
