@@ -18,7 +18,9 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 ANSIBLE_CORE_MATRIX := 2.19.14/3.11 2.20.10/3.13 2.21.5/3.13
 # make test runs sanity and units on both ends of the range, make test-full on every minor of it (README).
 ANSIBLE_CORE_ENDS := $(firstword $(ANSIBLE_CORE_MATRIX)) $(lastword $(ANSIBLE_CORE_MATRIX))
-ANSIBLE_CORE_RUN = $(if $(filter 1,$(GPUOPS_TEST_FULL)),$(ANSIBLE_CORE_MATRIX),$(ANSIBLE_CORE_ENDS))
+# Non-empty under make test-full (GPUOPS_TEST_FULL=1, which scripts/make-test.sh passes on).
+FULL = $(filter 1,$(GPUOPS_TEST_FULL))
+ANSIBLE_CORE_RUN = $(if $(FULL),$(ANSIBLE_CORE_MATRIX),$(ANSIBLE_CORE_ENDS))
 # The newest controller's environment (requirements/e2e.txt) on the CPython scripts/build-python.sh builds: the e2e
 # tier and the demo run ansible-playbook from it. Every other tier runs on the oldest controller ($(VENV)).
 NEWEST = venv=$$(scripts/e2e-env.sh) && export PATH="$$venv/bin:$$PATH"
@@ -121,10 +123,10 @@ molecule: setup
 # ones after it), and the runtime scenarios, which make test-full runs in molecule-default's place.
 MOLECULE_RUNTIMES := crio docker
 molecule-default: setup
-	$(if $(filter 1,$(GPUOPS_TEST_FULL)),scripts/molecule.sh,scripts/molecule.sh default)
+	$(if $(FULL),scripts/molecule.sh,scripts/molecule.sh default)
 
 molecule-runtimes: setup
-	$(if $(filter 1,$(GPUOPS_TEST_FULL)),@echo "make test-full: molecule-default runs every scenario",scripts/molecule.sh $(MOLECULE_RUNTIMES))
+	$(if $(FULL),@echo "make test-full: molecule-default runs every scenario",scripts/molecule.sh $(MOLECULE_RUNTIMES))
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; python "$$b"; done
