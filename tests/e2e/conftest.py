@@ -96,6 +96,16 @@ class Lab:
             time.sleep(interval)
         pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})")
 
+    def terminating_pods(self, node: str) -> list[str]:
+        """``namespace/name`` of the node's pods that are being deleted (the kubelet still tearing them down)."""
+        pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+        return [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods if p.metadata.deletion_timestamp]
+
+    def wait_pods_gone(self, node: str, timeout: float = 180) -> None:
+        """Wait until no pod on the node is being deleted: a pod's teardown (its sandbox's network, its volumes)
+        writes on the node, so a test that looks at what changed on the node starts after it."""
+        self.wait_until(f"no terminating pod on {node}", lambda: not self.terminating_pods(node), timeout=timeout)
+
     def node_ready(self, node: str, since: datetime | None = None) -> bool:
         """Whether the node is Ready, optionally by a kubelet heartbeat at or after ``since``."""
         conditions = self.node(node).status.conditions or []

@@ -265,11 +265,19 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
         for deployment in apps.list_namespaced_deployment(
             NAMESPACE, label_selector=f"app.kubernetes.io/part-of={PART_OF}"
         ).items:
-            apps.delete_namespaced_deployment(deployment.metadata.name, NAMESPACE)
+            apps.delete_namespaced_deployment(deployment.metadata.name, NAMESPACE, propagation_policy="Foreground")
         client.PolicyV1Api(lab.api).delete_collection_namespaced_pod_disruption_budget(
             NAMESPACE, label_selector=f"app.kubernetes.io/part-of={PART_OF}"
         )
         lab.core.delete_collection_namespaced_pod(NAMESPACE, label_selector=f"app.kubernetes.io/part-of={PART_OF}")
+        # Gone before the next module looks at the nodes (a pod's teardown writes on its node).
+        lab.wait_until(
+            "the module's pods gone",
+            lambda: (
+                not lab.core.list_namespaced_pod(NAMESPACE, label_selector=f"app.kubernetes.io/part-of={PART_OF}").items
+            ),
+            timeout=180,
+        )
         for node, spec in specs.items():
             data = yaml.safe_load(spec.read_text())
             for gpu in data["gpus"]:

@@ -97,6 +97,9 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> SiteFlow:
 
     packages_before = packages(lab, node)
     classes_before = runtime_classes(lab)
+    # A pod an earlier module deleted may still be torn down (its sandbox's CNI results are removed from
+    # /var/lib/cni): that would read as a write of the check run.
+    lab.wait_pods_gone(node)
     lab.node_exec(node, "touch", "/run/gpuops-check-mark")
     check = run_playbook("site.yml", inventory, "--check", "--diff", extra_vars=extra_vars, limit=node)
     written = lab.node_exec(node, "sh", "-c", SNAPSHOT).stdout.split()
