@@ -341,6 +341,7 @@ MOCK_NVML_FORMAT = "gpuops-mock-nvml 2"
 _PCI_DEVICE_IDS = {
     "NVIDIA H100 80GB HBM3": 0x2330,
     "NVIDIA H100 PCIe": 0x2331,
+    "NVIDIA H100 NVL": 0x2321,
     "NVIDIA H200": 0x2335,
     "NVIDIA A100-SXM4-40GB": 0x20B0,
     "NVIDIA A100-SXM4-80GB": 0x20B2,
@@ -397,6 +398,19 @@ _MIG_H100_80GB = (
     (3, 5, "4g.40gb", 4, 1, 40448, 64, 4, 4, 0, 4, 0, 4, (0,)),
     (4, 0, "7g.80gb", 7, 1, 81152, 132, 8, 7, 0, 7, 1, 8, (0,)),
 )
+# The H100 NVL (94 GB; device ID 0x2321 in NVIDIA/open-gpu-kernel-modules' README, "Compatible GPUs"):
+# `nvidia-smi mig -lgip` and `-lgipp` as listed on one under driver 560.35.03 (github.com/AlizeeChen11/mig-and-mps,
+# mig/README.md at 2f332263): the MiB of 1g.12gb, 1g.24gb and 3g.47gb as its MIG devices there report them,
+# 7g.94gb's from the listing's 93.12 GiB (95360 MiB, the nearest 128 MiB).
+_MIG_H100_NVL = (
+    (0, 19, "1g.12gb", 1, 7, 11008, 16, 1, 1, 0, 1, 0, 1, _MIG_PLACEMENTS_1),
+    (7, 20, "1g.12gb+me", 1, 1, 11008, 16, 1, 1, 0, 1, 1, 1, _MIG_PLACEMENTS_1),
+    (9, 15, "1g.24gb", 1, 4, 22144, 26, 1, 1, 0, 1, 0, 2, (0, 2, 4, 6)),
+    (1, 14, "2g.24gb", 2, 3, 22144, 32, 2, 2, 0, 2, 0, 2, (0, 2, 4)),
+    (2, 9, "3g.47gb", 3, 2, 47488, 60, 3, 3, 0, 3, 0, 4, (0, 4)),
+    (3, 5, "4g.47gb", 4, 1, 47488, 64, 4, 4, 0, 4, 0, 4, (0,)),
+    (4, 0, "7g.94gb", 7, 1, 95360, 132, 8, 7, 0, 7, 1, 8, (0,)),
+)
 # The H200's 1g.35gb has the memory of its 2g.35gb, and its 3g.71gb and 4g.71gb twice that and 256 MiB, as
 # the H100's and A100's listings have it; their SMs are those of the H100's profiles of the same slices.
 _MIG_H200 = (
@@ -414,6 +428,7 @@ MIG_PRODUCTS = {
     "NVIDIA A100-SXM4-80GB": _MIG_A100_80GB,
     "NVIDIA A100 80GB PCIe": _MIG_A100_80GB,
     "NVIDIA H100 80GB HBM3": _MIG_H100_80GB,
+    "NVIDIA H100 NVL": _MIG_H100_NVL,
     "NVIDIA H200": _MIG_H200,
 }
 MIG_MEMORY_SLICES = 8

@@ -5,7 +5,7 @@ driver serves the name (its DeviceClass in the cluster, its ResourceSlices on th
 change of name that an earlier run left half done. Last, NVIDIA's own demo specs run on our driver, then on NVIDIA's
 driver (gpu-kubelet-plugin v0.5.0, built by scripts/build-nvidia-dra-driver.sh) on the same node with the same kubelet:
 the two publish the same devices, and every claim gets the same devices from both; then both again with the node's GPUs
-simulated as four A100s in MIG mode: the same MIG devices from both, and NVIDIA's MIG demo on NVIDIA's driver.
+simulated as four A100s and two H100 NVLs in MIG mode: the same MIG devices from both, and NVIDIA's MIG demos on both.
 
 Proven against the lab's real kube-apiserver, scheduler, ResourceClaim controller, kubelet and containerd 1.7, with
 the lab's mock NVIDIA driver (docs/mock-nvml.md). The time slice is set through a TEST DOUBLE of nvidia-smi (the lab
@@ -340,10 +340,11 @@ def test_a_change_of_name_cut_short_is_finished_by_the_next_run_without_a_restar
 # NVIDIA's own demo specs of its DRA driver (v0.5.0's module, demo/specs), applied with only the container image
 # replaced by the lab's (whose /bin/bash is the lab's pause program: a TEST DOUBLE of the demos' ubuntu image, which
 # keeps running the `bash -c ...` the demos give it), first to our driver under NVIDIA's name, then to NVIDIA's own
-# driver on the same node, per shape of the node's GPUs: gpu-test4 asks for MIG devices of A100 40GBs, so it runs with
-# the node's GPUs simulated as four of them (tests/fixtures/simulated/a100x4-mig.yaml). Left out, with
+# driver on the same node, per shape of the node's GPUs: gpu-test4 asks for MIG devices of A100 40GBs and
+# extended-resources/mig-1g-12gb.yaml for a 1g.12gb (a profile of the H100 NVL and the GH200), so they run with the
+# node's GPUs simulated as four A100s and two H100 NVLs (tests/fixtures/simulated/mig-demos.yaml). Left out, with
 # docs/compared-dra.md's reasons: gpu-test5 (MPS, which this driver refuses), gpu-test6 (selects on an `index` attribute
-# neither driver publishes), the VFIO and IMEX specs, extended-resources/mig-1g-12gb.yaml (a GH200's MIG profile).
+# neither driver publishes), the VFIO and IMEX specs.
 DEMOS = {
     "h100x8": (
         "quickstart/v1/gpu-test1.yaml",
@@ -351,10 +352,10 @@ DEMOS = {
         "quickstart/v1/gpu-test3.yaml",
         "extended-resources/gpu-full.yaml",
     ),
-    "a100x4-mig": ("quickstart/v1/gpu-test4.yaml",),
+    "mig-demos": ("quickstart/v1/gpu-test4.yaml", "extended-resources/mig-1g-12gb.yaml"),
 }
-# The devices each shape publishes: 8 GPUs; 4 GPUs in MIG mode with 4 MIG devices each.
-DEVICES = {"h100x8": 8, "a100x4-mig": 16}
+# The devices each shape publishes: 8 GPUs; 4 GPUs in MIG mode with 4 MIG devices each and 2 with 7 each.
+DEVICES = {"h100x8": 8, "mig-demos": 30}
 # NVIDIA's driver on the lab node: its binary and a TEST DOUBLE of the GPUs' PCI devices in sysfs (the node's sysfs is
 # this machine's, with no NVIDIA device), which NVIDIA's driver reads through its own NVIDIA_DRA_SYSFS_ROOT.
 NVIDIA_UNIT = "gpuops-lab-nvidia-dra"
@@ -456,18 +457,20 @@ def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[di
     nvidia.com/gpu, which another node's device plugin could serve) and wait for its pods. Per namespace, per pod
     (sorted, as pod names are random), per container: its devices and the NVIDIA device nodes it sees. Every container
     sees exactly its devices' GPUs, and a capability node for each MIG device's GPU and compute instance. The
-    namespaces are gone when it returns, so every claim is unprepared."""
+    namespaces (and the DeviceClasses a demo brings) are gone when it returns, so every claim is unprepared."""
     spec_path = Path(run_lab("spec-path", node.rsplit("-", 1)[1]).strip())
     others = [n for n in lab.nodes if n != node]
     for other in others:
         lab.core.patch_node(other, {"spec": {"unschedulable": True}})
     namespaces: list[str] = []
+    device_classes: list[str] = []
     seen: dict[str, list[dict[str, Any]]] = {}
     try:
         for path in DEMOS[shape]:
             documents = [d for d in yaml.safe_load_all((specs / path).read_text()) if d]
             (namespace,) = [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"]
             namespaces.append(namespace)
+            device_classes += [d["metadata"]["name"] for d in documents if d["kind"] == "DeviceClass"]
             apply([with_lab_image(d) for d in documents])
             try:
                 pods = lab.wait_until(
@@ -515,6 +518,8 @@ def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[di
             # The demos' containers wait for SIGTERM; nothing of theirs needs a grace period.
             lab.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
             lab.core.delete_namespace(namespace)
+        for name in device_classes:
+            client.CustomObjectsApi(lab.api).delete_cluster_custom_object(*RESOURCE, "deviceclasses", name)
         for other in others:
             lab.core.patch_node(other, {"spec": {"unschedulable": False}})
         lab.wait_until(
@@ -642,9 +647,9 @@ class NodeDrivers:
 def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) -> Iterator[dict[str, Any]]:
     """Per driver and shape: the driver's devices and slices on the node, and what NVIDIA's demos got from it. Ours runs
     first, as the flow left it (h100x8); then NVIDIA's driver on the same node, ours stopped and its plugin directory
-    set aside; then, with the node's GPUs replaced by the A100s, NVIDIA's driver again and ours from an empty plugin
-    directory, as on a new node (ours keeps the names it gave GPUs it no longer sees). Ours, its plugin directory and
-    the node's GPUs are as they were afterwards."""
+    set aside; then, with the node's GPUs replaced by the MIG shape's, NVIDIA's driver again and ours from an empty
+    plugin directory, as on a new node (ours keeps the names it gave GPUs it no longer sees). Ours, its plugin directory
+    and the node's GPUs are as they were afterwards."""
     binary, specs = nvidia_build()
     drivers = NodeDrivers(lab, flow.node, binary)
     seen: dict[str, dict[str, Any]] = {"ours": {}, "nvidia": {}}
@@ -655,7 +660,7 @@ def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) 
     logs: list[str] = []
     nvidia_running = False
     try:
-        for shape, ours in (("h100x8", False), ("a100x4-mig", False), ("a100x4-mig", True)):
+        for shape, ours in (("h100x8", False), ("mig-demos", False), ("mig-demos", True)):
             if shape != "h100x8" and not ours:
                 drivers.simulate(shape)
             if ours:
@@ -694,8 +699,9 @@ def assert_demo_allocations(seen: dict[str, list[Any]], devices: dict[str, dict[
     template: two different GPUs. gpu-test2: one pod, two containers sharing one GPU. gpu-test3: two pods sharing one
     claim: the same GPU. gpu-full: one GPU through the DeviceClass's extended-resource mapping. On the four A100s:
     gpu-test4, four pods of four containers, each container one MIG device of the profile its request names, all four
-    of a pod on one GPU (the claim's matchAttribute on parentUUID), so that each pod has a GPU of its own. (run_demos
-    checked each container's device nodes.)"""
+    of a pod on one GPU (the claim's matchAttribute on parentUUID), so that each pod has a GPU of its own. On the H100
+    NVLs: mig-1g-12gb, one container with one 1g.12gb MIG device through its DeviceClass's extended-resource mapping
+    (nvidia.com/mig-1g.12gb). (run_demos checked each container's device nodes.)"""
     if "gpu-test4" in seen:
         pods = seen["gpu-test4"]
         assert len(pods) == 4
@@ -705,6 +711,10 @@ def assert_demo_allocations(seen: dict[str, list[Any]], devices: dict[str, dict[
             assert profiles == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
             assert len({gpu for c in containers for gpu in c["gpus"]}) == 1
         assert len({containers[0]["gpus"][0] for containers in pods}) == 4
+        ((mig,),) = seen["extended-resource-mig-1g12gb"]
+        (device,) = [devices[d]["attributes"] for d in mig["devices"]]
+        assert (device["profile"]["string"], device["productName"]["string"]) == ("1g.12gb", "NVIDIA H100 NVL")
+        assert len(mig["gpus"]) == 1
         return
     (one,), (two,) = seen["gpu-test1"]
     assert len(one["gpus"]) == len(two["gpus"]) == 1 and one["gpus"] != two["gpus"]
@@ -724,13 +734,14 @@ def test_nvidia_s_demo_claims_run_unchanged_on_ours_and_each_container_sees_exac
 
 
 @pytest.mark.parametrize("driver", ["ours", "nvidia"])
-def test_nvidia_s_mig_demo_runs_on_both_drivers_on_the_lab_s_a100s(demos: dict[str, Any], driver: str) -> None:
-    """gpu-test4 on each driver, on the lab's MIG capabilities (docs/lab.md): each of a pod's four containers names one
-    request of the pod's claim and sees its GPU and the capability nodes of exactly its MIG device's GPU and compute
-    instance (run_demos), not those of the claim's other three: on ours, each device is handed over as the toolkit's CDI
-    device too and NVIDIA_VISIBLE_DEVICES is void (docs/dra.md, "What a container is given")."""
-    seen = demos[driver]["a100x4-mig"]
-    assert len(seen["demos"]) == len(DEMOS["a100x4-mig"])
+def test_nvidia_s_mig_demos_run_on_both_drivers_on_the_lab_s_mig_gpus(demos: dict[str, Any], driver: str) -> None:
+    """gpu-test4 and mig-1g-12gb on each driver, on the lab's MIG capabilities (docs/lab.md). In gpu-test4 each of a
+    pod's four containers names one request of the pod's claim and sees its GPU and the capability nodes of exactly its
+    MIG device's GPU and compute instance (run_demos), not those of the claim's other three: on ours, each device is
+    handed over as the toolkit's CDI device too and NVIDIA_VISIBLE_DEVICES is void (docs/dra.md, "What a container is
+    given"). mig-1g-12gb's pod gets a 1g.12gb of an H100 NVL through the extended resource its DeviceClass maps."""
+    seen = demos[driver]["mig-demos"]
+    assert len(seen["demos"]) == len(DEMOS["mig-demos"])
     assert_demo_allocations(seen["demos"], seen["devices"])
 
 

@@ -228,7 +228,7 @@ def test_specs_by_name_or_path(tmp_path: Path) -> None:
     own.write_text("gpus: []\n")
     assert resolve_spec(str(own)) == own
     with pytest.raises(
-        LabError, match=r"^no simulated-GPU spec 'v100' \(give a file, or one of: a100-mig a100x4-mig h100x8 t4x1"
+        LabError, match=r"^no simulated-GPU spec 'v100' \(give a file, or one of: a100-mig h100x8 mig-demos t4x1"
     ):
         resolve_spec("v100")
 

@@ -337,8 +337,9 @@ def _nvidia_profile_name(nvml, mig) -> str:
         (None, [("1g.5gb+me", 4864), ("1c.3g.20gb", 19968), ("1g.10gb", 9856)]),
         (("NVIDIA H100 80GB HBM3", 81559), [("2c.4g.40gb", 40448), ("1g.20gb", 20096), ("1g.10gb+me", 9984)]),
         (("NVIDIA H200", 143771), [("3g.71gb", 66816), ("2g.35gb", 33280), ("1g.35gb", 33280)]),
+        (("NVIDIA H100 NVL", 95830), [("3g.47gb", 47488), ("1g.24gb", 22144), ("1g.12gb", 11008)]),
     ],
-    ids=["fixture", "suffixes", "h100", "h200"],
+    ids=["fixture", "suffixes", "h100", "h200", "h100-nvl"],
 )
 def test_mig_profiles_are_named_as_nvidias_libraries_name_them(tmp_path, product, profiles):
     spec = fixture("a100-mig.yaml")

@@ -23,6 +23,7 @@ PRODUCTS = {
     "NVIDIA A100-SXM4-40GB": (40960, "8.0"),
     "NVIDIA A100-SXM4-80GB": (81920, "8.0"),
     H100: (81559, "9.0"),
+    "NVIDIA H100 NVL": (95830, "9.0"),
     "NVIDIA H200": (143771, "9.0"),
 }
 # NVIDIA's profiles per product (MIG user guide, "Supported MIG Profiles"; IDs and placements as
@@ -32,6 +33,7 @@ NAMES = {
     "NVIDIA A100-SXM4-40GB": ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
     "NVIDIA A100-SXM4-80GB": ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
     H100: ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "NVIDIA H100 NVL": ["1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"],
     "NVIDIA H200": ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
 }
 ONE_SLICE = [(start, 1) for start in range(7)]

@@ -89,10 +89,11 @@ def build_images(cfg: LabConfig, bin_dir: Path) -> str:
                 succeeds(["podman", "rmi", stale])
 
     # The pause image is rebuilt only when the pause binary or its recipe changes (their hash is a label). The same
-    # program is also /bin/bash: a demo pod whose image is replaced by this one (NVIDIA's demo specs run
-    # `bash -c "nvidia-smi -L; ... sleep"`, tests/e2e/test_site_dra_nvidia.py) runs it as its command and keeps
-    # running, so the pod's GPUs can be read from its container. A TEST DOUBLE of the demos' ubuntu image.
-    recipe = 'FROM scratch\nCOPY pause /pause\nCOPY pause /bin/bash\nENTRYPOINT ["/pause"]\n'
+    # program is also /bin/bash and /bin/sh: a demo pod whose image is replaced by this one (NVIDIA's demo specs run
+    # `bash -c "nvidia-smi -L; ... sleep"` or `sh -c "nvidia-smi; sleep 3600"`, tests/e2e/test_site_dra_nvidia.py)
+    # runs it as its command and keeps running, so the pod's GPUs can be read from its container. A TEST DOUBLE of the
+    # demos' ubuntu and CUDA sample images.
+    recipe = 'FROM scratch\nCOPY pause /pause\nCOPY pause /bin/bash\nCOPY pause /bin/sh\nENTRYPOINT ["/pause"]\n'
     pause_sum = hashlib.sha256((bin_dir / "pause").read_bytes() + recipe.encode()).hexdigest()[:16]
     label = output(["podman", "image", "inspect", "--format", '{{index .Labels "gpuops.pause"}}', PAUSE_IMAGE])
     rebuilt = (label or "").strip() != pause_sum

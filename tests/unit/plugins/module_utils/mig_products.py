@@ -14,6 +14,7 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import 
 A100_40GB = "NVIDIA A100-SXM4-40GB"
 A100_80GB = "NVIDIA A100-SXM4-80GB"
 H100_80GB = "NVIDIA H100 80GB HBM3"
+H100_NVL = "NVIDIA H100 NVL"
 H200 = "NVIDIA H200"
 
 # name: (PCI device ID as NVML packs it, device << 16 | vendor; memory MiB as NVML reports it)
@@ -21,6 +22,7 @@ PRODUCTS = {
     A100_40GB: (0x20B010DE, 40960),
     A100_80GB: (0x20B210DE, 81920),
     H100_80GB: (0x233010DE, 81559),
+    H100_NVL: (0x232110DE, 95830),
     H200: (0x233510DE, 143771),
 }
 
