@@ -342,9 +342,10 @@ def test_a_change_of_name_cut_short_is_finished_by_the_next_run_without_a_restar
 # keeps running the `bash -c ...` the demos give it), first to our driver under NVIDIA's name, then to NVIDIA's own
 # driver on the same node, per shape of the node's GPUs: gpu-test4 asks for MIG devices of A100 40GBs and
 # extended-resources/mig-1g-12gb.yaml for a 1g.12gb (a profile of the H100 NVL and the GH200), so they run with the
-# node's GPUs simulated as four A100s and two H100 NVLs (tests/fixtures/simulated/mig-demos.yaml). Left out, with
-# docs/compared-dra.md's reasons: gpu-test5 (MPS, which this driver refuses), gpu-test6 (selects on an `index` attribute
-# neither driver publishes), the VFIO and IMEX specs.
+# node's GPUs simulated as four A100s in MIG mode, two whole A100s and two H100 NVLs in MIG mode
+# (tests/fixtures/simulated/mig-demos.yaml). gpu-test6 selects whole A100s on an `index` attribute that neither driver
+# publishes: it is applied to both and must be refused by the scheduler alike (UNALLOCATABLE). Left out, with
+# docs/compared-dra.md's reasons: gpu-test5 (MPS, which this driver refuses), the VFIO and IMEX specs.
 DEMOS = {
     "h100x8": (
         "quickstart/v1/gpu-test1.yaml",
@@ -354,8 +355,12 @@ DEMOS = {
     ),
     "mig-demos": ("quickstart/v1/gpu-test4.yaml", "extended-resources/mig-1g-12gb.yaml"),
 }
-# The devices each shape publishes: 8 GPUs; 4 GPUs in MIG mode with 4 MIG devices each and 2 with 7 each.
-DEVICES = {"h100x8": 8, "mig-demos": 30}
+# Demos no driver can serve, per shape: applied after the others; their pods stay unscheduled, and what the scheduler
+# says of them is recorded (the CEL runtime error it gives).
+UNALLOCATABLE = {"mig-demos": ("quickstart/v1/gpu-test6.yaml",)}
+# The devices each shape publishes: 8 GPUs; 4 GPUs in MIG mode with 4 MIG devices each, 2 whole GPUs, and 2 GPUs in MIG
+# mode with 7 each.
+DEVICES = {"h100x8": 8, "mig-demos": 32}
 # NVIDIA's driver on the lab node: its binary and a TEST DOUBLE of the GPUs' PCI devices in sysfs (the node's sysfs is
 # this machine's, with no NVIDIA device), which NVIDIA's driver reads through its own NVIDIA_DRA_SYSFS_ROOT.
 NVIDIA_UNIT = "gpuops-lab-nvidia-dra"
@@ -456,7 +461,8 @@ def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[di
     """Apply each demo of the shape in turn on the node (the other nodes cordoned: the extended-resource demo asks for
     nvidia.com/gpu, which another node's device plugin could serve) and wait for its pods. Per namespace, per pod
     (sorted, as pod names are random), per container: its devices and the NVIDIA device nodes it sees. Every container
-    sees exactly its devices' GPUs, and a capability node for each MIG device's GPU and compute instance. The
+    sees exactly its devices' GPUs, and a capability node for each MIG device's GPU and compute instance. Then the
+    shape's UNALLOCATABLE demos, each recorded as the set of CEL runtime errors the scheduler gives its pods. The
     namespaces (and the DeviceClasses a demo brings) are gone when it returns, so every claim is unprepared."""
     spec_path = Path(run_lab("spec-path", node.rsplit("-", 1)[1]).strip())
     others = [n for n in lab.nodes if n != node]
@@ -513,6 +519,20 @@ def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[di
                     containers.append({"devices": devices, "gpus": gpus, "nodes": nodes})
                 records.append(containers)
             seen[namespace] = sorted(records, key=json.dumps)
+        for path in UNALLOCATABLE.get(shape, ()):
+            documents = [d for d in yaml.safe_load_all((specs / path).read_text()) if d]
+            (namespace,) = [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"]
+            namespaces.append(namespace)
+            apply([with_lab_image(d) for d in documents])
+            replicas = sum(d["spec"]["replicas"] for d in documents if d["kind"] == "Deployment")
+            errors = lab.wait_until(
+                f"the scheduler's verdict on every pod of {namespace}",
+                lambda ns=namespace, replicas=replicas: (
+                    len(found := scheduling_errors(lab, ns)) == replicas and all(found.values()) and found
+                ),
+                timeout=120,
+            )
+            seen[namespace] = sorted({error for error in errors.values()})
     finally:
         for namespace in namespaces:
             # The demos' containers wait for SIGTERM; nothing of theirs needs a grace period.
@@ -528,6 +548,19 @@ def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[di
             timeout=180,
         )
     return seen
+
+
+def scheduling_errors(lab: Lab, namespace: str) -> dict[str, str]:
+    """Per pod of the namespace: the CEL runtime error its PodScheduled condition gives, without the names of the claim
+    and the device it failed on ("" while it has none); every pod must be unscheduled."""
+    errors = {}
+    for pod in lab.core.list_namespaced_pod(namespace).items:
+        assert pod.spec.node_name is None, f"{namespace}/{pod.metadata.name} was scheduled"
+        messages = [c.message or "" for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+        errors[pod.metadata.name] = next(
+            (m.split("CEL runtime error: ", 1)[1] for m in messages if "CEL runtime error: " in m), ""
+        )
+    return errors
 
 
 def delete_slices(lab: Lab, node: str) -> None:
@@ -703,6 +736,10 @@ def assert_demo_allocations(seen: dict[str, list[Any]], devices: dict[str, dict[
     NVLs: mig-1g-12gb, one container with one 1g.12gb MIG device through its DeviceClass's extended-resource mapping
     (nvidia.com/mig-1g.12gb). (run_demos checked each container's device nodes.)"""
     if "gpu-test4" in seen:
+        # NVIDIA's gpu-test6 asks for whole A100s by `index`: an attribute neither driver publishes, so the scheduler's
+        # CEL evaluation fails on the first A100 it tries, and no pod is scheduled.
+        (error,) = seen["gpu-test6"]
+        assert error.startswith("no such key: index"), error
         pods = seen["gpu-test4"]
         assert len(pods) == 4
         for containers in pods:
@@ -741,7 +778,7 @@ def test_nvidia_s_mig_demos_run_on_both_drivers_on_the_lab_s_mig_gpus(demos: dic
     handed over as the toolkit's CDI device too and NVIDIA_VISIBLE_DEVICES is void (docs/dra.md, "What a container is
     given"). mig-1g-12gb's pod gets a 1g.12gb of an H100 NVL through the extended resource its DeviceClass maps."""
     seen = demos[driver]["mig-demos"]
-    assert len(seen["demos"]) == len(DEMOS["mig-demos"])
+    assert len(seen["demos"]) == len(DEMOS["mig-demos"]) + len(UNALLOCATABLE["mig-demos"])
     assert_demo_allocations(seen["demos"], seen["devices"])
 
 
@@ -768,13 +805,18 @@ def test_nvidia_s_demo_claims_get_the_same_allocation_from_nvidia_s_driver_as_fr
     """The same allocation up to the names of identical GPUs: NVIDIA's driver lists a slice's devices in no fixed order
     (a Go map), and the scheduler takes the first device that fits, so which GPU a claim gets can differ between two
     starts of NVIDIA's own driver. Per demo, per pod, per container: as many devices and device nodes (a MIG device's
-    capability nodes among them), and the same sharing (assert_demo_allocations)."""
+    capability nodes among them), and the same sharing (assert_demo_allocations). A demo neither can serve
+    (UNALLOCATABLE): the same error from the scheduler on both."""
     ours, nvidia = demos["ours"][shape], demos["nvidia"][shape]
     assert_demo_allocations(nvidia["demos"], nvidia["devices"])
 
     def counts(seen: dict[str, list[Any]]) -> dict[str, list[Any]]:
         return {
-            namespace: sorted([[len(c["devices"]), len(c["nodes"])] for c in containers] for containers in pods)
+            namespace: (
+                pods
+                if all(isinstance(p, str) for p in pods)
+                else sorted([[len(c["devices"]), len(c["nodes"])] for c in containers] for containers in pods)
+            )
             for namespace, pods in seen.items()
         }
 
