@@ -532,7 +532,7 @@ def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[di
                 ),
                 timeout=120,
             )
-            seen[namespace] = sorted({error for error in errors.values()})
+            seen[namespace] = sorted(set(errors.values()))
     finally:
         for namespace in namespaces:
             # The demos' containers wait for SIGTERM; nothing of theirs needs a grace period.
