@@ -44,7 +44,8 @@ start=$(date +%s)
 # so fetch the module source through the module proxy and build it as the main module, with its own
 # go.mod and go.sum. The btrfs snapshotter needs C headers that are not installed here and the tests
 # do not use it: CGO is off and the build tags drop the cgo-only pieces. -p 1 keeps the build polite
-# on a shared machine.
+# on a shared machine. No debug information (-dwarf=false, -s -w), as tests/e2e/build-kubernetes.sh builds: less work,
+# and the packages both builds share (the standard library among them) compile once in Go's cache.
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 if ! src=$(cd "$work" && GOFLAGS=-mod=mod "$go" mod download -json "$module@$version" \
@@ -55,7 +56,7 @@ fi
 cp -r "$src" "$work/src"
 chmod -R u+w "$work/src"
 if ! (cd "$work/src" && GOGC=${GPUOPS_BUILD_GOGC:-400} GOFLAGS=-mod=mod CGO_ENABLED=0 timeout 1800 "$go" build -p 1 -trimpath \
-  -tags 'no_btrfs no_devmapper no_zfs no_aufs' -o "$bin" ./cmd/containerd) >"$dest/build.log" 2>&1; then
+  -gcflags all=-dwarf=false -ldflags '-s -w' -tags 'no_btrfs no_devmapper no_zfs no_aufs' -o "$bin" ./cmd/containerd) >"$dest/build.log" 2>&1; then
   echo "build-containerd: go build failed; see $dest/build.log" >&2
   tail -20 "$dest/build.log" >&2
   exit 1

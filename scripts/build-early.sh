@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # make test's builds started early: with the first tier, at the priority make test gives them (GPUOPS_BUILD_NICE, which
-# each build script's compiler runs at), while setup (downloads), lint, sanity and units (mostly one process at a time
-# on 2 cores) leave a core idle. Builds the CPython of the newer ansible-core
-# versions' sanity and units (the first tiers that need a build) and the newest controller's environment on it (the
-# e2e tier's), then what the integration tier needs: Kubernetes, containerd 2.1/2.4/1.7, NVIDIA's device plugin and
-# NVIDIA's DRA driver. Each build script takes its own lock and caches its output, so the tier that needs a build
-# waits for this one, or builds it itself if this one failed (its error is then the tier's). Warm, every call returns at once.
+# each build script's compiler runs at), in two chains side by side:
+#   - Kubernetes, then containerd 2.1/2.4/1.7, NVIDIA's device plugin and NVIDIA's DRA driver: what the integration
+#     tier and the lab need, Kubernetes first (the e2e tier waits for it, and it is the longest: about 18 CPU-minutes);
+#   - the CPython of the newer ansible-core versions' sanity and units (the first tiers that need a build) and the
+#     newest controller's environment on it (the e2e tier's).
+# One chain left Kubernetes waiting seven minutes for CPython, and ended at minute 46 of a cold run on 2 cores
+# (docs/performance.md, "Cold CI"). Each build script takes its own lock and caches its output, so the tier that needs
+# a build waits for this one, or builds it itself if this one failed (its error is then the tier's). Warm, every call
+# returns at once.
 # The build scripts run Go's compiler and linker with GOGC=400 (GPUOPS_BUILD_GOGC): `go build std` from an empty
 # cache took 88.9 CPU-seconds with it against 98.6 with Go's default of 100 (one run each, on 2 busy cores); the
 # Kubernetes build peaked at 2.6 GB at 100, and the machines have 24 GB.
@@ -13,14 +16,21 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 log=${1:-/dev/null}
-{
-  # The Kubernetes build times itself with /usr/bin/time, which the setup tier installs on a machine without it.
-  for _ in $(seq 900); do [ -x /usr/bin/time ] && break; sleep 1; done
-  for build in scripts/build-python.sh scripts/e2e-env.sh tests/e2e/build-kubernetes.sh scripts/build-containerd2.sh \
-    scripts/build-containerd24.sh scripts/build-containerd17.sh scripts/build-nvidia-device-plugin.sh \
-    scripts/build-nvidia-dra-driver.sh; do
+chain() {
+  local build start rc
+  for build in "$@"; do
     start=$(date +%s)
     if "$here/$build" >/dev/null; then rc=0; else rc=$?; fi
-    printf '[build-early] %s: exit %s in %s s\n' "$build" "$rc" "$(($(date +%s) - start))"
+    printf '[build-early] %s: exit %s in %s s (ended at %s s)\n' "$build" "$rc" "$(($(date +%s) - start))" \
+      "$(($(date +%s) - begin))"
   done
+}
+{
+  begin=$(date +%s)
+  # The Kubernetes build times itself with /usr/bin/time, which the setup tier installs on a machine without it.
+  for _ in $(seq 900); do [ -x /usr/bin/time ] && break; sleep 1; done
+  chain tests/e2e/build-kubernetes.sh scripts/build-containerd2.sh scripts/build-containerd24.sh \
+    scripts/build-containerd17.sh scripts/build-nvidia-device-plugin.sh scripts/build-nvidia-dra-driver.sh &
+  chain scripts/build-python.sh scripts/e2e-env.sh &
+  wait
 } >>"$log" 2>&1

@@ -8,9 +8,13 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 log() { printf '[molecule] %s\n' "$*" >&2; }
 
-scripts/build-base-image.sh >/dev/null
+# The image (debootstrap: mostly downloads and dpkg) and the repository (a Go build) side by side: on a cold machine
+# each takes minutes before the first scenario can start.
+scripts/build-base-image.sh >/dev/null &
+base_image=$!
 GPUOPS_TOOLKIT_REPO=$(scripts/build-toolkit-repo.sh)
 export GPUOPS_TOOLKIT_REPO
+wait "$base_image" || { log "scripts/build-base-image.sh failed"; exit 1; }
 # The apt cache may already serve another run on this machine (make test runs molecule-default and molecule-runtimes
 # side by side): each run of this script records its PID while it runs, and the last one to end stops the cache, if a
 # run of this script started it (one started by hand is left running). No lock is held across the run: the cache's
