@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make test's builds started early: with the first tier, at the priority make test gives them (GPUOPS_BUILD_NICE, which
 # each build script's compiler runs at), in two chains side by side:
-#   - Kubernetes, then containerd 2.1/2.4/1.7, NVIDIA's device plugin and NVIDIA's DRA driver: what the integration
-#     tier and the lab need, Kubernetes first (the e2e tier waits for it, and it is the longest: about 18 CPU-minutes);
+#   - Kubernetes, then containerd 1.7, 2.1 and 2.4, NVIDIA's device plugin and NVIDIA's DRA driver: what the
+#     integration tier and the lab need, in the order the e2e tier needs them (Kubernetes, the longest at about 18
+#     CPU-minutes, and the lab nodes' containerd 1.7 when it starts; NVIDIA's binaries in its later modules);
 #   - the CPython of the newer ansible-core versions' sanity and units (the first tiers that need a build) and the
 #     newest controller's environment on it (the e2e tier's).
 # One chain left Kubernetes waiting seven minutes for CPython, and ended at minute 46 of a cold run on 2 cores
@@ -29,8 +30,8 @@ chain() {
   begin=$(date +%s)
   # The Kubernetes build times itself with /usr/bin/time, which the setup tier installs on a machine without it.
   for _ in $(seq 900); do [ -x /usr/bin/time ] && break; sleep 1; done
-  chain tests/e2e/build-kubernetes.sh scripts/build-containerd2.sh scripts/build-containerd24.sh \
-    scripts/build-containerd17.sh scripts/build-nvidia-device-plugin.sh scripts/build-nvidia-dra-driver.sh &
+  chain tests/e2e/build-kubernetes.sh scripts/build-containerd17.sh scripts/build-containerd2.sh \
+    scripts/build-containerd24.sh scripts/build-nvidia-device-plugin.sh scripts/build-nvidia-dra-driver.sh &
   chain scripts/build-python.sh scripts/e2e-env.sh &
   wait
 } >>"$log" 2>&1
