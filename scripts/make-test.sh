@@ -31,7 +31,8 @@ table() {
 # The builds the integration tier needs first start in the background with the first tier (scripts/build-early.sh:
 # they need only Go, which the machine has), and are waited for (or stopped, after a failure) before the table. They
 # run at the tiers' priority (GPUOPS_BUILD_NICE, 0): on a cold machine they are what the integration tier and the lab
-# wait for. On 2 busy cores they ended near minute 48 both at nice 15 and at 0 (docs/performance.md, "Cold CI").
+# wait for. On 2 busy cores, in two chains, Kubernetes was ready at minute 23 and every build at 39 (docs/performance.md,
+# "Cold CI").
 early_pid='' early_log=$(mktemp)
 early_builds() {
   if [ -n "$early_pid" ]; then

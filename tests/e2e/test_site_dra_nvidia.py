@@ -5,7 +5,9 @@ driver serves the name (its DeviceClass in the cluster, its ResourceSlices on th
 change of name that an earlier run left half done. Last, NVIDIA's own demo specs run on our driver, then on NVIDIA's
 driver (gpu-kubelet-plugin v0.5.0, built by scripts/build-nvidia-dra-driver.sh) on the same node with the same kubelet:
 the two publish the same devices, and every claim gets the same devices from both; then both again with the node's GPUs
-simulated as four A100s and two H100 NVLs in MIG mode: the same MIG devices from both, and NVIDIA's MIG demos on both.
+simulated as four A100s and two H100 NVLs in MIG mode and two whole A100s: the same MIG devices from both, NVIDIA's MIG
+demos on both, and NVIDIA's gpu-test6 refused alike by the scheduler on both (it selects on an attribute, `index`, that
+neither driver publishes).
 
 Proven against the lab's real kube-apiserver, scheduler, ResourceClaim controller, kubelet and containerd 1.7, with
 the lab's mock NVIDIA driver (docs/mock-nvml.md). The time slice is set through a TEST DOUBLE of nvidia-smi (the lab
