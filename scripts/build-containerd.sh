@@ -44,8 +44,9 @@ start=$(date +%s)
 # so fetch the module source through the module proxy and build it as the main module, with its own
 # go.mod and go.sum. The btrfs snapshotter needs C headers that are not installed here and the tests
 # do not use it: CGO is off and the build tags drop the cgo-only pieces. -p 1 keeps the build polite
-# on a shared machine. No debug information (-dwarf=false, -s -w), as tests/e2e/build-kubernetes.sh builds: less work,
-# and the packages both builds share (the standard library among them) compile once in Go's cache.
+# on a shared machine. No debug information (-dwarf=false, -s -w): less work, and the compiler flags of
+# tests/e2e/build-kubernetes.sh, which builds in the same Go cache, so the packages both use (the standard library
+# among them) can be served from it to the second build.
 work=$(mktemp -d)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 if ! src=$(cd "$work" && GOFLAGS=-mod=mod "$go" mod download -json "$module@$version" \
