@@ -18,9 +18,9 @@ tarball=python${minor}_${version}.orig.tar.xz
 sha256=93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640
 # How it is built; with the source's checksum, the key of the cached build. Without the test modules (the C
 # extensions and Lib/test that only CPython's own test suite uses: a third of the files `make install` byte-compiles
-# three times) and without debug information (OPT: CPython's default less -g; -O3 kept), which the controller never
-# needs: less work for a cold run, which is CPU-bound (docs/performance.md, "Cold CI").
-configure_flags=(--with-ensurepip=install --disable-test-modules "OPT=-DNDEBUG -O3 -Wall")
+# three times) and without debug information (OPT: CPython's default less -g; configure adds -DNDEBUG to it), which
+# the controller never needs: less work for a cold run, which is CPU-bound (docs/performance.md, "Cold CI").
+configure_flags=(--with-ensurepip=install --disable-test-modules "OPT=-O3 -Wall")
 out="$cache/python-$version-$(printf '%s\n' "$sha256" "${configure_flags[@]}" | sha256sum | cut -c1-12)"
 # shellcheck source=scripts/build-once.sh
 . "$here/scripts/build-once.sh"
