@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -367,6 +369,36 @@ def test_node_image_tag_follows_its_inputs() -> None:
     assert tag.startswith("localhost/gpuops-lab-node:")
     assert tag != nodes.node_image_tag("sha256:other")
     assert E2E / "node" / "cleanup.sh" in nodes.node_image_inputs()
+
+
+def test_labs_of_two_instances_build_the_shared_images_one_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    """Two labs coming up at once (make test's e2e and e2e-dra tiers, instances 0 and 2) build the node and pause
+    images, which every instance shares, one after the other: the second waits for the first's lock."""
+    inside: list[int] = []
+    overlaps: list[int] = []
+    guard = threading.Lock()
+
+    def build(cfg: LabConfig, bin_dir: Path) -> str:
+        with guard:
+            inside.append(cfg.instance)
+            overlaps.append(len(inside))
+        time.sleep(0.3)
+        with guard:
+            inside.remove(cfg.instance)
+        return f"image-{cfg.instance}"
+
+    monkeypatch.setattr(nodes, "_build_images", build)
+    results: dict[int, str] = {}
+    labs = [
+        threading.Thread(target=lambda i=i: results.update({i: nodes.build_images(config(tmp_path, i), tmp_path)}))
+        for i in (0, 2)
+    ]
+    for lab in labs:
+        lab.start()
+    for lab in labs:
+        lab.join()
+    assert results == {0: "image-0", 2: "image-2"}
+    assert overlaps == [1, 1]
 
 
 def test_own_cgroups_are_exact(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ removed afterwards.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import re
 import shutil
@@ -56,7 +57,18 @@ def node_image_tag(base_id: str) -> str:
 
 def build_images(cfg: LabConfig, bin_dir: Path) -> str:
     """The node image (the shared Debian 12 systemd image plus containerd, runc, the CNI plugins and sshd
-    from Debian) and the pause image (a static pause program in a scratch image); returns the node image."""
+    from Debian) and the pause image (a static pause program in a scratch image); returns the node image.
+
+    Labs of other instances share both images: one lab at a time builds them (a lock in the cache), so that two labs
+    coming up at once (the e2e and e2e-dra tiers of make test) do not build the same image side by side, or one of
+    them remove an image the other is still tagging."""
+    cfg.cache.mkdir(parents=True, exist_ok=True)
+    with open(cfg.cache / "lab-images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_images(cfg, bin_dir)
+
+
+def _build_images(cfg: LabConfig, bin_dir: Path) -> str:
     base = run([REPO / "scripts" / "build-base-image.sh"], what="scripts/build-base-image.sh").stdout.strip()
     base_id = run(["podman", "image", "inspect", "--format", "{{.Id}}", base]).stdout.strip()
     image = node_image_tag(base_id)
