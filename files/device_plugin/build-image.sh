@@ -27,6 +27,10 @@ done
 log() { printf '[device-plugin-image] %s\n' "$*" >&2; }
 
 base=$("$repo/scripts/build-base-image.sh")
+# One build at a time: make test's tiers can ask for the image side by side (daemon-image, e2e and e2e-dra).
+mkdir -p "$cache"
+exec 8>"$cache/device-plugin-image.lock"
+flock 8
 base_id=$(podman image inspect --format '{{.Id}}' "$base")
 hash=$( (cd "$here" && find -L src -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum;
          sha256sum Containerfile build-image.sh lower_bounds.py pyproject.toml; echo "$base_id") | sha256sum | cut -c1-12)
