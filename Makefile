@@ -26,34 +26,30 @@ ANSIBLE_CORE_RUN = $(if $(FULL),$(ANSIBLE_CORE_MATRIX),$(ANSIBLE_CORE_ENDS))
 NEWEST = venv=$$(scripts/e2e-env.sh) && export PATH="$$venv/bin:$$PATH"
 PLUGIN_DIR := files/device_plugin
 
-.PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule molecule-default molecule-runtimes e2e e2e-dra lab-up lab-down collection bench clean
+.PHONY: demo demo-clean demo-test demo-modules test test-full test-awx setup ee lint sanity units integration daemon daemon-py39 daemon-image molecule molecule-default molecule-runtimes e2e lab-up lab-down collection bench clean
 
-# make test: setup first and alone, then three lanes side by side, each lane's tiers in order (scripts/make-test.sh).
+# make test: setup first and alone, then two lanes side by side, each lane's tiers in order (scripts/make-test.sh).
 # A tier waits much of its time (apt in molecule's containers, the lab's pods, the integration tier's API servers), so
-# lanes fill the two cores that one tier at a time leaves idle. The e2e tier (lab instance 0), e2e-dra (instance 2)
-# and test-awx (instance 1) have labs of their own; molecule's scenarios are split between lanes (default in lane 2,
-# the runtime scenarios in lane 3, on containers and ports of their own). The builds (scripts/build-early.sh, started
-# with setup) run beside lane 1's first tiers and molecule-default, which need none of them. Lane 3 starts with
-# e2e-dra, which on a cold machine waits for Kubernetes and the lab nodes' containerd without using a core: lane 3
-# adds no work beside the builds, and the e2e tiers' two halves run side by side once Kubernetes is ready.
+# two lanes fill the two cores that one tier at a time leaves idle. The e2e tier (lab instance 0) and test-awx (lab
+# instance 1) have labs of their own; molecule's scenarios are split between the lanes (default in lane 2, the runtime
+# scenarios in lane 1, on containers and ports of their own). The integration tier's builds (scripts/build-early.sh,
+# started with setup) run beside lane 1's first tiers, which need none of them; its tests wait each for its own build.
 FIRST_TIERS := setup
-LANE1_TIERS := lint sanity units daemon daemon-py39 daemon-image integration demo-modules
+LANE1_TIERS := lint sanity units molecule-runtimes daemon daemon-py39 daemon-image integration test-awx demo-modules
 LANE2_TIERS := molecule-default e2e
-LANE3_TIERS := e2e-dra molecule-runtimes test-awx
-TIERS := $(FIRST_TIERS) $(LANE1_TIERS) $(LANE2_TIERS) $(LANE3_TIERS)
+TIERS := $(FIRST_TIERS) $(LANE1_TIERS) $(LANE2_TIERS)
 # make test-full also runs the README's first command, after the e2e tier in its lane: the demo's lab is instance 0,
 # the e2e tier's (which runs site.yml and validate.yml on the same lab nodes in make test).
 FULL_TIERS := $(TIERS) demo-test
 
 # The tiers in their lanes, then a table of each tier's lane, start and minutes (scripts/make-test.sh).
 test:
-	@MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS)" "$(LANE3_TIERS)"
+	@MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS)"
 
 # The same tiers with every exhaustive case as well (GPUOPS_TEST_FULL=1): each drift one by one, every MIG
 # config name, the molecule cases one by one (README, "Test tiers"). Run before resolving an issue that touches them.
 test-full:
-	@GPUOPS_TEST_FULL=1 MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS) demo-test" \
-	  "$(LANE3_TIERS)"
+	@GPUOPS_TEST_FULL=1 MAKE="$(MAKE)" scripts/make-test.sh "$(FIRST_TIERS)" "$(LANE1_TIERS)" "$(LANE2_TIERS) demo-test"
 
 setup:
 	@scripts/bootstrap.sh
@@ -101,18 +97,9 @@ daemon-image: setup
 
 # The end-to-end tier: a real control plane and GPU node containers (tests/e2e/lab.py). The first
 # run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
-# Its DRA modules are a tier of their own, e2e-dra, on a lab of its own (instance 2), so that make test runs the two
-# halves side by side; `make e2e e2e-dra` runs the whole of tests/e2e. e2e-dra waits first for the builds its lab needs
-# (each build script waits for the one scripts/build-early.sh runs), so that the lab's start is not what waits.
 LAB_NODES ?= 2
-E2E_DRA_MODULES := tests/e2e/test_site_dra.py tests/e2e/test_site_dra_daemonset.py tests/e2e/test_site_dra_nvidia.py
-E2E_DRA_LAB_INSTANCE ?= 2
 e2e: setup
-	$(NEWEST) && python -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(E2E_DRA_MODULES)) tests/e2e
-
-e2e-dra: setup
-	tests/e2e/build-kubernetes.sh >/dev/null && scripts/build-containerd17.sh >/dev/null
-	$(NEWEST) && GPUOPS_LAB_INSTANCE=$(E2E_DRA_LAB_INSTANCE) python -m pytest -q -p no:cacheprovider $(E2E_DRA_MODULES)
+	$(NEWEST) && python -m pytest -q -p no:cacheprovider tests/e2e
 
 # The AWX path: the execution environment built (make ee), then site.yml run as AWX runs a job
 # (ansible-runner transmit | the EE's ansible-runner worker | process) over SSH against a lab of its own

@@ -27,7 +27,7 @@ done
 log() { printf '[device-plugin-image] %s\n' "$*" >&2; }
 
 base=$("$repo/scripts/build-base-image.sh")
-# One build at a time: make test's tiers can ask for the image side by side (daemon-image, e2e and e2e-dra).
+# One build at a time: make test's tiers can ask for the image side by side (daemon-image and e2e, in two lanes).
 mkdir -p "$cache"
 exec 8>"$cache/device-plugin-image.lock"
 flock 8

@@ -9,9 +9,7 @@ from it, the kubelet asks the daemon to prepare them over its DRA socket, and co
 per-claim CDI spec into the container: NVIDIA_VISIBLE_DEVICES and the device nodes of exactly its GPUs.
 Pods run on containerd's default runtime, NVIDIA's nvidia-container-runtime in CDI mode.
 
-The module runs first in the e2e-dra tier (make test runs it on a lab of its own, instance 2): it makes the first
-node a device_plugin node when it is not one (after test_site.py, in `make e2e` run whole, it already is), and
-leaves it so.
+The module runs after test_site.py, which leaves the first node in device_plugin mode, and leaves it so.
 """
 
 from __future__ import annotations

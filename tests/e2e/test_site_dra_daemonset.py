@@ -1,7 +1,6 @@
 """site.yml with the DRA driver in daemonset mode, on a node shaped like one with NVIDIA's driver.
 
-The lab's last node, put under the device plugin's DaemonSet first as test_site_daemonset.py does (daemonset_node.py;
-in the e2e-dra tier this module's lab is not the e2e tier's), moves to
+The lab's last node (the one test_site_daemonset.py runs the device plugin's DaemonSet on) moves to
 gpu_allocation_mode=dra: the DRA driver's DaemonSet pod reads the node's 8 simulated GPUs through NVML (the
 node's mock libnvidia-ml.so.1, docs/mock-nvml.md, with the spec the only stand-ins), found under the node's
 root mounted read-only at /driver-root, publishes them in a ResourceSlice, and writes per-claim CDI specs
@@ -20,8 +19,7 @@ DaemonSet to the device plugin's systemd service, and back.
 Last, the driver takes NVIDIA's name, gpu.nvidia.com, through its DaemonSet (test_site_dra_nvidia.py does it under
 systemd): the pod restarts under the new name, the old name's slices and files go, the admission policy follows.
 
-At the end the node goes back to the device plugin's DaemonSet, as test_upgrade_driver.py expects it where one lab
-runs the whole of tests/e2e (`make e2e e2e-dra` with one GPUOPS_LAB_INSTANCE).
+At the end the node goes back to the device plugin's DaemonSet, as test_upgrade_driver.py expects it.
 """
 
 from __future__ import annotations

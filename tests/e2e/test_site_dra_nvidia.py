@@ -11,8 +11,8 @@ neither driver publishes).
 
 Proven against the lab's real kube-apiserver, scheduler, ResourceClaim controller, kubelet and containerd 1.7, with
 the lab's mock NVIDIA driver (docs/mock-nvml.md). The time slice is set through a TEST DOUBLE of nvidia-smi (the lab
-has none) that logs the arguments it is given on the node. The module runs after test_site_dra.py (both in the e2e-dra
-tier), which leaves the first node in device_plugin mode, and leaves it so.
+has none) that logs the arguments it is given on the node. The module runs after test_site_dra.py, which leaves the
+first node in device_plugin mode, and leaves it so.
 """
 
 from __future__ import annotations

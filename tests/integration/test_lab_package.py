@@ -372,7 +372,7 @@ def test_node_image_tag_follows_its_inputs() -> None:
 
 
 def test_labs_of_two_instances_build_the_shared_images_one_at_a_time(tmp_path: Path, monkeypatch) -> None:
-    """Two labs coming up at once (make test's e2e and e2e-dra tiers, instances 0 and 2) build the node and pause
+    """Two labs coming up at once (make test's e2e tier and test-awx run in two lanes) build the node and pause
     images, which every instance shares, one after the other: the second waits for the first's lock."""
     inside: list[int] = []
     overlaps: list[int] = []

@@ -60,8 +60,8 @@ def build_images(cfg: LabConfig, bin_dir: Path) -> str:
     from Debian) and the pause image (a static pause program in a scratch image); returns the node image.
 
     Labs of other instances share both images: one lab at a time builds them (a lock in the cache), so that two labs
-    coming up at once (the e2e and e2e-dra tiers of make test) do not build the same image side by side, or one of
-    them remove an image the other is still tagging."""
+    coming up at once (make test's e2e tier and test-awx, instances 0 and 1, in two lanes) do not build the same image
+    side by side, or one of them remove an image the other is still tagging."""
     cfg.cache.mkdir(parents=True, exist_ok=True)
     with open(cfg.cache / "lab-images.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
