@@ -5,11 +5,6 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 GPUOPS_CACHE ?= $(HOME)/.cache/gpuops
 export GPUOPS_CACHE
-# pip installs without byte-compiling every module of every package (pip's --no-compile: PIP_NO_COMPILE carries the
-# value of pip's `compile` setting, so 0 turns it off); Python compiles a module when it is first imported, into the
-# same __pycache__. A cold make test builds some 15 environments (the tools', ansible-test's, the e2e tier's, ...):
-# ansible-core, kubernetes and pylint took 14.5 CPU-seconds to install with the compilation and 3.8 without.
-export PIP_NO_COMPILE := 0
 # Every file requirements/test.txt includes is hashed with it, so that a changed pin makes a new environment
 # (scripts/bootstrap.sh computes the same hash).
 REQ_HASH := $(shell cat requirements/controller-oldest.txt requirements/test.txt requirements/mitogen.txt | sha256sum | cut -c1-12)

@@ -7,12 +7,9 @@
 #   - the CPython of the newer ansible-core versions' sanity and units (the first tiers that need a build) and the
 #     newest controller's environment on it (the e2e tier's).
 # One chain left Kubernetes waiting seven minutes for CPython, and ended at minute 46 of a cold run on 2 cores
-# (docs/performance.md, "Cold CI"). The builds after the lab nodes' containerd (containerd 2.1 and 2.4, NVIDIA's device
-# plugin and DRA driver: about 12 CPU-minutes) run at GPUOPS_BUILD_LATER_NICE (10) more: on a cold machine they ran
-# from minute 27 to 39 beside the e2e tier and lane 1, and no tier needs them before the integration tier's last
-# modules and the e2e tier's NVIDIA modules, 10 and more minutes after; niced, they take the CPU those tiers leave.
-# Each build script takes its own lock and caches its output, so the tier that needs a build waits for this one, or
-# builds it itself if this one failed (its error is then the tier's). Warm, every call returns at once.
+# (docs/performance.md, "Cold CI"). Each build script takes its own lock and caches its output, so the tier that needs
+# a build waits for this one, or builds it itself if this one failed (its error is then the tier's). Warm, every call
+# returns at once.
 # The build scripts run Go's compiler and linker with GOGC=400 (GPUOPS_BUILD_GOGC): `go build std` from an empty
 # cache took 88.9 CPU-seconds with it against 98.6 with Go's default of 100 (one run each, on 2 busy cores); the
 # Kubernetes build peaked at 2.6 GB at 100, and the machines have 24 GB.
@@ -20,14 +17,11 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 log=${1:-/dev/null}
-later=${GPUOPS_BUILD_LATER_NICE:-10}
-# chain NICENESS BUILD...: the builds one after the other, each at NICENESS more than make test gives them.
 chain() {
-  local niceness=$1 build start rc
-  shift
+  local build start rc
   for build in "$@"; do
     start=$(date +%s)
-    if nice -n "$niceness" "$here/$build" >/dev/null; then rc=0; else rc=$?; fi
+    if "$here/$build" >/dev/null; then rc=0; else rc=$?; fi
     printf '[build-early] %s: exit %s in %s s (ended at %s s)\n' "$build" "$rc" "$(($(date +%s) - start))" \
       "$(($(date +%s) - begin))"
   done
@@ -36,11 +30,8 @@ chain() {
   begin=$(date +%s)
   # The Kubernetes build times itself with /usr/bin/time, which the setup tier installs on a machine without it.
   for _ in $(seq 900); do [ -x /usr/bin/time ] && break; sleep 1; done
-  {
-    chain 0 tests/e2e/build-kubernetes.sh scripts/build-containerd17.sh
-    chain "$later" scripts/build-containerd2.sh scripts/build-containerd24.sh scripts/build-nvidia-device-plugin.sh \
-      scripts/build-nvidia-dra-driver.sh
-  } &
-  chain 0 scripts/build-python.sh scripts/e2e-env.sh &
+  chain tests/e2e/build-kubernetes.sh scripts/build-containerd17.sh scripts/build-containerd2.sh \
+    scripts/build-containerd24.sh scripts/build-nvidia-device-plugin.sh scripts/build-nvidia-dra-driver.sh &
+  chain scripts/build-python.sh scripts/e2e-env.sh &
   wait
 } >>"$log" 2>&1
