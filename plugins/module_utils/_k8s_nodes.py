@@ -10,13 +10,6 @@ from __future__ import annotations
 
 import json
 
-try:
-    from kubernetes.dynamic import DynamicClient
-    from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
-except ImportError:
-    # The modules say the kubernetes client is missing before they get here.
-    DynamicClient = ConflictError = NotFoundError = None
-
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -82,11 +75,24 @@ def write_node(api, name, decide, error, who, check_mode=False, retries=5):
     )
 
 
+def dynamic_client(api_client):
+    """The kubernetes client's DynamicClient on ``api_client``, with the errors the Node calls catch, as
+    ``(client, ConflictError, NotFoundError)``. The client is imported here, on first use, never when this file
+    is: the filter plugins import the plain-data helpers beside it in every task's worker process on the
+    controller, and importing the client costs most of a CPU-second each time. The modules say the client is
+    missing before they get here."""
+    from kubernetes.dynamic import DynamicClient
+    from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+
+    return DynamicClient(api_client), ConflictError, NotFoundError
+
+
 class NodeApi:
     """List, read and merge-patch Nodes."""
 
     def __init__(self, api_client):
-        self._nodes = DynamicClient(api_client).resources.get(api_version="v1", kind="Node")
+        client, self._conflict_error, self._not_found_error = dynamic_client(api_client)
+        self._nodes = client.resources.get(api_version="v1", kind="Node")
 
     def list_nodes(self):
         return self._nodes.get().to_dict().get("items") or []
@@ -94,13 +100,13 @@ class NodeApi:
     def read_node(self, name):
         try:
             return self._nodes.get(name=name).to_dict()
-        except NotFoundError:
+        except self._not_found_error:
             return None
 
     def patch_node(self, name, patch):
         try:
             return self._nodes.patch(name=name, body=patch, content_type=MERGE_PATCH).to_dict()
-        except ConflictError:
+        except self._conflict_error:
             raise Conflict(name) from None
 
 

@@ -34,15 +34,9 @@ from ansible_collections.gpuops.k8s.plugins.module_utils._k8s_nodes import (
     Conflict,
     NodeApi,
     apply_patch,
+    dynamic_client,
     write_node,
 )
-
-try:
-    from kubernetes.dynamic import DynamicClient
-    from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
-except ImportError:
-    # The module says the kubernetes client is missing before it gets here.
-    DynamicClient = ConflictError = NotFoundError = None
 
 TAINT_KEY = "nvidia.com/gpu-remediation"
 ANNOTATION = "gpuops.k8s/gpu-remediation"
@@ -397,7 +391,7 @@ class RemediationApi(NodeApi):
     """NodeApi whose writes name FIELD_MANAGER, and the breaker's Lease (read, created or replaced)."""
 
     def __init__(self, api_client, lease_name=LEASE_NAME, lease_namespace=LEASE_NAMESPACE):
-        client = DynamicClient(api_client)
+        client, self._conflict_error, self._not_found_error = dynamic_client(api_client)
         self._nodes = client.resources.get(api_version="v1", kind="Node")
         self._leases = client.resources.get(api_version="coordination.k8s.io/v1", kind="Lease")
         self.lease_name, self.lease_namespace = lease_name, lease_namespace
@@ -408,13 +402,13 @@ class RemediationApi(NodeApi):
             return self._nodes.patch(
                 name=name, body=patch, content_type=MERGE_PATCH, field_manager=FIELD_MANAGER
             ).to_dict()
-        except ConflictError:
+        except self._conflict_error:
             raise Conflict(name) from None
 
     def read_lease(self):
         try:
             return self._leases.get(name=self.lease_name, namespace=self.lease_namespace).to_dict()
-        except NotFoundError:
+        except self._not_found_error:
             return None
 
     def write_lease(self, lease, spec):
@@ -426,5 +420,5 @@ class RemediationApi(NodeApi):
                 return self._leases.create(body=body, namespace=self.lease_namespace).to_dict()
             metadata["resourceVersion"] = lease["metadata"]["resourceVersion"]
             return self._leases.replace(body=body, namespace=self.lease_namespace).to_dict()
-        except ConflictError:
+        except self._conflict_error:
             raise Conflict(self.lease_where) from None
