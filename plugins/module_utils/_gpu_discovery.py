@@ -205,8 +205,11 @@ def facts_from_spec(spec):
     """
     gpus = []
     for gpu in spec["gpus"]:
-        # The PCI device ID is the bus's fact (nvidia_gpu_info's pci_devices), not NVML's.
-        fields = dict((key, value) for key, value in gpu.items() if key not in ("memory_mib", "pci_device_id"))
+        # The PCI device ID is the bus's fact (nvidia_gpu_info's pci_devices), not NVML's; the readings are what the
+        # mock library answers, not facts.
+        fields = dict(
+            (key, value) for key, value in gpu.items() if key not in ("memory_mib", "pci_device_id", "readings")
+        )
         fields["memory_total_mib"] = gpu["memory_mib"]
         fields["mig_devices"] = sorted(gpu.get("mig_devices") or [], key=_nvml_mig_position)
         gpus.append(gpu_fact(**fields))

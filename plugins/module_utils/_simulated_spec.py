@@ -43,6 +43,7 @@ GPU_OPTIONAL_KEYS = (
     "mig_mode",
     "mig_devices",
     "pci_device_id",
+    "readings",
 )
 MIG_DEVICE_KEYS = ("uuid", "profile", "memory_mib")
 MIG_MODES = ("enabled", "disabled", "unsupported")
@@ -286,6 +287,7 @@ def _parse_gpu(raw, index, path, seen_uuids, seen_bus_ids):
         "brand": spec_brand(raw["name"]),
         # A simulated GPU has no PCI device in sysfs, so no root complex is known.
         "pcie_root": None,
+        "readings": _parse_readings(raw, fail),
     }
 
 
@@ -355,14 +357,84 @@ _PCI_DEVICE_IDS = {
 _NVML_ARCHITECTURES = {3: 2, 5: 3, 6: 4, 7: 5, 8: 7, 9: 9, 10: 10, 12: 10}
 _NVML_BRAND_TESLA = 2
 _NVML_BRAND_NVIDIA = 14
-# Readings NVML gives that a spec does not describe: an idle GPU.
+# The readings the mock NVML library gives for a GPU (labs and CI only; docs/mock-nvml.md), each a non-negative
+# integer in the unit its name ends with: an idle GPU unless the spec's `readings` mapping sets some of them.
+# memory_temperature_c is absent by default (NVML answers NOT_SUPPORTED for NVML_FI_DEV_MEMORY_TEMP, as on a GPU
+# without an HBM sensor); a spec sets it for a GPU that has one. energy_mj counts from the driver's load.
 MOCK_NVML_READINGS = {
-    "temperature_c": "34",
-    "power_mw": "68000 700000",
-    "utilization": "0 0",
-    "clocks_mhz": "345 345 2619 765",
-    "ecc_errors": "0 0",
+    "temperature_c": 34,
+    "memory_temperature_c": None,
+    "power_mw": 68000,
+    "power_limit_mw": 700000,
+    "energy_mj": 0,
+    "gpu_utilization_pct": 0,
+    "memory_utilization_pct": 0,
+    "encoder_utilization_pct": 0,
+    "decoder_utilization_pct": 0,
+    "graphics_clock_mhz": 345,
+    "sm_clock_mhz": 345,
+    "memory_clock_mhz": 2619,
+    "video_clock_mhz": 765,
+    "ecc_corrected": 0,
+    "ecc_uncorrected": 0,
+    "pcie_replays": 0,
+    "memory_used_mib": 0,
+    "memory_reserved_mib": 0,
+    "remapped_rows_correctable": 0,
+    "remapped_rows_uncorrectable": 0,
+    "remap_pending": 0,
+    "remap_failure": 0,
 }
+_PERCENT_READINGS = tuple(key for key in MOCK_NVML_READINGS if key.endswith("_pct"))
+_FLAG_READINGS = ("remap_pending", "remap_failure")
+
+
+def _parse_readings(raw, fail):
+    """The GPU's readings: the defaults above with the spec's `readings` over them."""
+    readings = dict(MOCK_NVML_READINGS)
+    given = raw.get("readings")
+    if given is None:
+        return readings
+    if not isinstance(given, dict):
+        fail("readings must be a mapping")
+    for key in sorted(given, key=str):
+        if key not in MOCK_NVML_READINGS:
+            fail(f"readings has unknown key '{key}'")
+        value = given[key]
+        if not _is_int(value) or value < 0:
+            fail(f"readings.{key} must be a non-negative integer")
+        if key in _PERCENT_READINGS and value > 100:
+            fail(f"readings.{key} is a percentage, at most 100")
+        if key in _FLAG_READINGS and value > 1:
+            fail(f"readings.{key} must be 0 or 1")
+        readings[key] = value
+    if readings["memory_used_mib"] + readings["memory_reserved_mib"] > raw["memory_mib"]:
+        fail("readings.memory_used_mib and memory_reserved_mib together exceed memory_mib")
+    return readings
+
+
+def _readings_state_lines(readings):
+    """The state lines of a GPU's readings, in the form the library reads (tests/mock_nvml/mock_nvml.c)."""
+    r = readings
+    lines = [
+        f"temperature_c {r['temperature_c']}",
+        f"power_mw {r['power_mw']} {r['power_limit_mw']}",
+        f"utilization {r['gpu_utilization_pct']} {r['memory_utilization_pct']}",
+        f"codec_utilization {r['encoder_utilization_pct']} {r['decoder_utilization_pct']}",
+        f"clocks_mhz {r['graphics_clock_mhz']} {r['sm_clock_mhz']} {r['memory_clock_mhz']} {r['video_clock_mhz']}",
+        f"ecc_errors {r['ecc_corrected']} {r['ecc_uncorrected']}",
+        f"energy_mj {r['energy_mj']}",
+        f"pcie_replays {r['pcie_replays']}",
+        f"memory_use_mib {r['memory_used_mib']} {r['memory_reserved_mib']}",
+        "remapped_rows {} {} {} {}".format(
+            r["remapped_rows_correctable"], r["remapped_rows_uncorrectable"], r["remap_pending"], r["remap_failure"]
+        ),
+    ]
+    if r["memory_temperature_c"] is not None:
+        lines.append(f"memory_temperature_c {r['memory_temperature_c']}")
+    return lines
+
+
 # MIG as the mock NVML library models it (labs and CI only; docs/mock-nvml.md). Per product: NVIDIA's
 # GPU-instance profiles as `nvidia-smi mig -lgip` lists them and the MIG user guide tables them, and their
 # placements as `nvidia-smi mig -lgipp` lists them (the first memory slice of each; a GPU has 8 memory slices
@@ -612,7 +684,7 @@ def mock_nvml_state_text(spec, path="<spec>"):
         if gpu["pcie_switch"] is not None:
             lines.append("pcie_switch " + gpu["pcie_switch"])
         lines += [f"nvlink_peer {by_uuid[peer]}" for peer in gpu["nvlink_peers"]]
-        lines += [f"{key} {value}" for key, value in MOCK_NVML_READINGS.items()]
+        lines += _readings_state_lines(gpu["readings"])
         lines += _mig_state_lines(gpu, path)
     return "".join(line + "\n" for line in lines)
 

@@ -221,6 +221,10 @@ typedef struct {
     unsigned int temperature_c, power_mw, power_limit_mw, util_gpu, util_memory;
     unsigned int clock_graphics, clock_sm, clock_memory, clock_video;
     unsigned long long ecc_corrected, ecc_uncorrected;
+    unsigned int util_encoder, util_decoder, pcie_replays;
+    unsigned int memory_temperature_c; /* 0: no memory sensor (NVML_FI_DEV_MEMORY_TEMP not supported) */
+    unsigned long long energy_mj, memory_used_mib, memory_reserved_mib;
+    unsigned int remapped_correctable, remapped_uncorrectable, remap_pending, remap_failure;
     unsigned int memory_slices, compute_slices; /* 0: the product's MIG profiles are not modelled */
     mock_gi_profile_t gi_profile[GI_PROFILES];
     mock_ci_profile_t ci_profile[GI_PROFILES][CI_PROFILES];
@@ -581,6 +585,19 @@ static int parse_state(FILE *file, mock_state_t *out)
                    &gpu->clock_video);
         } else if (strcmp(key, "ecc_errors") == 0) {
             sscanf(value, "%llu %llu", &gpu->ecc_corrected, &gpu->ecc_uncorrected);
+        } else if (strcmp(key, "codec_utilization") == 0) {
+            sscanf(value, "%u %u", &gpu->util_encoder, &gpu->util_decoder);
+        } else if (strcmp(key, "energy_mj") == 0) {
+            gpu->energy_mj = strtoull(value, NULL, 10);
+        } else if (strcmp(key, "pcie_replays") == 0) {
+            gpu->pcie_replays = (unsigned int)strtoul(value, NULL, 10);
+        } else if (strcmp(key, "memory_use_mib") == 0) {
+            sscanf(value, "%llu %llu", &gpu->memory_used_mib, &gpu->memory_reserved_mib);
+        } else if (strcmp(key, "remapped_rows") == 0) {
+            sscanf(value, "%u %u %u %u", &gpu->remapped_correctable, &gpu->remapped_uncorrectable,
+                   &gpu->remap_pending, &gpu->remap_failure);
+        } else if (strcmp(key, "memory_temperature_c") == 0) {
+            gpu->memory_temperature_c = (unsigned int)atoi(value);
         } else if (parse_mig_line(gpu, key, value) != 0) {
             return -1;
         }
@@ -1325,9 +1342,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     if (memory == NULL)
         return end(NVML_ERROR_INVALID_ARGUMENT);
     unsigned long long total = memory_mib_of(device, gpu) * 1024ULL * 1024ULL;
+    /* The spec's use is the whole GPU's; a MIG device's memory is its own and unused. The first version counts
+     * what the driver reserves as used, as NVML's does. */
+    unsigned long long used = as_mig(device) ? 0 : (gpu->memory_used_mib + gpu->memory_reserved_mib) << 20;
     memory->total = total;
-    memory->used = 0;
-    memory->free = total;
+    memory->used = used;
+    memory->free = total - used;
     return end(NVML_SUCCESS);
 }
 
@@ -1341,11 +1361,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     if (memory == NULL)
         return end(NVML_ERROR_INVALID_ARGUMENT);
     unsigned long long total = memory_mib_of(device, gpu) * 1024ULL * 1024ULL;
-    /* NVML reserves a little for the driver; the mock reserves nothing. */
+    /* What the driver reserves and what is used are the spec's readings (none on an idle GPU by default). */
+    unsigned long long used = as_mig(device) ? 0 : gpu->memory_used_mib << 20;
+    unsigned long long reserved = as_mig(device) ? 0 : gpu->memory_reserved_mib << 20;
     memory->total = total;
-    memory->reserved = 0;
-    memory->used = 0;
-    memory->free = total;
+    memory->reserved = reserved;
+    memory->used = used;
+    memory->free = total - used - reserved;
     return end(NVML_SUCCESS);
 }
 
@@ -1574,6 +1596,83 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
     return end(NVML_SUCCESS);
 }
 
+/* A reading of the whole GPU: a MIG device answers NOT_SUPPORTED, as NVML does for these. */
+static nvmlReturn_t whole_gpu(nvmlDevice_t device, const void *out, mock_gpu_t **gpu)
+{
+    nvmlReturn_t rc = begin_device(device, gpu);
+    if (rc)
+        return rc;
+    if (out == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (as_mig(device))
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    return NVML_SUCCESS; /* the lock is held */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs)
+{
+    ENTER("nvmlDeviceGetEncoderUtilization");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = whole_gpu(device, samplingPeriodUs ? utilization : NULL, &gpu);
+    if (rc)
+        return rc;
+    *utilization = gpu->util_encoder;
+    *samplingPeriodUs = 167000; /* NVML's period for the codecs: 1/6 s */
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                    unsigned int *samplingPeriodUs)
+{
+    ENTER("nvmlDeviceGetDecoderUtilization");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = whole_gpu(device, samplingPeriodUs ? utilization : NULL, &gpu);
+    if (rc)
+        return rc;
+    *utilization = gpu->util_decoder;
+    *samplingPeriodUs = 167000;
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
+{
+    ENTER("nvmlDeviceGetTotalEnergyConsumption");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = whole_gpu(device, energy, &gpu);
+    if (rc)
+        return rc;
+    *energy = gpu->energy_mj;
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
+{
+    ENTER("nvmlDeviceGetPcieReplayCounter");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = whole_gpu(device, value, &gpu);
+    if (rc)
+        return rc;
+    *value = gpu->pcie_replays;
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                              unsigned int *isPending, unsigned int *failureOccurred)
+{
+    ENTER("nvmlDeviceGetRemappedRows");
+    mock_gpu_t *gpu;
+    int all = corrRows && uncRows && isPending && failureOccurred;
+    nvmlReturn_t rc = whole_gpu(device, all ? corrRows : NULL, &gpu);
+    if (rc)
+        return rc;
+    *corrRows = gpu->remapped_correctable;
+    *uncRows = gpu->remapped_uncorrectable;
+    *isPending = gpu->remap_pending;
+    *failureOccurred = gpu->remap_failure;
+    return end(NVML_SUCCESS);
+}
+
 static nvmlReturn_t clock_of(nvmlDevice_t device, int type, unsigned int *mhz)
 {
     mock_gpu_t *gpu;
@@ -1632,8 +1731,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int 
     return end(NVML_SUCCESS);
 }
 
-/* Field values (nvml.h's nvmlFieldValue_t): none is implemented yet; each answers NVML_ERROR_NOT_SUPPORTED in
- * its own nvmlReturn, as a driver does for a field it does not know, and the call itself succeeds. */
+/* Field values (nvml.h's nvmlFieldValue_t): NVML_FI_DEV_MEMORY_TEMP where the spec gives the GPU a memory
+ * temperature; every other field answers NVML_ERROR_NOT_SUPPORTED in its own nvmlReturn, as a driver does for a
+ * field it does not know, and the call itself succeeds. */
+#define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
 typedef union {
     double dVal;
     unsigned int uiVal;
@@ -1668,6 +1770,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
         values[i].latencyUsec = 0;
         values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         values[i].value.ullVal = 0;
+        if (values[i].fieldId == NVML_FI_DEV_MEMORY_TEMP && gpu->memory_temperature_c && !as_mig(device)) {
+            values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            values[i].value.uiVal = gpu->memory_temperature_c;
+            values[i].nvmlReturn = NVML_SUCCESS;
+        }
     }
     return end(NVML_SUCCESS);
 }

@@ -58,6 +58,20 @@ class NVMLError(Exception):
 @dataclass
 class _Memory:
     total: int
+    free: int = 0
+    used: int = 0
+    reserved: int = 0
+
+
+@dataclass
+class _Utilization:
+    gpu: int
+    memory: int
+
+
+# What each GPU reads: the mock NVML library's idle GPU (simulated_spec.MOCK_NVML_READINGS; None: NOT_SUPPORTED).
+IDLE_READINGS: dict[str, Any] = dict(simulated_spec.MOCK_NVML_READINGS)
+NVML_FI_DEV_MEMORY_TEMP = 82
 
 
 @dataclass
@@ -115,6 +129,12 @@ class PynvmlDouble:
         self.initialized = False
         self.lost: set[str] = set()
         self.recovery_actions: dict[str, int] = {}  # what NVML_FI_DEV_GET_GPU_RECOVERY_ACTION answers, per GPU
+        # The readings each GPU gives, the reading calls made, and a gate every reading call waits on while a test
+        # holds it closed (NVML slow to answer).
+        self.readings: dict[str, dict[str, Any]] = {g.uuid: dict(IDLE_READINGS) for g in inventory.gpus}
+        self.reading_calls = 0
+        self.readings_open = threading.Event()
+        self.readings_open.set()
         self._events: queue.Queue[Any] = queue.Queue()
         self._handles = {g.uuid: _Handle(g) for g in inventory.gpus}
         self._lock = threading.Lock()
@@ -193,10 +213,60 @@ class PynvmlDouble:
             return f"{handle.gpu.name} MIG {handle.mig.profile}"
         return self._gpu(handle).name
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> _Memory:
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: Optional[int] = None) -> _Memory:
         if isinstance(handle, _MigHandle):
             return _Memory(handle.mig.memory_mib * 1024 * 1024)
-        return _Memory(self._gpu(handle).memory_mib * 1024 * 1024)
+        gpu = self._gpu(handle)
+        if version is None:
+            return _Memory(gpu.memory_mib * 1024 * 1024)
+        reading = self._reading(handle)
+        used, reserved = reading["memory_used_mib"], reading["memory_reserved_mib"]
+        free = gpu.memory_mib - used - reserved
+        return _Memory(*(mib * 1024 * 1024 for mib in (gpu.memory_mib, free, used, reserved)))
+
+    # -- readings (dcgm.py) ------------------------------------------------------------------------------
+    def _reading(self, handle: Any, key: Optional[str] = None) -> Any:
+        """The GPU's readings (or one of them), after the gate; NOT_SUPPORTED for a reading set to None."""
+        self.reading_calls += 1
+        self.readings_open.wait()
+        readings = self.readings[self._gpu(handle).uuid]
+        if key is None:
+            return readings
+        if readings[key] is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return readings[key]
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        assert sensor == 0, "NVML_TEMPERATURE_GPU is the only sensor"
+        return int(self._reading(handle, "temperature_c"))
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return int(self._reading(handle, "power_mw"))
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        return int(self._reading(handle, "energy_mj"))
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        return int(self._reading(handle, "pcie_replays"))
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> _Utilization:
+        reading = self._reading(handle)
+        return _Utilization(reading["gpu_utilization_pct"], reading["memory_utilization_pct"])
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        return [int(self._reading(handle, "encoder_utilization_pct")), 167000]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        return [int(self._reading(handle, "decoder_utilization_pct")), 167000]
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int:
+        names = ("graphics_clock_mhz", "sm_clock_mhz", "memory_clock_mhz", "video_clock_mhz")
+        return int(self._reading(handle, names[clock]))
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        reading = self._reading(handle)
+        keys = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "remap_pending", "remap_failure")
+        return (reading[keys[0]], reading[keys[1]], reading[keys[2]], reading[keys[3]])
 
     def nvmlDeviceGetAttributes_v2(self, handle: Any) -> _Attributes:
         """A MIG device's attributes as the mock NVML library models its product's profiles; NOT_SUPPORTED for a
@@ -305,13 +375,17 @@ class PynvmlDouble:
         gpu = self._gpu(handle)
         values = []
         for field_id in field_ids:
-            action = self.recovery_actions.get(gpu.uuid)
-            known = field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and action is not None
+            if field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                value = self.recovery_actions.get(gpu.uuid)
+            elif field_id == NVML_FI_DEV_MEMORY_TEMP:
+                value = self._reading(handle)["memory_temperature_c"]
+            else:
+                value = None
             values.append(
                 SimpleNamespace(
                     fieldId=field_id,
-                    nvmlReturn=0 if known else NVML_ERROR_NOT_SUPPORTED,
-                    value=SimpleNamespace(uiVal=action if known else 0),
+                    nvmlReturn=NVML_ERROR_NOT_SUPPORTED if value is None else 0,
+                    value=SimpleNamespace(uiVal=value or 0),
                 )
             )
         return values

@@ -15,7 +15,9 @@ import re
 import time
 from typing import Any
 
+from gpu_device_plugin import dcgm
 from gpu_device_plugin._shared import gpu_discovery
+from gpu_device_plugin.discovery import NvmlBackend
 from gpu_device_plugin.health import NvmlEventWatcher
 from harness import FIXTURES, H100, REPO, fixture, write_spec
 from mock_nvml import LIBRARY, MockNvml, library_dir
@@ -44,6 +46,8 @@ DOUBLE_ALLOWED = {
     "test_one_source.py": "the collection's and the daemon's readers compared on one spec; the library's "
     "facts are compared with the spec in test_nvml_library.py",
     "mock_nvml.py": "asserts the real pynvml is loaded, not the double",
+    "test_dcgm_held.py": "NVML held inside a reading, to show that scrapes and Allocate never wait for it: the "
+    "library answers every call at once; the reading path runs through the library in test_dcgm.py",
     "test_faults.py": "XID 154 with a recovery action NVML reports: the library answers no field values (its "
     "call runs through the library here); the faults shown from the library's XIDs are test_faults.py's others",
     "tests/unit/plugins/modules/test_gpu_faults.py": "the kernel log's bus mapped to a GPU through the module's "
@@ -142,9 +146,18 @@ def run_the_mig_paths(library: MockNvml) -> None:
 
 
 def run_the_project_paths(library: MockNvml, tmp_path) -> None:
-    """Discovery (the module's and the daemon's) and the XID watcher, with an XID and a lost GPU."""
+    """Discovery (the module's and the daemon's), a reading of dcgm-exporter's fields, and the XID watcher, with an
+    XID and a lost GPU."""
     nvml = library.pynvml
     gpu_discovery.nvml_discover(nvml, str(tmp_path))
+    backend = NvmlBackend(nvml)
+    backend.init()
+    try:
+        sampler = dcgm.Sampler(nvml, backend.snapshot, hostname="guard")
+        sampler.read()
+        assert b"DCGM_FI_DEV_GPU_TEMP" in sampler.render()
+    finally:
+        backend.stop()
     nvml.nvmlInit()
     seen: list[str] = []
     watcher = NvmlEventWatcher(nvml, list(H100), lambda uuid, xid: seen.append(uuid), seen.append, wait_ms=50)

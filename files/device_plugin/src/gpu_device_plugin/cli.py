@@ -97,6 +97,11 @@ def add_daemon_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--metrics-address", help="HOST:PORT for /metrics and /healthz; empty turns it off")
     p.add_argument(
+        "--dcgm-metrics-address",
+        help="HOST:PORT for the GPUs' metrics under dcgm-exporter's names (as dcgm-exporter: :9400); empty: off",
+    )
+    p.add_argument("--dcgm-interval-seconds", type=float, help="how often NVML is read for those metrics (default 30)")
+    p.add_argument(
         "--health-file",
         help=f"where the GPUs' health, XIDs and classes go (default {config.DEFAULT_HEALTH_FILE}; off: nowhere)",
     )

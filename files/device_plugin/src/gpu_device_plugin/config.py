@@ -23,6 +23,15 @@ DEFAULT_RESOURCE = "nvidia.com/gpu"
 ALLOCATION_MODES = ("device-plugin", "dra")
 DEFAULT_HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_HOST = re.compile(r"^[A-Za-z0-9.-]*$")
+
+
+def is_listen_address(text: str) -> bool:
+    """HOST:PORT or :PORT (every address): HOST a name or an IPv4 address, PORT 0-65535 (0: one the kernel picks)."""
+    host, sep, port = text.rpartition(":")
+    return bool(sep) and bool(_HOST.match(host)) and port.isdigit() and int(port) <= 65535
+
+
 DEFAULT_ALERT_TIMEOUT_SECONDS = 5.0
 DEFAULT_ALERT_RESEND_SECONDS = 300.0
 DEFAULT_ALERT_RESEND_MAX_SECONDS = 3600.0
@@ -102,6 +111,10 @@ class Config:
     disable_healthchecks: str = ""
     enable_healthchecks: str = ""
     metrics_address: str = "127.0.0.1:9402"
+    # GPU telemetry under dcgm-exporter's names (dcgm.py): HOST:PORT of its own listener ("": off) and how often
+    # NVML is read for it. Only with the nvml backend.
+    dcgm_metrics_address: str = ""
+    dcgm_interval_seconds: float = 30.0
     log_format: str = "text"
     log_level: str = "info"
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
@@ -175,6 +188,8 @@ _ENV = (
     ("disable_healthchecks", "DP_DISABLE_HEALTHCHECKS", "str"),
     ("enable_healthchecks", "DP_ENABLE_HEALTHCHECKS", "str"),
     ("metrics_address", "GPU_DEVICE_PLUGIN_METRICS_ADDRESS", "str"),
+    ("dcgm_metrics_address", "GPU_DEVICE_PLUGIN_DCGM_METRICS_ADDRESS", "str"),
+    ("dcgm_interval_seconds", "GPU_DEVICE_PLUGIN_DCGM_INTERVAL_SECONDS", "float"),
     ("log_format", "GPU_DEVICE_PLUGIN_LOG_FORMAT", "str"),
     ("allocation_mode", "GPU_DEVICE_PLUGIN_ALLOCATION_MODE", "str"),
     ("driver_name", "GPU_DEVICE_PLUGIN_DRIVER_NAME", "str"),
@@ -353,6 +368,8 @@ class _FileReader:
             "healthRecoverySeconds": ("health_recovery_seconds", "float"),
             "preStartRequired": ("pre_start_required", "bool"),
             "metricsAddress": ("metrics_address", "str"),
+            "dcgmMetricsAddress": ("dcgm_metrics_address", "str"),
+            "dcgmIntervalSeconds": ("dcgm_interval_seconds", "float"),
             "logFormat": ("log_format", "str"),
             "initRetrySeconds": ("init_retry_seconds", "float"),
             "allocationMode": ("allocation_mode", "str"),
@@ -456,6 +473,13 @@ def _validate(config: Config) -> None:
         raise ConfigError("alertResendSeconds must be a number of seconds above 0, or off.")
     if config.alert_resend_max_seconds is None or not config.alert_resend_max_seconds > 0:
         raise ConfigError("alertResendMaxSeconds must be a number of seconds above 0.")
+    if config.dcgm_metrics_address and not is_listen_address(config.dcgm_metrics_address):
+        raise ConfigError(
+            f"dcgmMetricsAddress must be HOST:PORT or :PORT (port 0-65535), or empty for off,"
+            f" not {config.dcgm_metrics_address!r}."
+        )
+    if config.dcgm_interval_seconds is None or not config.dcgm_interval_seconds >= 1:
+        raise ConfigError("dcgmIntervalSeconds must be a number of seconds of 1 or more.")
     if config.node_name and not is_node_name(config.node_name):
         raise ConfigError(
             f"the node name must be a Kubernetes node name (a lower-case DNS subdomain), not {config.node_name!r}."

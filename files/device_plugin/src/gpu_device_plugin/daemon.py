@@ -15,7 +15,7 @@ import logging
 import signal
 from typing import Any, Awaitable, Callable, Optional, Protocol
 
-from gpu_device_plugin import allocation, hostdriver
+from gpu_device_plugin import allocation, dcgm, hostdriver
 from gpu_device_plugin.config import Config, ConfigError
 from gpu_device_plugin.discovery import BackendError, NvmlBackend, make_backend
 from gpu_device_plugin.dra.node import ApiSide, DraNode, default_api_side
@@ -84,6 +84,11 @@ class Daemon:
         self._backend: Any = None
         self._events: Optional[NvmlEventWatcher] = None
         self._http: Optional[HttpEndpoint] = None
+        # GPU telemetry under dcgm-exporter's names (dcgm.py), with the nvml backend only; the last XID per GPU is
+        # its DCGM_FI_DEV_XID_ERRORS.
+        self._dcgm: Optional[dcgm.Sampler] = None
+        self._dcgm_listener: Optional[dcgm.Listener] = None
+        self.last_xid: dict[str, int] = {}
         self._retry_task: Optional[asyncio.Task[None]] = None
         self.exit_code = 0
 
@@ -135,6 +140,9 @@ class Daemon:
         self._stop_backend()
         if self._http is not None:
             self._http.stop()
+        if self._dcgm_listener is not None:
+            self._dcgm_listener.stop()
+            self._dcgm_listener = None
 
     # -- backend -------------------------------------------------------------------------------
     def _policy(self, config: Config) -> Any:
@@ -198,17 +206,51 @@ class Daemon:
         self.state.set_inventory(backend.snapshot())
         backend.start(self._loop, lambda: self.state.set_inventory(backend.snapshot()))
         if isinstance(backend, NvmlBackend):
-            loop, state = self._loop, self.state
+            loop, state, last_xid = self._loop, self.state, self.last_xid
+
+            def on_xid(uuid: str, xid: int, data: Optional[str] = None) -> None:
+                last_xid[uuid] = xid
+                loop.call_soon_threadsafe(state.on_xid, uuid, xid, True, data)
+
             self._events = NvmlEventWatcher(
                 backend.nvml,
                 [g.uuid for g in backend.snapshot().gpus],
-                lambda uuid, xid, data=None: loop.call_soon_threadsafe(state.on_xid, uuid, xid, True, data),
+                on_xid,
                 lambda uuid: loop.call_soon_threadsafe(state.on_lost, uuid),
                 back=lambda uuid: loop.call_soon_threadsafe(state.on_back, uuid),
             )
             self._events.start()
+        self._start_dcgm(backend)
+
+    def _start_dcgm(self, backend: Any) -> None:
+        """The dcgm metrics' sampler on the backend's NVML, and their listener (once: it outlives a new backend)."""
+        address = self.config.dcgm_metrics_address
+        if not address:
+            return
+        if not isinstance(backend, NvmlBackend):
+            log.warning("the dcgm metrics read NVML: off with the %s backend", backend.name)
+            return
+        self._dcgm = dcgm.Sampler(
+            backend.nvml,
+            backend.snapshot,
+            self.config.dcgm_interval_seconds,
+            dcgm.hostname_label(self.config.node_name),
+            self.last_xid.get,
+        )
+        self._dcgm.start()
+        if self._dcgm_listener is None:
+            self._dcgm_listener = dcgm.Listener(address, self.dcgm_metrics)
+            self._dcgm_listener.start()
+
+    def dcgm_metrics(self) -> bytes:
+        """The last reading of the dcgm metrics (called from the listener's thread)."""
+        sampler = self._dcgm
+        return sampler.render() if sampler is not None else b""
 
     def _stop_backend(self) -> None:
+        if self._dcgm is not None:
+            self._dcgm.stop()
+            self._dcgm = None
         if self._events is not None:
             self._events.stop()
             self._events.join(timeout=3)
@@ -229,6 +271,11 @@ class Daemon:
             log.error("SIGHUP: configuration rejected; keeping the running one", extra={"reason": str(exc)})
             return
         refusal = self.node.refuses(config)
+        if refusal is None and (config.dcgm_metrics_address, config.dcgm_interval_seconds) != (
+            self.config.dcgm_metrics_address,
+            self.config.dcgm_interval_seconds,
+        ):
+            refusal = "the dcgm metrics' address and interval change with a restart only; keeping the running ones"
         if refusal is not None:
             log.error("SIGHUP: %s", refusal)
             return

@@ -51,27 +51,21 @@ class Metrics:
 
 
 Probe = Callable[[], "tuple[bool, dict[str, Any]]"]
+# What a path answers: (status, content type, body).
+Route = Callable[[], "tuple[int, str, bytes]"]
 
 
-class HttpEndpoint:
-    """`/metrics` (Prometheus text format), `/healthz` (liveness: 200 while the daemon serves its sockets,
-    else 503) and `/readyz` (readiness: 200 once it also does its job for the kubelet, else 503); both
-    probes answer a JSON summary."""
+class HttpServer:
+    """GET on each path of `routes` answers what its route gives; any other path 404. Served by a thread of its own
+    (`name`), a thread per request."""
 
-    def __init__(self, address: str, metrics: Metrics, health: Probe, ready: Optional[Probe] = None) -> None:
+    def __init__(self, address: str, routes: dict[str, Route], name: str) -> None:
         host, _sep, port = address.rpartition(":")
-        probes = {"/healthz": health, "/readyz": ready or health}
-        metrics_ref = metrics
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path.split("?")[0] == "/metrics":
-                    self._send(200, CONTENT_TYPE_LATEST, metrics_ref.render())
-                elif self.path.split("?")[0] in probes:
-                    ok, detail = probes[self.path.split("?")[0]]()
-                    self._send(200 if ok else 503, "application/json", json.dumps(detail).encode())
-                else:
-                    self._send(404, "text/plain", b"not found\n")
+                route = routes.get(self.path.split("?")[0])
+                self._send(*(route() if route is not None else (404, "text/plain", b"not found\n")))
 
             def _send(self, code: int, content_type: str, body: bytes) -> None:
                 self.send_response(code)
@@ -86,12 +80,36 @@ class HttpEndpoint:
         self.server = ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
         self.server.daemon_threads = True
         self.address = "{}:{}".format(*self.server.server_address[:2])
-        self._thread = threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-        log.info("serving /metrics, /healthz and /readyz", extra={"address": self.address})
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class HttpEndpoint(HttpServer):
+    """`/metrics` (Prometheus text format), `/healthz` (liveness: 200 while the daemon serves its sockets,
+    else 503) and `/readyz` (readiness: 200 once it also does its job for the kubelet, else 503); both
+    probes answer a JSON summary."""
+
+    def __init__(self, address: str, metrics: Metrics, health: Probe, ready: Optional[Probe] = None) -> None:
+        def probe(check: Probe) -> Route:
+            def answer() -> tuple[int, str, bytes]:
+                ok, detail = check()
+                return 200 if ok else 503, "application/json", json.dumps(detail).encode()
+
+            return answer
+
+        routes: dict[str, Route] = {
+            "/metrics": lambda: (200, CONTENT_TYPE_LATEST, metrics.render()),
+            "/healthz": probe(health),
+            "/readyz": probe(ready or health),
+        }
+        super().__init__(address, routes, "metrics-http")
+
+    def start(self) -> None:
+        super().start()
+        log.info("serving /metrics, /healthz and /readyz", extra={"address": self.address})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.gpuops.k8s.plugins.module_utils._simulated_spec import (
+    MOCK_NVML_READINGS,
     SpecError,
     mock_nvml_state_text,
     parse_spec,
@@ -50,6 +51,7 @@ def test_defaults():
         "pci_device_id": None,
         "brand": "Nvidia",
         "pcie_root": None,
+        "readings": MOCK_NVML_READINGS,
     }
     assert "nvswitches" not in result
 
@@ -306,3 +308,42 @@ def test_nvswitch_and_device_id_rule_violations(data, message):
     with pytest.raises(SpecError) as raised:
         parse_spec(data, "lab.yaml")
     assert str(raised.value) == message
+
+
+# -- readings: what the mock NVML library answers (docs/simulated-gpus.md) ---------------------------------------
+
+
+def test_readings_set_in_the_spec_reach_the_state_and_the_rest_stay_idle():
+    busy = {"power_mw": 412000, "gpu_utilization_pct": 97, "memory_temperature_c": 83, "remap_failure": 1}
+    lines = state_of(spec(gpu(1, readings=busy), gpu(2)))
+    first, second = lines.index("gpu 0"), lines.index("gpu 1")
+    one, two = lines[first:second], lines[second:]
+    assert "power_mw 412000 700000" in one and "utilization 97 0" in one and "memory_temperature_c 83" in one
+    assert "remapped_rows 0 0 0 1" in one
+    assert "power_mw 68000 700000" in two and "utilization 0 0" in two
+    # No memory sensor unless the spec gives one: the library then answers not supported for the field.
+    assert not [line for line in two if line.startswith("memory_temperature_c")]
+    assert parse_spec(spec(gpu(1, readings={"energy_mj": 5})), "lab.yaml")["gpus"][0]["readings"] == dict(
+        MOCK_NVML_READINGS, energy_mj=5
+    )
+
+
+@pytest.mark.parametrize(
+    ("readings", "message"),
+    [
+        ([1], "readings must be a mapping"),
+        ({"fan_pct": 1}, "readings has unknown key 'fan_pct'"),
+        ({"power_mw": -1}, "readings.power_mw must be a non-negative integer"),
+        ({"power_mw": True}, "readings.power_mw must be a non-negative integer"),
+        ({"gpu_utilization_pct": 101}, "readings.gpu_utilization_pct is a percentage, at most 100"),
+        ({"remap_pending": 2}, "readings.remap_pending must be 0 or 1"),
+        (
+            {"memory_used_mib": 23000, "memory_reserved_mib": 100},
+            "readings.memory_used_mib and memory_reserved_mib together exceed memory_mib",
+        ),
+    ],
+)
+def test_bad_readings_are_one_sentence(readings, message):
+    with pytest.raises(SpecError) as error:
+        parse_spec(spec(gpu(1, readings=readings)), "lab.yaml")
+    assert str(error.value) == f"Simulated-GPU spec lab.yaml, GPU 0 (GPU-00000001): {message}."

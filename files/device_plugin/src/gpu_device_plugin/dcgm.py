@@ -1,0 +1,270 @@
+"""GPU telemetry under dcgm-exporter's names, read from NVML: what dashboards and alerts built on dcgm-exporter
+read (its metric names, Prometheus types, units and label keys), without DCGM on the node.
+
+One thread reads every GPU at the collect interval (`Sampler`); a scrape renders the last reading and never calls
+NVML, so neither Prometheus nor the daemon's device-plugin and DRA paths (which never call NVML to answer the
+kubelet) wait on a GPU that is slow to answer. The reading is served on a listener of its own (`Listener`, port
+9400 as dcgm-exporter's), apart from the daemon's own metrics.
+
+What is exported, each metric's NVML source, and what dcgm-exporter exports that NVML cannot give: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from gpu_device_plugin.inventory import Gpu, Inventory
+from gpu_device_plugin.metrics import HttpServer
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_ADDRESS = ":9400"
+DEFAULT_INTERVAL_SECONDS = 30.0
+
+# NVML's constants (nvml.h), as pynvml names them.
+_CLOCK_SM = 1
+_CLOCK_MEM = 2
+_TEMPERATURE_GPU = 0
+_FI_DEV_MEMORY_TEMP = 82
+_MEMORY_V2 = 0x02000028
+_ERROR_GPU_IS_LOST = 15
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Field:
+    """One of dcgm-exporter's default fields: its name, Prometheus type and the help line this exporter gives."""
+
+    name: str
+    kind: str  # gauge or counter
+    help: str
+
+
+# In the order dcgm-exporter's default counters list them (etc/default-counters.csv at d5e5f51).
+FIELDS = (
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock in MHz."),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock in MHz."),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature in degrees C."),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature in degrees C."),
+    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw in W."),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Energy used since the driver loaded, in mJ."),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "PCIe replays."),
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilisation in %."),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory copy utilisation in %."),
+    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilisation in %."),
+    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilisation in %."),
+    Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "The last XID this daemon saw on the GPU (0: none)."),
+    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free in MiB."),
+    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used in MiB."),
+    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved by the driver in MiB."),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Rows remapped for uncorrectable errors."),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Rows remapped for correctable errors."),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "1 when a row remapping has failed, else 0."),
+)
+FIELD_NAMES = tuple(f.name for f in FIELDS)
+DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
+
+
+def read_gpu(nvml: Any, handle: Any) -> Optional[dict[str, float]]:
+    """Every field NVML gives for one GPU (XID aside), by dcgm-exporter's name; a field NVML does not give for this
+    GPU (not supported, or another NVML error) is left out. None for a GPU that fell off the bus."""
+    lost: list[bool] = []
+
+    def get(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return read(handle, *args, **kwargs)
+        except nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == _ERROR_GPU_IS_LOST:
+                lost.append(True)
+            return None
+
+    values: dict[str, Any] = {
+        "DCGM_FI_DEV_SM_CLOCK": get(nvml.nvmlDeviceGetClockInfo, _CLOCK_SM),
+        "DCGM_FI_DEV_MEM_CLOCK": get(nvml.nvmlDeviceGetClockInfo, _CLOCK_MEM),
+        "DCGM_FI_DEV_GPU_TEMP": get(nvml.nvmlDeviceGetTemperature, _TEMPERATURE_GPU),
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": get(nvml.nvmlDeviceGetTotalEnergyConsumption),
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": get(nvml.nvmlDeviceGetPcieReplayCounter),
+    }
+    field = get(nvml.nvmlDeviceGetFieldValues, [_FI_DEV_MEMORY_TEMP])
+    if field and field[0].nvmlReturn == 0:
+        values["DCGM_FI_DEV_MEMORY_TEMP"] = field[0].value.uiVal
+    milliwatts = get(nvml.nvmlDeviceGetPowerUsage)
+    if milliwatts is not None:
+        values["DCGM_FI_DEV_POWER_USAGE"] = milliwatts / 1000.0
+    rates = get(nvml.nvmlDeviceGetUtilizationRates)
+    if rates is not None:
+        values["DCGM_FI_DEV_GPU_UTIL"], values["DCGM_FI_DEV_MEM_COPY_UTIL"] = rates.gpu, rates.memory
+    # [utilisation in %, the sampling period in microseconds]
+    for name, read in (
+        ("DCGM_FI_DEV_ENC_UTIL", nvml.nvmlDeviceGetEncoderUtilization),
+        ("DCGM_FI_DEV_DEC_UTIL", nvml.nvmlDeviceGetDecoderUtilization),
+    ):
+        sample = get(read)
+        if sample is not None:
+            values[name] = sample[0]
+    memory = get(nvml.nvmlDeviceGetMemoryInfo, version=_MEMORY_V2)
+    if memory is not None:
+        values["DCGM_FI_DEV_FB_FREE"] = memory.free // _MIB
+        values["DCGM_FI_DEV_FB_USED"] = memory.used // _MIB
+        values["DCGM_FI_DEV_FB_RESERVED"] = memory.reserved // _MIB
+    rows = get(nvml.nvmlDeviceGetRemappedRows)  # (corrected, uncorrected, pending, failed)
+    if rows is not None:
+        values["DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"] = rows[0]
+        values["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] = rows[1]
+        values["DCGM_FI_DEV_ROW_REMAP_FAILURE"] = 1 if rows[3] else 0
+    if lost:
+        return None
+    return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU's labels (dcgm-exporter's keys, in its order) and values at one reading."""
+
+    labels: tuple[tuple[str, str], ...]
+    values: dict[str, float]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def gpu_labels(nvml: Any, handle: Any, gpu: Gpu, hostname: str) -> tuple[tuple[str, str], ...]:
+    """`gpu` (the NVML index), `UUID`, `pci_bus_id` (NVML's form, 00000000:3B:00.0), `device` (nvidia<index>),
+    `modelName` (NVML's name), then `hostname` where one is given."""
+    try:
+        bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+    except nvml.NVMLError:  # the inventory's form where NVML no longer answers
+        bus_id = gpu.pci_bus_id
+    labels = [
+        ("gpu", str(gpu.index)),
+        ("UUID", gpu.uuid),
+        ("pci_bus_id", bus_id),
+        ("device", f"nvidia{gpu.index}"),
+        ("modelName", gpu.name),
+    ]
+    if hostname:
+        labels.append(("hostname", hostname))
+    return tuple(labels)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def render(readings: Sequence[GpuReading], driver_version: str = "") -> bytes:
+    """The Prometheus text format (0.0.4), a family per field with a series per GPU that has a value for it."""
+    extra = f',{DRIVER_VERSION_LABEL}="{_escape(driver_version)}"' if driver_version else ""
+    lines: list[str] = []
+    for field in FIELDS:
+        series = [r for r in readings if field.name in r.values]
+        if not series:
+            continue
+        lines.append(f"# HELP {field.name} {field.help}")
+        lines.append(f"# TYPE {field.name} {field.kind}")
+        for reading in series:
+            value = reading.values[field.name]
+            labels = ",".join(f'{key}="{_escape(text)}"' for key, text in reading.labels) + extra
+            if field.name == "DCGM_FI_DEV_XID_ERRORS":
+                labels += f',err_code="{_number(value)}"'
+            lines.append(f"{field.name}{{{labels}}} {_number(value)}")
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+class Sampler:
+    """Reads every GPU of `inventory()` through `nvml` every `interval` seconds on a thread of its own; `render()`
+    gives the last reading. `last_xid(uuid)` is the last XID the daemon's event watcher saw on a GPU."""
+
+    def __init__(
+        self,
+        nvml: Any,
+        inventory: Callable[[], Inventory],
+        interval: float = DEFAULT_INTERVAL_SECONDS,
+        hostname: str = "",
+        last_xid: Callable[[str], Optional[int]] = lambda uuid: None,
+    ) -> None:
+        self.nvml = nvml
+        self.inventory = inventory
+        self.interval = interval
+        self.hostname = hostname
+        self.last_xid = last_xid
+        self.readings = 0
+        self.last_seconds: Optional[float] = None
+        self._labels: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._rendered = b""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def read(self) -> None:
+        """One reading of every GPU, kept for the scrapes until the next."""
+        started = time.monotonic()
+        snapshot = self.inventory()
+        readings = []
+        for gpu in snapshot.gpus:
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            except self.nvml.NVMLError:
+                continue  # gone from NVML: no series until it answers again
+            values = read_gpu(self.nvml, handle)
+            if values is None:
+                continue
+            values["DCGM_FI_DEV_XID_ERRORS"] = self.last_xid(gpu.uuid) or 0
+            labels = self._labels.get(gpu.uuid)
+            if labels is None:
+                labels = self._labels[gpu.uuid] = gpu_labels(self.nvml, handle, gpu, self.hostname)
+            readings.append(GpuReading(labels, values))
+        rendered = render(readings, snapshot.driver_version)
+        with self._lock:
+            self._rendered = rendered
+            self.readings += 1
+            self.last_seconds = time.monotonic() - started
+
+    def render(self) -> bytes:
+        with self._lock:
+            return self._rendered
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dcgm-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.read()
+            except Exception:  # one bad reading must not end the exporter
+                log.exception("reading the GPUs for the dcgm metrics failed; trying again at the next interval")
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class Listener(HttpServer):
+    """GET /metrics answers `render()`; anything else 404."""
+
+    def __init__(self, address: str, render: Callable[[], bytes]) -> None:
+        super().__init__(address, {"/metrics": lambda: (200, CONTENT_TYPE, render())}, "dcgm-http")
+
+    def start(self) -> None:
+        super().start()
+        log.info("serving the dcgm metrics on /metrics", extra={"address": self.address})
+
+
+def hostname_label(node_name: str) -> str:
+    """dcgm-exporter's `hostname`: the node's name where the daemon knows it, else the machine's host name."""
+    return node_name or socket.gethostname()

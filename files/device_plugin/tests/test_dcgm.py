@@ -1,0 +1,250 @@
+"""GPU telemetry under dcgm-exporter's names (gpu_device_plugin/dcgm.py), read by the real pynvml on the mock
+libnvidia-ml.so.1 (mock_nvml.py), whose readings follow the simulated-GPU spec: each default field from its NVML
+call in dcgm-exporter's unit, dcgm-exporter's labels in its order, what NVML does not give left out, the last XID
+with its code, and the daemon serving them on a listener of its own. test_dcgm_held.py holds NVML inside a reading."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from typing import Any, Callable, Optional
+
+import pytest
+from gpu_device_plugin import config, dcgm
+from gpu_device_plugin.discovery import NvmlBackend
+from harness import H100, DaemonThread, fixture, make_config, wait_until, write_spec
+from prometheus_client.parser import text_string_to_metric_families
+
+GPU = "nvidia.com/gpu"
+HOST = "gpu-node-1"
+SERIES = re.compile(r"^(?P<name>[A-Z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+BUSY = {
+    "temperature_c": 71,
+    "memory_temperature_c": 83,
+    "power_mw": 412345,
+    "energy_mj": 987654321,
+    "pcie_replays": 3,
+    "gpu_utilization_pct": 97,
+    "memory_utilization_pct": 41,
+    "encoder_utilization_pct": 5,
+    "decoder_utilization_pct": 7,
+    "graphics_clock_mhz": 1755,
+    "sm_clock_mhz": 1980,
+    "memory_clock_mhz": 2619,
+    "video_clock_mhz": 1605,
+    "memory_used_mib": 40960,
+    "memory_reserved_mib": 512,
+    "remapped_rows_correctable": 2,
+    "remapped_rows_uncorrectable": 1,
+}
+
+
+def edit(library: Any, **gpus: dict[str, Any]) -> None:
+    """The spec the library follows, h100x8 with these GPUs' keys changed (gpu3={...})."""
+    spec = fixture("h100x8.yaml")
+    for name, changes in gpus.items():
+        spec["gpus"][int(name[3:])].update(changes)
+    write_spec(library.spec, spec)
+
+
+def sampled(library: Any, last_xid: Callable[[str], Optional[int]] = lambda uuid: None) -> str:
+    backend = NvmlBackend(library.pynvml)
+    backend.init()
+    try:
+        sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname=HOST, last_xid=last_xid)
+        sampler.read()
+        return sampler.render().decode()
+    finally:
+        backend.stop()
+
+
+def series(text: str) -> dict[tuple[str, str], tuple[dict[str, str], str]]:
+    """(metric, UUID) -> (labels, value) of every series line."""
+    found = {}
+    for line in text.splitlines():
+        match = SERIES.match(line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+            found[(match["name"], labels["UUID"])] = (labels, match["value"])
+    return found
+
+
+def of_gpu(text: str, uuid: str) -> dict[str, str]:
+    return {name: value for (name, found), (_labels, value) in series(text).items() if found == uuid}
+
+
+def types(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+
+
+def test_each_default_field_comes_from_its_nvml_call_in_dcgm_exporters_unit(mock_nvml):
+    edit(mock_nvml, gpu0={"readings": BUSY})
+    assert wait_until(lambda: of_gpu(sampled(mock_nvml), H100[0]).get("DCGM_FI_DEV_GPU_TEMP") == "71")
+    text = sampled(mock_nvml)
+    assert of_gpu(text, H100[0]) == {
+        "DCGM_FI_DEV_SM_CLOCK": "1980",
+        "DCGM_FI_DEV_MEM_CLOCK": "2619",
+        "DCGM_FI_DEV_MEMORY_TEMP": "83",
+        "DCGM_FI_DEV_GPU_TEMP": "71",
+        "DCGM_FI_DEV_POWER_USAGE": "412.345",
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "987654321",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "3",
+        "DCGM_FI_DEV_GPU_UTIL": "97",
+        "DCGM_FI_DEV_MEM_COPY_UTIL": "41",
+        "DCGM_FI_DEV_ENC_UTIL": "5",
+        "DCGM_FI_DEV_DEC_UTIL": "7",
+        "DCGM_FI_DEV_XID_ERRORS": "0",
+        "DCGM_FI_DEV_FB_FREE": str(81559 - 40960 - 512),
+        "DCGM_FI_DEV_FB_USED": "40960",
+        "DCGM_FI_DEV_FB_RESERVED": "512",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "1",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "2",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": "0",
+    }
+    # The other GPUs are idle (the spec's defaults), and have no memory temperature.
+    idle = of_gpu(text, H100[1])
+    assert (idle["DCGM_FI_DEV_GPU_TEMP"], idle["DCGM_FI_DEV_POWER_USAGE"], idle["DCGM_FI_DEV_FB_USED"]) == (
+        "34",
+        "68",
+        "0",
+    )
+    assert "DCGM_FI_DEV_MEMORY_TEMP" not in idle
+    # dcgm-exporter's types: the energy, the PCIe replays and the remapped rows are counters, named without _total.
+    assert types(text) == {field.name: field.kind for field in dcgm.FIELDS}
+    counters = {name for name, kind in types(text).items() if kind == "counter"}
+    assert counters == {
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    }
+
+
+def test_a_failed_row_remapping_shows_as_one(mock_nvml):
+    edit(mock_nvml, gpu6={"readings": {"remapped_rows_uncorrectable": 9, "remap_failure": 1}})
+    assert wait_until(lambda: of_gpu(sampled(mock_nvml), H100[6]).get("DCGM_FI_DEV_ROW_REMAP_FAILURE") == "1")
+    assert of_gpu(sampled(mock_nvml), H100[6])["DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"] == "9"
+
+
+def test_the_series_carry_dcgm_exporters_labels_in_its_order_and_parse_as_prometheus_text(mock_nvml):
+    text = sampled(mock_nvml)
+    assert (
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="3",UUID="{H100[3]}",pci_bus_id="00000000:5D:00.0",device="nvidia3",'
+        f'modelName="NVIDIA H100 80GB HBM3",hostname="{HOST}",DCGM_FI_DRIVER_VERSION="580.95.05"}} 34'
+    ) in text.splitlines()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    temperature = families["DCGM_FI_DEV_GPU_TEMP"]
+    assert [s.labels["gpu"] for s in temperature.samples] == [str(i) for i in range(8)]
+    assert {s.labels["UUID"] for s in temperature.samples} == set(H100)
+
+
+def test_what_nvml_does_not_give_is_left_out_not_faked(mock_nvml):
+    # No GPU of h100x8 has a memory temperature in the spec: NVML answers NOT_SUPPORTED for the field.
+    found = series(sampled(mock_nvml))
+    assert not [key for key in found if key[0] == "DCGM_FI_DEV_MEMORY_TEMP"]
+    assert {uuid for name, uuid in found if name == "DCGM_FI_DEV_GPU_TEMP"} == set(H100)
+
+
+def test_a_gpu_off_the_bus_has_no_series_until_it_answers_again(mock_nvml):
+    backend = NvmlBackend(mock_nvml.pynvml)
+    backend.init()
+    sampler = dcgm.Sampler(mock_nvml.pynvml, backend.snapshot, hostname=HOST)
+
+    def uuids() -> set[str]:
+        sampler.read()
+        return {uuid for _name, uuid in series(sampler.render().decode())}
+
+    try:
+        assert uuids() == set(H100)
+        edit(mock_nvml, gpu5={"lost": True})
+        assert wait_until(lambda: uuids() == set(H100) - {H100[5]})
+        edit(mock_nvml)
+        assert wait_until(lambda: uuids() == set(H100))
+    finally:
+        backend.stop()
+
+
+def test_the_last_xid_shows_with_its_code(mock_nvml):
+    found = series(sampled(mock_nvml, last_xid={H100[4]: 79}.get))
+    labels, value = found[("DCGM_FI_DEV_XID_ERRORS", H100[4])]
+    assert (labels["err_code"], value) == ("79", "79")
+    labels, value = found[("DCGM_FI_DEV_XID_ERRORS", H100[0])]
+    assert (labels["err_code"], value) == ("0", "0")
+
+
+def test_label_values_are_escaped_as_the_text_format_asks():
+    reading = dcgm.GpuReading(
+        (("gpu", "0"), ("UUID", "GPU-x"), ("modelName", 'a "b" \\ c\nd')), {"DCGM_FI_DEV_GPU_TEMP": 1}
+    )
+    text = dcgm.render([reading]).decode()
+    assert 'modelName="a \\"b\\" \\\\ c\\nd"' in text
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "DCGM_FI_DEV_GPU_TEMP"]
+    assert family.samples[0].labels["modelName"] == 'a "b" \\ c\nd'
+
+
+def test_the_daemon_serves_them_on_their_own_listener_with_the_xids_its_watcher_saw(node, mock_nvml):
+    settings = make_config(
+        node.kubelet_socket, None, dcgm_metrics_address="127.0.0.1:0", dcgm_interval_seconds=1.0, node_name=HOST
+    )
+    daemon = DaemonThread(settings, nvml=mock_nvml.pynvml).start()
+
+    def scrape() -> dict[tuple[str, str], tuple[dict[str, str], str]]:
+        listener = daemon.daemon._dcgm_listener
+        assert listener is not None
+        with urllib.request.urlopen(f"http://{listener.address}/metrics", timeout=10) as reply:
+            assert reply.headers["Content-Type"] == dcgm.CONTENT_TYPE
+            return series(reply.read().decode())
+
+    try:
+        assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+        assert wait_until(lambda: len([k for k in scrape() if k[0] == "DCGM_FI_DEV_GPU_TEMP"]) == 8)
+        edit(mock_nvml, gpu4={"xid": 79}, gpu2={"readings": {"power_mw": 250000}})
+        assert wait_until(lambda: scrape()[("DCGM_FI_DEV_XID_ERRORS", H100[4])][1] == "79")
+        assert wait_until(lambda: scrape()[("DCGM_FI_DEV_POWER_USAGE", H100[2])][1] == "250")
+        assert scrape()[("DCGM_FI_DEV_XID_ERRORS", H100[4])][0]["err_code"] == "79"
+    finally:
+        daemon.stop()
+
+
+def test_off_by_default_and_with_the_simulated_backend(node, mock_nvml):
+    daemon = DaemonThread(make_config(node.kubelet_socket, None), nvml=mock_nvml.pynvml).start()
+    try:
+        assert daemon.daemon._dcgm_listener is None
+    finally:
+        daemon.stop()
+    simulated = make_config(node.kubelet_socket, node.spec, dcgm_metrics_address="127.0.0.1:0")
+    daemon = DaemonThread(simulated).start()
+    try:
+        assert daemon.daemon._dcgm_listener is None and daemon.daemon._dcgm is None
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"dcgm_metrics_address": "9400"},
+            "dcgmMetricsAddress must be HOST:PORT or :PORT (port 0-65535), or empty for off, not '9400'.",
+        ),
+        (
+            {"dcgm_metrics_address": "0.0.0.0:70000"},
+            "dcgmMetricsAddress must be HOST:PORT or :PORT (port 0-65535), or empty for off, not '0.0.0.0:70000'.",
+        ),
+        ({"dcgm_interval_seconds": 0.5}, "dcgmIntervalSeconds must be a number of seconds of 1 or more."),
+    ],
+)
+def test_bad_settings_are_one_sentence(values, message):
+    with pytest.raises(config.ConfigError) as refused:
+        config.resolve(values, {})
+    assert str(refused.value) == message
+
+
+def test_the_settings_from_the_file_and_the_environment(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\ngpuops:\n  dcgmMetricsAddress: ':9400'\n  dcgmIntervalSeconds: 15\n")
+    from_file = config.resolve({}, {}, config.load_file(str(path)))
+    assert (from_file.dcgm_metrics_address, from_file.dcgm_interval_seconds) == (":9400", 15.0)
+    env = {"GPU_DEVICE_PLUGIN_DCGM_METRICS_ADDRESS": "127.0.0.1:9500"}
+    assert config.resolve({}, env).dcgm_metrics_address == "127.0.0.1:9500"
+    assert config.resolve({}, {}).dcgm_metrics_address == ""
