@@ -6,13 +6,17 @@ with its code, and the daemon serving them on a listener of its own. test_dcgm_h
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import urllib.request
 from typing import Any, Callable, Optional
 
+import grpc
 import pytest
-from gpu_device_plugin import config, dcgm
+from gpu_device_plugin import config, dcgm, gpu_pods
 from gpu_device_plugin.discovery import NvmlBackend
 from harness import H100, DaemonThread, fixture, make_config, wait_until, write_spec
+from podresources_double import PodResourcesDouble, claim, container, pod
 from prometheus_client.parser import text_string_to_metric_families
 
 GPU = "nvidia.com/gpu"
@@ -172,6 +176,113 @@ def test_the_last_xid_shows_with_its_code(mock_nvml):
     assert (labels["err_code"], value) == ("0", "0")
 
 
+@pytest.fixture
+def pod_resources():
+    """The kubelet's pod-resources API (a double: podresources_double.py) on a real unix socket."""
+    sockets = tempfile.mkdtemp(prefix="gpr-")  # unix socket paths are limited to 107 bytes
+    kubelet = PodResourcesDouble(f"{sockets}/kubelet.sock").start()
+    yield kubelet
+    kubelet.stop()
+    shutil.rmtree(sockets, ignore_errors=True)
+
+
+def holders(text: str, metric: str = "DCGM_FI_DEV_GPU_TEMP") -> dict[str, list[dict[str, str]]]:
+    """GPU UUID -> the pod labels of its series of `metric` (an empty dict for a series without them)."""
+    keys = ("pod", "namespace", "container", "dra_claim_name", "dra_claim_namespace", "dra_driver_name")
+    found: dict[str, list[dict[str, str]]] = {}
+    for line in text.splitlines():
+        match = SERIES.match(line)
+        if match and match["name"] == metric:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+            found.setdefault(labels["UUID"], []).append({k: v for k, v in labels.items() if k in keys})
+    return found
+
+
+def test_each_container_holding_a_gpu_gets_a_series_of_its_own(mock_nvml, pod_resources):
+    claims = [claim("team-b", "big", [("gpu.gpuops.k8s", HOST, "gpu-5")])]
+    pod_resources.pods = [
+        pod("ml", "train", container("main", {GPU: [H100[0]]}), container("sidecar")),
+        # Two pods on replicas of one time-sliced GPU; the second holds two of them.
+        pod("ml", "a", container("main", {GPU: [f"{H100[2]}::0"]})),
+        pod("ml", "b", container("main", {GPU: [f"{H100[2]}::1", f"{H100[2]}::3"]})),
+        pod("team-b", "claimer", container("main", claims=claims)),
+        # A MIG device's holder, and a claim of another driver, are not attributed to a GPU.
+        pod("ml", "mig", container("main", {"nvidia.com/mig-1g.10gb": ["3:0"]})),
+        pod("ml", "other", container("main", claims=[claim("ml", "c", [("gpu.example.com", HOST, "gpu-6")])])),
+    ]
+    settings = make_config("/nonexistent", None, node_name=HOST, pod_resources_socket=pod_resources.socket_path)
+    sampler = dcgm.Sampler(
+        mock_nvml.pynvml,
+        lambda: backend.snapshot(),
+        hostname=HOST,
+        holders=lambda inventory: gpu_pods.holders_by_gpu(
+            gpu_pods.list_pod_resources(settings.pod_resources_socket, 5), gpu_pods.device_map(inventory, settings)
+        ),
+    )
+    backend = NvmlBackend(mock_nvml.pynvml)
+    backend.init()
+    try:
+        sampler.read()
+    finally:
+        backend.stop()
+    found = holders(sampler.render().decode())
+    assert found[H100[0]] == [{"pod": "train", "namespace": "ml", "container": "main"}]
+    assert found[H100[2]] == [
+        {"pod": "a", "namespace": "ml", "container": "main"},
+        {"pod": "b", "namespace": "ml", "container": "main"},
+    ]
+    assert found[H100[5]] == [
+        {
+            "pod": "claimer",
+            "namespace": "team-b",
+            "container": "main",
+            "dra_claim_name": "big",
+            "dra_claim_namespace": "team-b",
+            "dra_driver_name": "gpu.gpuops.k8s",
+        }
+    ]
+    assert found[H100[3]] == found[H100[6]] == found[H100[1]] == [{}]
+    # Every field of a held GPU has a series per holder, the XID's with its err_code after the pod labels.
+    xid = holders(sampler.render().decode(), "DCGM_FI_DEV_XID_ERRORS")
+    assert xid[H100[2]] == found[H100[2]]
+
+
+def test_the_daemons_pod_labels_follow_the_pods_within_a_reading(node, mock_nvml, pod_resources):
+    settings = make_config(
+        node.kubelet_socket,
+        None,
+        dcgm_metrics_address="127.0.0.1:0",
+        dcgm_interval_seconds=1.0,
+        node_name=HOST,
+        pod_resources_socket=pod_resources.socket_path,
+    )
+    daemon = DaemonThread(settings, nvml=mock_nvml.pynvml).start()
+
+    def scrape() -> dict[str, list[dict[str, str]]]:
+        listener = daemon.daemon._dcgm_listener
+        assert listener is not None
+        with urllib.request.urlopen(f"http://{listener.address}/metrics", timeout=10) as reply:
+            return holders(reply.read().decode())
+
+    try:
+        assert wait_until(lambda: len(scrape()) == 8)
+        assert scrape()[H100[4]] == [{}]
+        pod_resources.pods = [pod("ml", "train", container("main", {GPU: [H100[4]]}))]
+        assert wait_until(lambda: scrape()[H100[4]] == [{"pod": "train", "namespace": "ml", "container": "main"}])
+        pod_resources.pods = []
+        assert wait_until(lambda: scrape()[H100[4]] == [{}])
+        # The kubelet stops answering: the series stay, without pod labels, and come back with them.
+        pod_resources.pods = [pod("ml", "train", container("main", {GPU: [H100[4]]}))]
+        pod_resources.refuse(grpc.StatusCode.UNAVAILABLE, "restarting")
+        calls = pod_resources.calls
+        assert wait_until(lambda: pod_resources.calls > calls + 1)
+        assert scrape()[H100[4]] == [{}]
+        pod_resources.refusal = None
+        assert wait_until(lambda: scrape()[H100[4]] == [{"pod": "train", "namespace": "ml", "container": "main"}])
+    finally:
+        daemon.stop()
+
+
 def test_label_values_are_escaped_as_the_text_format_asks():
     reading = dcgm.GpuReading(
         (("gpu", "0"), ("UUID", "GPU-x"), ("modelName", 'a "b" \\ c\nd')), {"DCGM_FI_DEV_GPU_TEMP": 1}
@@ -248,3 +359,9 @@ def test_the_settings_from_the_file_and_the_environment(tmp_path):
     env = {"GPU_DEVICE_PLUGIN_DCGM_METRICS_ADDRESS": "127.0.0.1:9500"}
     assert config.resolve({}, env).dcgm_metrics_address == "127.0.0.1:9500"
     assert config.resolve({}, {}).dcgm_metrics_address == ""
+    assert config.resolve({}, {}).pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert config.resolve({}, {"GPU_DEVICE_PLUGIN_POD_RESOURCES_SOCKET": "/run/pr.sock"}).pod_resources_socket == (
+        "/run/pr.sock"
+    )
+    path.write_text("version: v1\ngpuops:\n  podResourcesSocket: ''\n")
+    assert config.resolve({}, {}, config.load_file(str(path))).pod_resources_socket == ""

@@ -102,6 +102,11 @@ def add_daemon_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dcgm-interval-seconds", type=float, help="how often NVML is read for those metrics (default 30)")
     p.add_argument(
+        "--pod-resources-socket",
+        help="the kubelet's pod-resources socket, for those metrics' pod labels "
+        f"(default {config.DEFAULT_POD_RESOURCES_SOCKET}; empty: no pod labels)",
+    )
+    p.add_argument(
         "--health-file",
         help=f"where the GPUs' health, XIDs and classes go (default {config.DEFAULT_HEALTH_FILE}; off: nowhere)",
     )

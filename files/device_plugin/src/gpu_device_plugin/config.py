@@ -22,6 +22,7 @@ ID_STRATEGIES = ("uuid", "index")
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 ALLOCATION_MODES = ("device-plugin", "dra")
 DEFAULT_HEALTH_FILE = "/var/lib/gpuops/gpu-health.json"
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HOST = re.compile(r"^[A-Za-z0-9.-]*$")
 
@@ -115,6 +116,9 @@ class Config:
     # NVML is read for it. Only with the nvml backend.
     dcgm_metrics_address: str = ""
     dcgm_interval_seconds: float = 30.0
+    # The kubelet's pod-resources socket, read with each reading of those metrics for their pod, namespace and
+    # container labels ("": none).
+    pod_resources_socket: str = DEFAULT_POD_RESOURCES_SOCKET
     log_format: str = "text"
     log_level: str = "info"
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
@@ -190,6 +194,7 @@ _ENV = (
     ("metrics_address", "GPU_DEVICE_PLUGIN_METRICS_ADDRESS", "str"),
     ("dcgm_metrics_address", "GPU_DEVICE_PLUGIN_DCGM_METRICS_ADDRESS", "str"),
     ("dcgm_interval_seconds", "GPU_DEVICE_PLUGIN_DCGM_INTERVAL_SECONDS", "float"),
+    ("pod_resources_socket", "GPU_DEVICE_PLUGIN_POD_RESOURCES_SOCKET", "str"),
     ("log_format", "GPU_DEVICE_PLUGIN_LOG_FORMAT", "str"),
     ("allocation_mode", "GPU_DEVICE_PLUGIN_ALLOCATION_MODE", "str"),
     ("driver_name", "GPU_DEVICE_PLUGIN_DRIVER_NAME", "str"),
@@ -370,6 +375,7 @@ class _FileReader:
             "metricsAddress": ("metrics_address", "str"),
             "dcgmMetricsAddress": ("dcgm_metrics_address", "str"),
             "dcgmIntervalSeconds": ("dcgm_interval_seconds", "float"),
+            "podResourcesSocket": ("pod_resources_socket", "str"),
             "logFormat": ("log_format", "str"),
             "initRetrySeconds": ("init_retry_seconds", "float"),
             "allocationMode": ("allocation_mode", "str"),

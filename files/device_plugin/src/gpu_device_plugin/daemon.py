@@ -15,7 +15,7 @@ import logging
 import signal
 from typing import Any, Awaitable, Callable, Optional, Protocol
 
-from gpu_device_plugin import allocation, dcgm, hostdriver
+from gpu_device_plugin import allocation, dcgm, gpu_pods, hostdriver
 from gpu_device_plugin.config import Config, ConfigError
 from gpu_device_plugin.discovery import BackendError, NvmlBackend, make_backend
 from gpu_device_plugin.dra.node import ApiSide, DraNode, default_api_side
@@ -89,6 +89,7 @@ class Daemon:
         self._dcgm: Optional[dcgm.Sampler] = None
         self._dcgm_listener: Optional[dcgm.Listener] = None
         self.last_xid: dict[str, int] = {}
+        self._pods_error: Optional[str] = None  # why the last List of the kubelet's pod resources failed
         self._retry_task: Optional[asyncio.Task[None]] = None
         self.exit_code = 0
 
@@ -236,11 +237,30 @@ class Daemon:
             self.config.dcgm_interval_seconds,
             dcgm.hostname_label(self.config.node_name),
             self.last_xid.get,
+            self.gpu_holders,
         )
         self._dcgm.start()
         if self._dcgm_listener is None:
             self._dcgm_listener = dcgm.Listener(address, self.dcgm_metrics)
             self._dcgm_listener.start()
+
+    def gpu_holders(self, inventory: Any) -> dict[str, list[tuple[tuple[str, str], ...]]]:
+        """The containers holding each GPU, from the kubelet's pod-resources API (called by the dcgm sampler's thread
+        with each reading); none when the setting is empty or the kubelet does not answer (said once per cause)."""
+        socket = self.config.pod_resources_socket
+        if not socket:
+            return {}
+        try:
+            response = gpu_pods.list_pod_resources(socket, timeout=5.0)
+        except gpu_pods.GpuPodsError as exc:
+            if str(exc) != self._pods_error:
+                log.warning("the dcgm metrics carry no pod labels until the kubelet answers: %s", exc)
+            self._pods_error = str(exc)
+            return {}
+        if self._pods_error is not None:
+            log.info("the dcgm metrics carry pod labels again")
+        self._pods_error = None
+        return gpu_pods.holders_by_gpu(response, gpu_pods.device_map(inventory, self.config))
 
     def dcgm_metrics(self) -> bytes:
         """The last reading of the dcgm metrics (called from the listener's thread)."""

@@ -129,6 +129,8 @@ class GpuReading:
 
     labels: tuple[tuple[str, str], ...]
     values: dict[str, float]
+    # The containers holding the GPU (pod, namespace, container and a claim's dra_* labels): a series for each.
+    holders: tuple[tuple[tuple[str, str], ...], ...] = ()
 
 
 def _text(value: Any) -> str:
@@ -176,16 +178,21 @@ def render(readings: Sequence[GpuReading], driver_version: str = "") -> bytes:
         lines.append(f"# TYPE {field.name} {field.kind}")
         for reading in series:
             value = reading.values[field.name]
-            labels = ",".join(f'{key}="{_escape(text)}"' for key, text in reading.labels) + extra
-            if field.name == "DCGM_FI_DEV_XID_ERRORS":
-                labels += f',err_code="{_number(value)}"'
-            lines.append(f"{field.name}{{{labels}}} {_number(value)}")
+            base = ",".join(f'{key}="{_escape(text)}"' for key, text in reading.labels) + extra
+            code = f',err_code="{_number(value)}"' if field.name == "DCGM_FI_DEV_XID_ERRORS" else ""
+            for holder in reading.holders or ((),):
+                labels = base + "".join(f',{key}="{_escape(text)}"' for key, text in holder) + code
+                lines.append(f"{field.name}{{{labels}}} {_number(value)}")
     return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+Holders = Callable[[Inventory], "dict[str, list[tuple[tuple[str, str], ...]]]"]
 
 
 class Sampler:
     """Reads every GPU of `inventory()` through `nvml` every `interval` seconds on a thread of its own; `render()`
-    gives the last reading. `last_xid(uuid)` is the last XID the daemon's event watcher saw on a GPU."""
+    gives the last reading. `last_xid(uuid)` is the last XID the daemon's event watcher saw on a GPU; `holders`
+    gives, with each reading, the label sets of the containers holding each GPU (gpu_pods.holders_by_gpu)."""
 
     def __init__(
         self,
@@ -194,8 +201,10 @@ class Sampler:
         interval: float = DEFAULT_INTERVAL_SECONDS,
         hostname: str = "",
         last_xid: Callable[[str], Optional[int]] = lambda uuid: None,
+        holders: Holders = lambda inventory: {},
     ) -> None:
         self.nvml = nvml
+        self.holders = holders
         self.inventory = inventory
         self.interval = interval
         self.hostname = hostname
@@ -212,6 +221,7 @@ class Sampler:
         """One reading of every GPU, kept for the scrapes until the next."""
         started = time.monotonic()
         snapshot = self.inventory()
+        held = self.holders(snapshot)
         readings = []
         for gpu in snapshot.gpus:
             try:
@@ -225,7 +235,7 @@ class Sampler:
             labels = self._labels.get(gpu.uuid)
             if labels is None:
                 labels = self._labels[gpu.uuid] = gpu_labels(self.nvml, handle, gpu, self.hostname)
-            readings.append(GpuReading(labels, values))
+            readings.append(GpuReading(labels, values, tuple(held.get(gpu.uuid, ()))))
         rendered = render(readings, snapshot.driver_version)
         with self._lock:
             self._rendered = rendered

@@ -22,14 +22,14 @@ from typing import Any, Optional, Sequence
 import grpc
 
 from gpu_device_plugin.api import podresources_v1_pb2, podresources_v1_pb2_grpc
-from gpu_device_plugin.config import DEFAULT_RESOURCE, Config
+from gpu_device_plugin.config import DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_RESOURCE, Config
 from gpu_device_plugin.dra.names import DeviceNumbers, number_in
 from gpu_device_plugin.inventory import Inventory
 from gpu_device_plugin.sharing import plan
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_SOCKET = DEFAULT_POD_RESOURCES_SOCKET
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 _REPLICA = re.compile(r"::[0-9]+$")
 
@@ -57,6 +57,13 @@ class DeviceMap:
         if target in self.by_uuid:
             return self.by_uuid[target]
         return self.by_index.get(target) if self.ours(resource) else None
+
+    def whole_gpu(self, resource: str, device_id: str) -> Optional[str]:
+        """The GPU a device-plugin device ID names when it is the GPU itself or a replica of it, not a MIG device."""
+        target = _REPLICA.sub("", device_id)
+        gpu = self.device_plugin_gpu(resource, device_id)
+        whole = target == gpu or (":" not in target and target in self.by_index)
+        return gpu if gpu is not None and whole else None
 
     def dra_gpu(self, driver: str, pool: str, device: str) -> Optional[str]:
         if driver != self.driver or (self.pool and pool != self.pool):
@@ -157,3 +164,39 @@ def pods_on_gpus(response: Any, devices: DeviceMap, gpus: Sequence[str]) -> list
                 }
             )
     return sorted(found, key=lambda p: (p["namespace"], p["name"]))
+
+
+LabelSet = tuple[tuple[str, str], ...]
+
+
+def holders_by_gpu(response: Any, devices: DeviceMap) -> dict[str, list[LabelSet]]:
+    """Who holds each whole GPU of a List answer, as dcgm-exporter labels a GPU's series: per GPU UUID, a label set
+    per container holding it (a device-plugin device, a time-slicing replica, or a DRA claim's device) in the order
+    of the answer: `pod`, `namespace`, `container`, and for a claim `dra_claim_name`, `dra_claim_namespace`,
+    `dra_driver_name`, `dra_pool_name`, `dra_device_name`. A container holding several replicas of one GPU is one
+    holder. MIG devices are not attributed here (their series are not served yet)."""
+    held: dict[str, dict[LabelSet, None]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            holder: LabelSet = (("pod", pod.name), ("namespace", pod.namespace), ("container", container.name))
+            for entry in container.devices:
+                for device_id in entry.device_ids:
+                    gpu = devices.whole_gpu(entry.resource_name, device_id)
+                    if gpu is not None:
+                        held.setdefault(gpu, {})[holder] = None
+            for dynamic in container.dynamic_resources:
+                for resource in dynamic.claim_resources:
+                    if "-mig-" in resource.device_name:
+                        continue
+                    gpu = devices.dra_gpu(resource.driver_name, resource.pool_name, resource.device_name)
+                    if gpu is None:
+                        continue
+                    claim: LabelSet = (
+                        ("dra_claim_name", dynamic.claim_name),
+                        ("dra_claim_namespace", dynamic.claim_namespace or pod.namespace),
+                        ("dra_driver_name", resource.driver_name),
+                        ("dra_pool_name", resource.pool_name),
+                        ("dra_device_name", resource.device_name),
+                    )
+                    held.setdefault(gpu, {})[holder + claim] = None
+    return {gpu: list(sets) for gpu, sets in held.items()}
