@@ -5,6 +5,7 @@ with its code, and the daemon serving them on a listener of its own. test_dcgm_h
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -15,7 +16,8 @@ import grpc
 import pytest
 from gpu_device_plugin import config, dcgm, gpu_pods
 from gpu_device_plugin.discovery import NvmlBackend
-from harness import H100, DaemonThread, fixture, make_config, wait_until, write_spec
+from harness import FIXTURES, H100, DaemonThread, fixture, make_config, wait_until, write_spec
+from mock_nvml import MockNvml
 from podresources_double import PodResourcesDouble, claim, container, pod
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -281,6 +283,52 @@ def test_the_daemons_pod_labels_follow_the_pods_within_a_reading(node, mock_nvml
         assert wait_until(lambda: scrape()[H100[4]] == [{"pod": "train", "namespace": "ml", "container": "main"}])
     finally:
         daemon.stop()
+
+
+MIG_GPU = "GPU-0a5e1c00-0000-4000-8000-00000000a100"
+MIGS = [f"MIG-0a5e1c00-0000-4000-8000-0000000000a{i}" for i in (1, 2, 3)]
+
+
+def test_each_mig_device_has_series_of_its_own_with_its_gpu_instance_and_holders(tmp_path, pod_resources):
+    library = MockNvml(os.path.join(FIXTURES, "a100-mig.yaml"), str(tmp_path / "state"))
+    pod_resources.pods = [
+        pod("ml", "small", container("main", {"nvidia.com/mig-1g.5gb": [MIGS[2]]})),
+        pod("ml", "big", container("main", {"nvidia.com/mig-3g.20gb": ["0:0"]})),
+    ]
+    settings = make_config("/nonexistent", None, node_name=HOST, pod_resources_socket=pod_resources.socket_path)
+    backend = NvmlBackend(library.pynvml)
+    backend.init()
+    try:
+        sampler = dcgm.Sampler(
+            library.pynvml,
+            backend.snapshot,
+            hostname=HOST,
+            holders=lambda inventory: gpu_pods.holders_by_gpu(
+                gpu_pods.list_pod_resources(settings.pod_resources_socket, 5), gpu_pods.device_map(inventory, settings)
+            ),
+        )
+        sampler.read()
+        text = sampler.render().decode()
+    finally:
+        backend.stop()
+        library.close()
+    free = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_FB_FREE{")]
+    mig = [line for line in free if "GPU_I_PROFILE" in line]
+    # NVML's GPU-instance IDs on 8 memory slices: the 3g.20gb at slices 0-3 is 1, the 1g.5gb at 4 and 5 are 11, 12.
+    assert mig == [
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="' + MIG_GPU + '",pci_bus_id="00000000:07:00.0",device="nvidia0",'
+        'modelName="NVIDIA A100-SXM4-40GB",GPU_I_PROFILE="3g.20gb",GPU_I_ID="1",hostname="gpu-node-1",'
+        'DCGM_FI_DRIVER_VERSION="535.247.01",pod="big",namespace="ml",container="main"} 19968',
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="' + MIG_GPU + '",pci_bus_id="00000000:07:00.0",device="nvidia0",'
+        'modelName="NVIDIA A100-SXM4-40GB",GPU_I_PROFILE="1g.5gb",GPU_I_ID="11",hostname="gpu-node-1",'
+        'DCGM_FI_DRIVER_VERSION="535.247.01"} 4864',
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="' + MIG_GPU + '",pci_bus_id="00000000:07:00.0",device="nvidia0",'
+        'modelName="NVIDIA A100-SXM4-40GB",GPU_I_PROFILE="1g.5gb",GPU_I_ID="12",hostname="gpu-node-1",'
+        'DCGM_FI_DRIVER_VERSION="535.247.01",pod="small",namespace="ml",container="main"} 4864',
+    ]
+    # A MIG device's series has its framebuffer only: NVML gives no utilisation for it.
+    mig_fields = {line.split("{")[0] for line in text.splitlines() if "GPU_I_ID" in line}
+    assert mig_fields == {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"}
 
 
 def test_label_values_are_escaped_as_the_text_format_asks():

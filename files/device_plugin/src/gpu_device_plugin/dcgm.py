@@ -123,6 +123,23 @@ def read_gpu(nvml: Any, handle: Any) -> Optional[dict[str, float]]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def read_mig(nvml: Any, handle: Any) -> Optional[dict[str, float]]:
+    """A MIG device's framebuffer, free and used (MiB), as dcgm-exporter reads it for the device's series; None
+    where NVML does not answer."""
+    try:
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    except nvml.NVMLError:
+        return None
+    return {"DCGM_FI_DEV_FB_FREE": memory.free // _MIB, "DCGM_FI_DEV_FB_USED": memory.used // _MIB}
+
+
+def mig_labels(parent: tuple[tuple[str, str], ...], profile: str, instance_id: int) -> tuple[tuple[str, str], ...]:
+    """A MIG device's series' labels: its GPU's, with `GPU_I_PROFILE` and `GPU_I_ID` (its GPU instance) after
+    `modelName`, as dcgm-exporter places them."""
+    at = [key for key, _value in parent].index("modelName") + 1
+    return (*parent[:at], ("GPU_I_PROFILE", profile), ("GPU_I_ID", str(instance_id)), *parent[at:])
+
+
 @dataclass(frozen=True)
 class GpuReading:
     """One GPU's labels (dcgm-exporter's keys, in its order) and values at one reading."""
@@ -236,11 +253,28 @@ class Sampler:
             if labels is None:
                 labels = self._labels[gpu.uuid] = gpu_labels(self.nvml, handle, gpu, self.hostname)
             readings.append(GpuReading(labels, values, tuple(held.get(gpu.uuid, ()))))
+            for mig in gpu.mig_devices:
+                reading = self._read_mig(mig, labels, tuple(held.get(mig.uuid, ())))
+                if reading is not None:
+                    readings.append(reading)
         rendered = render(readings, snapshot.driver_version)
         with self._lock:
             self._rendered = rendered
             self.readings += 1
             self.last_seconds = time.monotonic() - started
+
+    def _read_mig(
+        self, mig: Any, parent: tuple[tuple[str, str], ...], holders: tuple[tuple[tuple[str, str], ...], ...]
+    ) -> Optional[GpuReading]:
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(mig.uuid)
+            instance_id = self.nvml.nvmlDeviceGetGpuInstanceId(handle)
+        except self.nvml.NVMLError:
+            return None  # not in NVML's layout now: no series until it is
+        values = read_mig(self.nvml, handle)
+        if values is None:
+            return None
+        return GpuReading(mig_labels(parent, mig.profile, instance_id), values, holders)
 
     def render(self) -> bytes:
         with self._lock:

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import grpc
@@ -48,6 +48,8 @@ class DeviceMap:
     driver: str
     pool: str  # "" accepts any pool of the driver
     by_dra_number: dict[int, str]
+    # A MIG device's device-plugin IDs (its UUID, "1:0") -> its UUID
+    mig_devices: dict[str, str] = field(default_factory=dict)
 
     def ours(self, resource: str) -> bool:
         return resource in self.resources or resource.startswith(MIG_RESOURCE_PREFIX)
@@ -57,6 +59,13 @@ class DeviceMap:
         if target in self.by_uuid:
             return self.by_uuid[target]
         return self.by_index.get(target) if self.ours(resource) else None
+
+    def mig_device(self, resource: str, device_id: str) -> Optional[str]:
+        """The MIG device a device-plugin device ID names (a replica's too), by its UUID; None for another ID."""
+        target = _REPLICA.sub("", device_id)
+        if target in self.by_uuid and target != self.by_uuid[target]:
+            return target
+        return self.mig_devices.get(target) if ":" in target and self.ours(resource) else None
 
     def whole_gpu(self, resource: str, device_id: str) -> Optional[str]:
         """The GPU a device-plugin device ID names when it is the GPU itself or a replica of it, not a MIG device."""
@@ -84,12 +93,14 @@ def resource_names(inventory: Inventory, config: Config) -> frozenset[str]:
 def device_map(inventory: Inventory, config: Config) -> DeviceMap:
     by_uuid: dict[str, str] = {}
     by_index: dict[str, str] = {}
+    mig_devices: dict[str, str] = {}
     for gpu in inventory.gpus:
         by_uuid[gpu.uuid] = gpu.uuid
         by_index[str(gpu.index)] = gpu.uuid
         for mig in gpu.mig_devices:
             by_uuid[mig.uuid] = gpu.uuid
             by_index[f"{gpu.index}:{mig.index}"] = gpu.uuid
+            mig_devices[f"{gpu.index}:{mig.index}"] = mig.uuid
     numbers = DeviceNumbers(config.dra_plugin_dir).peek(inventory)
     return DeviceMap(
         by_uuid,
@@ -98,6 +109,7 @@ def device_map(inventory: Inventory, config: Config) -> DeviceMap:
         config.driver_name,
         config.node_name,
         {number: uuid for uuid, number in numbers.items()},
+        mig_devices,
     )
 
 
@@ -170,20 +182,22 @@ LabelSet = tuple[tuple[str, str], ...]
 
 
 def holders_by_gpu(response: Any, devices: DeviceMap) -> dict[str, list[LabelSet]]:
-    """Who holds each whole GPU of a List answer, as dcgm-exporter labels a GPU's series: per GPU UUID, a label set
-    per container holding it (a device-plugin device, a time-slicing replica, or a DRA claim's device) in the order
-    of the answer: `pod`, `namespace`, `container`, and for a claim `dra_claim_name`, `dra_claim_namespace`,
-    `dra_driver_name`, `dra_pool_name`, `dra_device_name`. A container holding several replicas of one GPU is one
-    holder. MIG devices are not attributed here (their series are not served yet)."""
+    """Who holds each GPU and MIG device of a List answer, as dcgm-exporter labels their series: per GPU or MIG
+    device UUID, a label set per container holding it (a device-plugin device, a time-slicing replica, or a DRA
+    claim's whole GPU) in the order of the answer: `pod`, `namespace`, `container`, and for a claim
+    `dra_claim_name`, `dra_claim_namespace`, `dra_driver_name`, `dra_pool_name`, `dra_device_name`. A container
+    holding several replicas of one device is one holder. A DRA claim's MIG device is not attributed yet."""
     held: dict[str, dict[LabelSet, None]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             holder: LabelSet = (("pod", pod.name), ("namespace", pod.namespace), ("container", container.name))
             for entry in container.devices:
                 for device_id in entry.device_ids:
-                    gpu = devices.whole_gpu(entry.resource_name, device_id)
-                    if gpu is not None:
-                        held.setdefault(gpu, {})[holder] = None
+                    target = devices.mig_device(entry.resource_name, device_id) or devices.whole_gpu(
+                        entry.resource_name, device_id
+                    )
+                    if target is not None:
+                        held.setdefault(target, {})[holder] = None
             for dynamic in container.dynamic_resources:
                 for resource in dynamic.claim_resources:
                     if "-mig-" in resource.device_name:
