@@ -208,21 +208,21 @@ def test_each_container_holding_a_gpu_gets_a_series_of_its_own(mock_nvml, pod_re
         pod("ml", "a", container("main", {GPU: [f"{H100[2]}::0"]})),
         pod("ml", "b", container("main", {GPU: [f"{H100[2]}::1", f"{H100[2]}::3"]})),
         pod("team-b", "claimer", container("main", claims=claims)),
-        # A MIG device's holder, and a claim of another driver, are not attributed to a GPU.
+        # A MIG index no GPU of this node has, and a claim of another driver, are attributed to nothing.
         pod("ml", "mig", container("main", {"nvidia.com/mig-1g.10gb": ["3:0"]})),
         pod("ml", "other", container("main", claims=[claim("ml", "c", [("gpu.example.com", HOST, "gpu-6")])])),
     ]
     settings = make_config("/nonexistent", None, node_name=HOST, pod_resources_socket=pod_resources.socket_path)
+    backend = NvmlBackend(mock_nvml.pynvml)
+    backend.init()
     sampler = dcgm.Sampler(
         mock_nvml.pynvml,
-        lambda: backend.snapshot(),
+        backend.snapshot,
         hostname=HOST,
         holders=lambda inventory: gpu_pods.holders_by_gpu(
             gpu_pods.list_pod_resources(settings.pod_resources_socket, 5), gpu_pods.device_map(inventory, settings)
         ),
     )
-    backend = NvmlBackend(mock_nvml.pynvml)
-    backend.init()
     try:
         sampler.read()
     finally:

@@ -47,7 +47,7 @@ def test_a_scrape_answers_the_last_reading_and_never_calls_nvml():
         reader = threading.Thread(target=sampler.read, daemon=True)
         reader.start()
         assert wait_until(lambda: double.reading_calls == calls + 1)
-        for _ in range(3):
+        for _scrape in range(3):
             with urllib.request.urlopen(f"http://{listener.address}/metrics", timeout=10) as reply:
                 assert reply.status == 200
                 assert reply.headers["Content-Type"] == dcgm.CONTENT_TYPE
