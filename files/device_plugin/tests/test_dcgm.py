@@ -188,6 +188,17 @@ def pod_resources():
     shutil.rmtree(sockets, ignore_errors=True)
 
 
+def sampler_with_holders(nvml: Any, backend: NvmlBackend, pod_resources: PodResourcesDouble) -> dcgm.Sampler:
+    """A sampler of the backend's GPUs whose holders come from the pod-resources double, as the daemon's do."""
+    settings = make_config("/nonexistent", None, node_name=HOST, pod_resources_socket=pod_resources.socket_path)
+
+    def holders(inventory: Any) -> dict[str, list[tuple[tuple[str, str], ...]]]:
+        response = gpu_pods.list_pod_resources(settings.pod_resources_socket, 5)
+        return gpu_pods.holders_by_gpu(response, gpu_pods.device_map(inventory, settings))
+
+    return dcgm.Sampler(nvml, backend.snapshot, hostname=HOST, holders=holders)
+
+
 def holders(text: str, metric: str = "DCGM_FI_DEV_GPU_TEMP") -> dict[str, list[dict[str, str]]]:
     """GPU UUID -> the pod labels of its series of `metric` (an empty dict for a series without them)."""
     keys = ("pod", "namespace", "container", "dra_claim_name", "dra_claim_namespace", "dra_driver_name")
@@ -212,17 +223,9 @@ def test_each_container_holding_a_gpu_gets_a_series_of_its_own(mock_nvml, pod_re
         pod("ml", "mig", container("main", {"nvidia.com/mig-1g.10gb": ["3:0"]})),
         pod("ml", "other", container("main", claims=[claim("ml", "c", [("gpu.example.com", HOST, "gpu-6")])])),
     ]
-    settings = make_config("/nonexistent", None, node_name=HOST, pod_resources_socket=pod_resources.socket_path)
     backend = NvmlBackend(mock_nvml.pynvml)
     backend.init()
-    sampler = dcgm.Sampler(
-        mock_nvml.pynvml,
-        backend.snapshot,
-        hostname=HOST,
-        holders=lambda inventory: gpu_pods.holders_by_gpu(
-            gpu_pods.list_pod_resources(settings.pod_resources_socket, 5), gpu_pods.device_map(inventory, settings)
-        ),
-    )
+    sampler = sampler_with_holders(mock_nvml.pynvml, backend, pod_resources)
     try:
         sampler.read()
     finally:
@@ -295,18 +298,10 @@ def test_each_mig_device_has_series_of_its_own_with_its_gpu_instance_and_holders
         pod("ml", "small", container("main", {"nvidia.com/mig-1g.5gb": [MIGS[2]]})),
         pod("ml", "big", container("main", {"nvidia.com/mig-3g.20gb": ["0:0"]})),
     ]
-    settings = make_config("/nonexistent", None, node_name=HOST, pod_resources_socket=pod_resources.socket_path)
     backend = NvmlBackend(library.pynvml)
     backend.init()
     try:
-        sampler = dcgm.Sampler(
-            library.pynvml,
-            backend.snapshot,
-            hostname=HOST,
-            holders=lambda inventory: gpu_pods.holders_by_gpu(
-                gpu_pods.list_pod_resources(settings.pod_resources_socket, 5), gpu_pods.device_map(inventory, settings)
-            ),
-        )
+        sampler = sampler_with_holders(library.pynvml, backend, pod_resources)
         sampler.read()
         text = sampler.render().decode()
     finally:
