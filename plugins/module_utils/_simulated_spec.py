@@ -384,6 +384,13 @@ MOCK_NVML_READINGS = {
     "remapped_rows_uncorrectable": 0,
     "remap_pending": 0,
     "remap_failure": 0,
+    # What NVML's GPM metrics give between two samples (Hopper and newer): the graphics engine's, the HMMA tensor
+    # pipe's and the DRAM bandwidth's activity in %, and PCIe traffic in MiB/s.
+    "gpm_graphics_util_pct": 0,
+    "gpm_tensor_util_pct": 0,
+    "gpm_dram_bw_util_pct": 0,
+    "gpm_pcie_tx_mib_per_s": 0,
+    "gpm_pcie_rx_mib_per_s": 0,
 }
 _PERCENT_READINGS = tuple(key for key in MOCK_NVML_READINGS if key.endswith("_pct"))
 _FLAG_READINGS = ("remap_pending", "remap_failure")
@@ -428,6 +435,13 @@ def _readings_state_lines(readings):
         f"memory_use_mib {r['memory_used_mib']} {r['memory_reserved_mib']}",
         "remapped_rows {} {} {} {}".format(
             r["remapped_rows_correctable"], r["remapped_rows_uncorrectable"], r["remap_pending"], r["remap_failure"]
+        ),
+        "gpm {} {} {} {} {}".format(
+            r["gpm_graphics_util_pct"],
+            r["gpm_tensor_util_pct"],
+            r["gpm_dram_bw_util_pct"],
+            r["gpm_pcie_tx_mib_per_s"],
+            r["gpm_pcie_rx_mib_per_s"],
         ),
     ]
     if r["memory_temperature_c"] is not None:

@@ -225,6 +225,9 @@ typedef struct {
     unsigned int memory_temperature_c; /* 0: no memory sensor (NVML_FI_DEV_MEMORY_TEMP not supported) */
     unsigned long long energy_mj, memory_used_mib, memory_reserved_mib;
     unsigned int remapped_correctable, remapped_uncorrectable, remap_pending, remap_failure;
+    /* GPM's metrics between two samples (Hopper and newer): activity in %, PCIe traffic in MiB/s. */
+    unsigned int gpm_graphics, gpm_tensor, gpm_dram;
+    unsigned long long gpm_pcie_tx, gpm_pcie_rx;
     unsigned int memory_slices, compute_slices; /* 0: the product's MIG profiles are not modelled */
     mock_gi_profile_t gi_profile[GI_PROFILES];
     mock_ci_profile_t ci_profile[GI_PROFILES][CI_PROFILES];
@@ -598,6 +601,9 @@ static int parse_state(FILE *file, mock_state_t *out)
                    &gpu->remap_pending, &gpu->remap_failure);
         } else if (strcmp(key, "memory_temperature_c") == 0) {
             gpu->memory_temperature_c = (unsigned int)atoi(value);
+        } else if (strcmp(key, "gpm") == 0) {
+            sscanf(value, "%u %u %u %llu %llu", &gpu->gpm_graphics, &gpu->gpm_tensor, &gpu->gpm_dram,
+                   &gpu->gpm_pcie_tx, &gpu->gpm_pcie_rx);
         } else if (parse_mig_line(gpu, key, value) != 0) {
             return -1;
         }
@@ -1655,6 +1661,167 @@ EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned
         return rc;
     *value = gpu->pcie_replays;
     return end(NVML_SUCCESS);
+}
+
+/* ---- GPM: GPU performance monitoring (nvml.h's nvmlGpm* API, Hopper and newer) --------------------- */
+#define NVML_DEVICE_ARCH_HOPPER 9
+#define NVML_DEVICE_ARCH_UNKNOWN 0xFFFFFFFFu
+#define NVML_GPM_SUPPORT_VERSION 1
+#define NVML_GPM_METRICS_GET_VERSION 1
+/* nvml.h's array size; a caller fills numMetrics of them and the library reads no further. */
+#define NVML_GPM_METRIC_MAX 477
+enum {
+    NVML_GPM_METRIC_GRAPHICS_UTIL = 1,
+    NVML_GPM_METRIC_HMMA_TENSOR_UTIL = 7,
+    NVML_GPM_METRIC_DRAM_BW_UTIL = 10,
+    NVML_GPM_METRIC_PCIE_TX_PER_SEC = 20,
+    NVML_GPM_METRIC_PCIE_RX_PER_SEC = 21,
+};
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+/* An opaque sample: here, the GPU it was taken of and what the spec said then. */
+#define GPM_SAMPLE_MAGIC 0x47504d53u
+typedef struct nvmlGpmSample_st {
+    unsigned int magic;
+    int gpu; /* -1: not taken yet */
+    struct timespec taken;
+    unsigned int graphics, tensor, dram;
+    unsigned long long pcie_tx, pcie_rx;
+} *nvmlGpmSample_t;
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct {
+        char *shortName;
+        char *longName;
+        char *unit;
+    } metricInfo;
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1;
+    nvmlGpmSample_t sample2;
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+
+static int gpm_capable(const mock_gpu_t *gpu)
+{
+    return gpu->architecture >= NVML_DEVICE_ARCH_HOPPER && (unsigned int)gpu->architecture != NVML_DEVICE_ARCH_UNKNOWN;
+}
+
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support)
+{
+    ENTER("nvmlGpmQueryDeviceSupport");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = begin_device(device, &gpu);
+    if (rc)
+        return rc;
+    if (support == NULL)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (support->version != NVML_GPM_SUPPORT_VERSION)
+        return end(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    support->isSupportedDevice = !as_mig(device) && gpm_capable(gpu);
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample)
+{
+    ENTER("nvmlGpmSampleAlloc");
+    if (sample == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *sample = calloc(1, sizeof **sample);
+    if (*sample == NULL)
+        return NVML_ERROR_MEMORY;
+    (*sample)->magic = GPM_SAMPLE_MAGIC;
+    (*sample)->gpu = -1;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample)
+{
+    ENTER("nvmlGpmSampleFree");
+    if (sample == NULL || sample->magic != GPM_SAMPLE_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sample->magic = 0;
+    free(sample);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample)
+{
+    ENTER("nvmlGpmSampleGet");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = whole_gpu(device, sample, &gpu);
+    if (rc)
+        return rc;
+    if (sample->magic != GPM_SAMPLE_MAGIC)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_capable(gpu))
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    sample->gpu = (int)(gpu - state.gpu);
+    clock_gettime(CLOCK_MONOTONIC, &sample->taken);
+    sample->graphics = gpu->gpm_graphics;
+    sample->tensor = gpu->gpm_tensor;
+    sample->dram = gpu->gpm_dram;
+    sample->pcie_tx = gpu->gpm_pcie_tx;
+    sample->pcie_rx = gpu->gpm_pcie_rx;
+    return end(NVML_SUCCESS);
+}
+
+static int taken_before(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+/* Each metric over the interval between the two samples of one GPU: the spec's rate at the second (a rate the
+ * spec sets holds over the whole interval). metricInfo is left empty: nothing here knows NVML's own texts. */
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metrics)
+{
+    ENTER("nvmlGpmMetricsGet");
+    if (metrics == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (metrics->version != NVML_GPM_METRICS_GET_VERSION)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlGpmSample_t first = metrics->sample1, second = metrics->sample2;
+    if (metrics->numMetrics > NVML_GPM_METRIC_MAX || first == NULL || second == NULL || first->magic != GPM_SAMPLE_MAGIC
+        || second->magic != GPM_SAMPLE_MAGIC || first->gpu < 0 || first->gpu != second->gpu
+        || !taken_before(&first->taken, &second->taken))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < metrics->numMetrics; i++) {
+        nvmlGpmMetric_t *metric = &metrics->metrics[i];
+        memset(&metric->metricInfo, 0, sizeof metric->metricInfo);
+        metric->nvmlReturn = NVML_SUCCESS;
+        switch (metric->metricId) {
+        case NVML_GPM_METRIC_GRAPHICS_UTIL:
+            metric->value = second->graphics;
+            break;
+        case NVML_GPM_METRIC_HMMA_TENSOR_UTIL:
+            metric->value = second->tensor;
+            break;
+        case NVML_GPM_METRIC_DRAM_BW_UTIL:
+            metric->value = second->dram;
+            break;
+        case NVML_GPM_METRIC_PCIE_TX_PER_SEC:
+            metric->value = (double)second->pcie_tx;
+            break;
+        case NVML_GPM_METRIC_PCIE_RX_PER_SEC:
+            metric->value = (double)second->pcie_rx;
+            break;
+        default: /* a metric this library does not model */
+            metric->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            metric->value = 0;
+            break;
+        }
+    }
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,

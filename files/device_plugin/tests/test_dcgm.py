@@ -5,9 +5,11 @@ with its code, and the daemon serving them on a listener of its own. test_dcgm_h
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import urllib.request
 from typing import Any, Callable, Optional
@@ -42,6 +44,11 @@ BUSY = {
     "memory_reserved_mib": 512,
     "remapped_rows_correctable": 2,
     "remapped_rows_uncorrectable": 1,
+    "gpm_graphics_util_pct": 88,
+    "gpm_tensor_util_pct": 63,
+    "gpm_dram_bw_util_pct": 41,
+    "gpm_pcie_tx_mib_per_s": 1200,
+    "gpm_pcie_rx_mib_per_s": 3400,
 }
 
 
@@ -58,8 +65,12 @@ def sampled(library: Any, last_xid: Callable[[str], Optional[int]] = lambda uuid
     backend.init()
     try:
         sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname=HOST, last_xid=last_xid)
+        # Two readings, as the daemon's steady state: the profiling fields are GPM's between a GPU's two samples.
         sampler.read()
-        return sampler.render().decode()
+        sampler.read()
+        rendered = sampler.render().decode()
+        sampler.stop()
+        return rendered
     finally:
         backend.stop()
 
@@ -106,6 +117,12 @@ def test_each_default_field_comes_from_its_nvml_call_in_dcgm_exporters_unit(mock
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "1",
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "2",
         "DCGM_FI_DEV_ROW_REMAP_FAILURE": "0",
+        # GPM's % as a ratio, its MiB/s in bytes per second.
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "0.88",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "0.63",
+        "DCGM_FI_PROF_DRAM_ACTIVE": "0.41",
+        "DCGM_FI_PROF_PCIE_TX_BYTES": str(1200 << 20),
+        "DCGM_FI_PROF_PCIE_RX_BYTES": str(3400 << 20),
     }
     # The other GPUs are idle (the spec's defaults), and have no memory temperature.
     idle = of_gpu(text, H100[1])
@@ -151,23 +168,91 @@ def test_what_nvml_does_not_give_is_left_out_not_faked(mock_nvml):
     assert {uuid for name, uuid in found if name == "DCGM_FI_DEV_GPU_TEMP"} == set(H100)
 
 
-def test_a_gpu_off_the_bus_has_no_series_until_it_answers_again(mock_nvml):
+def test_a_gpu_off_the_bus_keeps_its_last_xid_alone_until_it_answers_again(mock_nvml):
+    """XID 79: NVML answers GPU_IS_LOST for the GPU. Its readings go, but not its last XID, which an alert on
+    DCGM_FI_DEV_XID_ERRORS{err_code="79"} reads (with no series at all, the alert could never fire)."""
+    backend = NvmlBackend(mock_nvml.pynvml)
+    backend.init()
+    sampler = dcgm.Sampler(mock_nvml.pynvml, backend.snapshot, hostname=HOST, last_xid={H100[5]: 79}.get)
+
+    def names(uuid: str) -> set[str]:
+        sampler.read()
+        return {name for name, found in series(sampler.render().decode()) if found == uuid}
+
+    try:
+        names(H100[5])  # the profiling fields come from the second reading on
+        everything = names(H100[5])
+        assert {"DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"} <= everything
+        edit(mock_nvml, gpu5={"lost": True})
+        assert wait_until(lambda: names(H100[5]) == {"DCGM_FI_DEV_XID_ERRORS"})
+        labels, value = series(sampler.render().decode())[("DCGM_FI_DEV_XID_ERRORS", H100[5])]
+        assert (labels["err_code"], value, labels["gpu"]) == ("79", "79", "5")
+        assert names(H100[4]) == everything
+        edit(mock_nvml)
+        assert wait_until(lambda: names(H100[5]) == everything)
+    finally:
+        backend.stop()
+
+
+def test_the_profiling_fields_come_from_gpm_between_two_readings_and_every_sample_is_freed(
+    mock_nvml, tmp_path, monkeypatch
+):
+    """Hopper: NVML's GPM metrics between a GPU's last two samples, the spec's rates, from the second reading on; a
+    change of rate shows at the next reading. Each sample is freed once it has served, and all at the end."""
+    trace = tmp_path / "trace"
+    monkeypatch.setenv("GPUOPS_MOCK_NVML_TRACE", str(trace))
+    edit(mock_nvml, gpu3={"readings": {"gpm_tensor_util_pct": 25, "gpm_pcie_rx_mib_per_s": 7}})
+    assert wait_until(lambda: of_gpu(sampled(mock_nvml), H100[3]).get("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") == "0.25")
     backend = NvmlBackend(mock_nvml.pynvml)
     backend.init()
     sampler = dcgm.Sampler(mock_nvml.pynvml, backend.snapshot, hostname=HOST)
-
-    def uuids() -> set[str]:
-        sampler.read()
-        return {uuid for _name, uuid in series(sampler.render().decode())}
-
     try:
-        assert uuids() == set(H100)
-        edit(mock_nvml, gpu5={"lost": True})
-        assert wait_until(lambda: uuids() == set(H100) - {H100[5]})
-        edit(mock_nvml)
-        assert wait_until(lambda: uuids() == set(H100))
+        sampler.read()
+        assert not [name for name, _uuid in series(sampler.render().decode()) if name.startswith("DCGM_FI_PROF_")]
+        sampler.read()
+        found = of_gpu(sampler.render().decode(), H100[3])
+        assert {name: value for name, value in found.items() if name.startswith("DCGM_FI_PROF_")} == {
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "0",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "0.25",
+            "DCGM_FI_PROF_DRAM_ACTIVE": "0",
+            "DCGM_FI_PROF_PCIE_TX_BYTES": "0",
+            "DCGM_FI_PROF_PCIE_RX_BYTES": str(7 << 20),
+        }
+        edit(mock_nvml, gpu3={"readings": {"gpm_tensor_util_pct": 90}})
+
+        def tensor() -> str:
+            sampler.read()
+            return of_gpu(sampler.render().decode(), H100[3])["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]
+
+        assert wait_until(lambda: tensor() == "0.9")
+    finally:
+        sampler.stop()
+        backend.stop()
+    calls = trace.read_text().splitlines()
+    assert calls.count("nvmlGpmSampleAlloc") == calls.count("nvmlGpmSampleFree") >= 3 * 8
+
+
+def test_the_profiling_fields_are_absent_before_hopper_and_said_once(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="gpu_device_plugin.dcgm")
+    library = MockNvml(os.path.join(FIXTURES, "t4x1.yaml"), str(tmp_path / "state"))
+    backend = NvmlBackend(library.pynvml)
+    backend.init()
+    try:
+        sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname=HOST)
+        for _reading in range(3):
+            sampler.read()
+        text = sampler.render().decode()
+        sampler.stop()
     finally:
         backend.stop()
+        library.close()
+    (uuid,) = {found for _name, found in series(text)}
+    assert "DCGM_FI_DEV_GPU_TEMP" in of_gpu(text, uuid)
+    assert not [name for name in of_gpu(text, uuid) if name.startswith("DCGM_FI_PROF_")]
+    said = [r.getMessage() for r in caplog.records if "DCGM_FI_PROF_" in r.getMessage()]
+    assert said == [
+        f"the profiling fields (DCGM_FI_PROF_*) are absent for GPU {uuid}: the GPU has no GPM (Hopper and newer)"
+    ]
 
 
 def test_the_last_xid_shows_with_its_code(mock_nvml):
@@ -358,6 +443,24 @@ def test_the_daemon_serves_them_on_their_own_listener_with_the_xids_its_watcher_
         assert scrape()[("DCGM_FI_DEV_XID_ERRORS", H100[4])][0]["err_code"] == "79"
     finally:
         daemon.stop()
+
+
+def test_a_taken_port_leaves_the_metrics_off_and_the_gpus_served(node, mock_nvml, caplog):
+    """dcgm-exporter already on the port: the daemon says so in one line and serves the kubelet all the same."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        settings = make_config(node.kubelet_socket, None, dcgm_metrics_address=address, dcgm_interval_seconds=1.0)
+        daemon = DaemonThread(settings, nvml=mock_nvml.pynvml).start()
+        try:
+            assert node.kubelet.wait(lambda: node.kubelet.devices(GPU) is not None)
+            assert len(node.kubelet.devices(GPU)) == 8
+            assert daemon.daemon._dcgm_listener is None
+            errors = [r.getMessage() for r in caplog.records if "dcgm metrics are not served" in r.getMessage()]
+            assert errors == [f"the dcgm metrics are not served: {address} cannot listen (Address already in use)"]
+        finally:
+            daemon.stop()
 
 
 def test_off_by_default_and_with_the_simulated_backend(node, mock_nvml):

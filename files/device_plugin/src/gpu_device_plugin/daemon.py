@@ -241,7 +241,13 @@ class Daemon:
         )
         self._dcgm.start()
         if self._dcgm_listener is None:
-            self._dcgm_listener = dcgm.Listener(address, self.dcgm_metrics)
+            try:
+                self._dcgm_listener = dcgm.Listener(address, self.dcgm_metrics)
+            except OSError as exc:
+                # Telemetry never stops the GPUs from being served: a port taken (dcgm-exporter on the node, say)
+                # leaves the metrics off, said once, and is tried again when NVML is next started.
+                log.error("the dcgm metrics are not served: %s cannot listen (%s)", address, exc.strerror or exc)
+                return
             self._dcgm_listener.start()
 
     def gpu_holders(self, inventory: Any) -> dict[str, list[tuple[tuple[str, str], ...]]]:

@@ -11,6 +11,7 @@ What is exported, each metric's NVML source, and what dcgm-exporter exports that
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -33,8 +34,24 @@ _CLOCK_MEM = 2
 _TEMPERATURE_GPU = 0
 _FI_DEV_MEMORY_TEMP = 82
 _MEMORY_V2 = 0x02000028
+_ERROR_NOT_SUPPORTED = 3
+_ERROR_FUNCTION_NOT_FOUND = 13
 _ERROR_GPU_IS_LOST = 15
 _MIB = 1 << 20
+# The profiling fields from NVML's GPM metrics (nvmlGpmMetricsGet between two samples; Hopper and newer):
+# dcgm-exporter's name, the GPM metric's ID (NVML_GPM_METRIC_*) and its unit, which dcgm-exporter's gives as a ratio
+# (%) or in bytes per second (MiB/s).
+GPM_FIELDS = (
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1, "%"),  # NVML_GPM_METRIC_GRAPHICS_UTIL
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 7, "%"),  # NVML_GPM_METRIC_HMMA_TENSOR_UTIL
+    ("DCGM_FI_PROF_DRAM_ACTIVE", 10, "%"),  # NVML_GPM_METRIC_DRAM_BW_UTIL
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", 20, "MiB/s"),  # NVML_GPM_METRIC_PCIE_TX_PER_SEC
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", 21, "MiB/s"),  # NVML_GPM_METRIC_PCIE_RX_PER_SEC
+)
+
+
+def _from_gpm(value: float, unit: str) -> float:
+    return value / 100 if unit == "%" else value * _MIB
 
 
 @dataclass(frozen=True)
@@ -66,6 +83,11 @@ FIELDS = (
     Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Rows remapped for uncorrectable errors."),
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Rows remapped for correctable errors."),
     Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "1 when a row remapping has failed, else 0."),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine was active (NVML GPM)."),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of time the HMMA tensor pipe was active (NVML GPM)."),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of the DRAM bandwidth in use (NVML GPM)."),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "PCIe bytes sent per second (NVML GPM)."),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "PCIe bytes received per second (NVML GPM)."),
 )
 FIELD_NAMES = tuple(f.name for f in FIELDS)
 DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
@@ -73,7 +95,8 @@ DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
 
 def read_gpu(nvml: Any, handle: Any) -> Optional[dict[str, float]]:
     """Every field NVML gives for one GPU (XID aside), by dcgm-exporter's name; a field NVML does not give for this
-    GPU (not supported, or another NVML error) is left out. None for a GPU that fell off the bus."""
+    GPU (not supported, or another NVML error) is left out. None for a GPU that fell off the bus (its series are
+    then its last XID alone)."""
     lost: list[bool] = []
 
     def get(read: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -140,6 +163,79 @@ def mig_labels(parent: tuple[tuple[str, str], ...], profile: str, instance_id: i
     return (*parent[:at], ("GPU_I_PROFILE", profile), ("GPU_I_ID", str(instance_id)), *parent[at:])
 
 
+class Gpm:
+    """The profiling fields of each GPU from NVML's GPM API: a sample per GPU at each reading, the metrics between a
+    GPU's last two samples (so from its second reading on). A GPU without GPM (before Hopper, a driver or bindings
+    without the API) has none, said once per GPU; only the sampler's thread calls it."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self._last: dict[str, Any] = {}  # UUID -> its last sample
+        self._without: set[str] = set()  # UUIDs without GPM
+
+    def read(self, uuid: str, handle: Any) -> dict[str, float]:
+        if uuid in self._without:
+            return {}
+        nvml = self.nvml
+        try:
+            if uuid not in self._last and not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                return self._none(uuid, "the GPU has no GPM (Hopper and newer)")
+            sample = nvml.nvmlGpmSampleAlloc()
+        except AttributeError:
+            return self._none(uuid, "the NVML bindings have no GPM API")
+        except nvml.NVMLError as exc:
+            return self._gone(uuid, exc)
+        try:
+            nvml.nvmlGpmSampleGet(handle, sample)
+        except nvml.NVMLError as exc:
+            nvml.nvmlGpmSampleFree(sample)
+            return self._gone(uuid, exc)
+        previous, self._last[uuid] = self._last.get(uuid), sample
+        if previous is None:
+            return {}
+        try:
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_FIELDS)
+            request.sample1, request.sample2 = previous, sample
+            for slot, (_name, metric, _unit) in zip(request.metrics, GPM_FIELDS):
+                slot.metricId = metric
+            nvml.nvmlGpmMetricsGet(request)
+        except nvml.NVMLError:
+            return {}
+        finally:
+            nvml.nvmlGpmSampleFree(previous)
+        return {
+            name: _from_gpm(slot.value, unit)
+            for slot, (name, _metric, unit) in zip(request.metrics, GPM_FIELDS)
+            if slot.nvmlReturn == 0
+        }
+
+    def _none(self, uuid: str, why: str) -> dict[str, float]:
+        self._without.add(uuid)
+        log.info("the profiling fields (DCGM_FI_PROF_*) are absent for GPU %s: %s", uuid, why)
+        return {}
+
+    def _gone(self, uuid: str, exc: Exception) -> dict[str, float]:
+        """NVML refused a sample: for good where it has no GPM there, else (a GPU off the bus) until it answers."""
+        if getattr(exc, "value", None) in (_ERROR_NOT_SUPPORTED, _ERROR_FUNCTION_NOT_FOUND):
+            return self._none(uuid, f"NVML answers {exc}")
+        self.forget(uuid)
+        return {}
+
+    def forget(self, uuid: str) -> None:
+        sample = self._last.pop(uuid, None)
+        if sample is not None:
+            self.nvml.nvmlGpmSampleFree(sample)
+
+    def keep_only(self, uuids: set[str]) -> None:
+        for uuid in set(self._last) - uuids:
+            self.forget(uuid)
+
+    def close(self) -> None:
+        self.keep_only(set())
+
+
 @dataclass(frozen=True)
 class GpuReading:
     """One GPU's labels (dcgm-exporter's keys, in its order) and values at one reading."""
@@ -154,13 +250,13 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def gpu_labels(nvml: Any, handle: Any, gpu: Gpu, hostname: str) -> tuple[tuple[str, str], ...]:
+def gpu_labels(nvml: Any, handle: Optional[Any], gpu: Gpu, hostname: str) -> tuple[tuple[str, str], ...]:
     """`gpu` (the NVML index), `UUID`, `pci_bus_id` (NVML's form, 00000000:3B:00.0), `device` (nvidia<index>),
     `modelName` (NVML's name), then `hostname` where one is given."""
-    try:
-        bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
-    except nvml.NVMLError:  # the inventory's form where NVML no longer answers
-        bus_id = gpu.pci_bus_id
+    bus_id = gpu.pci_bus_id  # the inventory's form where NVML no longer answers (None: a GPU off the bus)
+    if handle is not None:
+        with contextlib.suppress(nvml.NVMLError):
+            bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
     labels = [
         ("gpu", str(gpu.index)),
         ("UUID", gpu.uuid),
@@ -229,6 +325,7 @@ class Sampler:
         self.readings = 0
         self.last_seconds: Optional[float] = None
         self._labels: dict[str, tuple[tuple[str, str], ...]] = {}
+        self.gpm = Gpm(nvml)
         self._rendered = b""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -243,20 +340,27 @@ class Sampler:
         for gpu in snapshot.gpus:
             try:
                 handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            except self.nvml.NVMLError:
-                continue  # gone from NVML: no series until it answers again
-            values = read_gpu(self.nvml, handle)
-            if values is None:
-                continue
+            except self.nvml.NVMLError as exc:
+                if getattr(exc, "value", None) != _ERROR_GPU_IS_LOST:
+                    continue  # gone from NVML: no series until it answers again
+                handle = None
+            read = read_gpu(self.nvml, handle) if handle is not None else None
+            # A GPU off the bus (XID 79) keeps its last XID alone: what an alert on it reads.
+            values = read if read is not None else {}
+            if read is not None:
+                values.update(self.gpm.read(gpu.uuid, handle))
+            else:
+                self.gpm.forget(gpu.uuid)
             values["DCGM_FI_DEV_XID_ERRORS"] = self.last_xid(gpu.uuid) or 0
             labels = self._labels.get(gpu.uuid)
             if labels is None:
                 labels = self._labels[gpu.uuid] = gpu_labels(self.nvml, handle, gpu, self.hostname)
             readings.append(GpuReading(labels, values, tuple(held.get(gpu.uuid, ()))))
-            for mig in gpu.mig_devices:
+            for mig in gpu.mig_devices if read is not None else ():
                 reading = self._read_mig(mig, labels, tuple(held.get(mig.uuid, ())))
                 if reading is not None:
                     readings.append(reading)
+        self.gpm.keep_only({gpu.uuid for gpu in snapshot.gpus})
         rendered = render(readings, snapshot.driver_version)
         with self._lock:
             self._rendered = rendered
@@ -296,6 +400,8 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._thread is None or not self._thread.is_alive():
+            self.gpm.close()  # never under a reading still running
 
 
 class Listener(HttpServer):
