@@ -19,6 +19,8 @@ apt_packages=(
   openjdk-17-jdk-headless
   # gpu_faults' tests write real journal files (kernel messages over several boots) for journalctl to read.
   systemd-journal-remote
+  # The e2e tier's Prometheus (2.42, with promtool) scrapes the daemon's dcgm metrics (tests/e2e/prometheus_lab.py).
+  prometheus
   # The CPython of the newest controller, built from source (scripts/build-python.sh).
   make libssl-dev zlib1g-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev libreadline-dev libncurses-dev uuid-dev
 )
@@ -33,10 +35,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-# The containerd package starts a system instance; the tests run their own on private sockets.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active -q containerd 2>/dev/null; then
-  systemctl stop containerd || true
-fi
+# The containerd and prometheus packages start system instances; the tests run their own on private sockets and
+# ports.
+for service in containerd prometheus; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active -q "$service" 2>/dev/null; then
+    systemctl stop "$service" || true
+  fi
+done
 
 # podman on this kind of host: root lacks CAP_SYS_RESOURCE (so cap the default ulimits below the
 # hard limit) and the cgroup layout is hybrid v1 (crun refuses it; runc accepts it).

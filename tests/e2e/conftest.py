@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 import yaml
+from gpuops_lab.config import LabConfig
 from kubernetes import client, config
+from prometheus_lab import Prometheus
 
 LAB_PY = Path(__file__).resolve().parent / "lab.py"
 PAUSE_IMAGE = "localhost/gpuops-lab-pause:1.0"
@@ -276,6 +278,19 @@ def lab_instance() -> int:
 
 def lab_node_count() -> int:
     return int(os.environ.get("GPUOPS_LAB_NODES", "2"))
+
+
+@pytest.fixture(scope="session")
+def prometheus(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """A real Prometheus scraping the daemon's dcgm metrics on every lab node (their ports: the lab inventory's
+    device_plugin_dcgm_metrics_address), from the first test that asks for it to the end of the session."""
+    cfg = LabConfig.from_env()
+    targets = {node: f"127.0.0.1:{cfg.dcgm_port(index)}" for index, node in enumerate(lab.nodes, start=1)}
+    server = Prometheus(tmp_path_factory.mktemp("prometheus"), targets).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

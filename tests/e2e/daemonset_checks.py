@@ -1,12 +1,14 @@
 """What the DaemonSet-mode tests share beyond the node itself (test_site_daemonset.py,
 test_site_dra_daemonset.py, test_upgrade_driver.py): a playbook run with the node's site.yml variables
 plus a few, the node's pod of a DaemonSet, a pod made not ready for real (its process stopped, so the
-kubelet's readiness probe goes unanswered), and what validate.yml said about the node.
+kubelet's readiness probe goes unanswered), what validate.yml said about the node, and the GPUs' holders in the
+dcgm metrics the daemon's pod serves in its own network namespace.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import yaml
@@ -72,3 +74,23 @@ def validate_row(run: PlaybookRun, node: str) -> str:
         if cell.startswith(node + " "):
             return " ".join(cell.split())
     raise AssertionError(f"validate.yml printed no row for {node}:\n{run.output[-4000:]}")
+
+
+def dcgm_holders(lab: Lab, node: str, daemon_pod: client.V1Pod) -> dict[str, list[dict[str, str]]]:
+    """The pod, namespace and container labels of each GPU's DCGM_FI_DEV_GPU_TEMP series (UUID -> a label set per
+    series), as the daemon's pod serves them at its --dcgm-metrics-address, asked inside the pod's own network
+    namespace (nothing outside it reaches the pod's loopback)."""
+    (container,) = daemon_pod.spec.containers
+    address = container.args[container.args.index("--dcgm-metrics-address") + 1]
+    host, _sep, port = address.rpartition(":")
+    status = daemon_pod.status.container_statuses[0]
+    pid = container_pid(lab, node, status.container_id.removeprefix("containerd://"))
+    fetch = "import sys, urllib.request; sys.stdout.buffer.write(urllib.request.urlopen(sys.argv[1], timeout=5).read())"
+    url = f"http://{host or '127.0.0.1'}:{port}/metrics"
+    text = lab.node_exec(node, "nsenter", "-t", pid, "-n", "python3", "-c", fetch, url).stdout
+    found: dict[str, list[dict[str, str]]] = {}
+    for labels in re.findall(r"^DCGM_FI_DEV_GPU_TEMP\{([^}]*)\}", text, re.MULTILINE):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        holder = {key: pairs[key] for key in ("pod", "namespace", "container") if key in pairs}
+        found.setdefault(pairs["UUID"], []).append(holder)
+    return found

@@ -8,6 +8,10 @@ gpu_remediation_reset_command). A node's reboot is real for the node: its system
 container ends and starts again (tests/e2e/node/reboot.sh), with a new boot ID, and the daemon starts afresh,
 registering for XIDs that come after it (docs/mock-nvml.md), as a rebooted machine's GPUs are fresh.
 
+First, with both nodes converged: a real Prometheus (tests/e2e/prometheus_lab.py) scrapes the daemon's dcgm metrics
+on both, promtool reads each exposition, and every query of NVIDIA's dashboard 12239 draws each GPU of both nodes at
+the reading its spec set.
+
 In order, one playbook run each (the state of one test is the start of the next):
 1. An XID of class none and an unknown XID (the default class, device): nothing changes.
 2. A reset XID on node 2, --check: each node's plan is printed, nothing changes.
@@ -51,6 +55,7 @@ import yaml
 from conftest import PAUSE_IMAGE, Lab, container_restarts, run_lab, write_in_place, write_xid
 from kubernetes import client
 from playbook_run import COLLECTIONS, PlaybookRun, lab_inventory, run_playbook
+from prometheus_lab import Prometheus, dashboard, filled
 
 # It runs at the end of the session (after test_drift and test_lab's last test): it reboots, taints and cordons the
 # lab's nodes, and the modules before it expect a lab no playbook has touched (test_site's check-mode run first).
@@ -287,6 +292,108 @@ def flow(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
             lab.core.patch_node(node, {"spec": {"unschedulable": False}})
             taints = [t for t in lab.node(node).spec.taints or [] if t.key != TAINT]
             lab.core.patch_node(node, {"spec": {"taints": [lab.api.sanitize_for_serialization(t) for t in taints]}})
+
+
+# The panels of NVIDIA's dashboard 12239 that draw one line per GPU, and the metric and scale of each; the gauges
+# aggregate the same metric over every GPU.
+DASHBOARD_LINES = {
+    "DCGM_FI_DEV_GPU_TEMP": ("temperature_c", 1),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_mw", 0.001),
+    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1),
+    "DCGM_FI_DEV_GPU_UTIL": ("gpu_utilization_pct", 1),
+    "DCGM_FI_DEV_FB_USED": ("memory_used_mib", 1),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("gpm_tensor_util_pct", 0.01),  # GPM's %, dcgm-exporter's ratio
+}
+AGGREGATES = {"avg": lambda values: sum(values) / len(values), "sum": sum}
+
+
+def busy_readings(node_number: int, index: int) -> dict[str, int]:
+    """Readings that differ on every GPU of both nodes, for the dashboard's queries to tell them apart."""
+    return {
+        "temperature_c": 40 + 10 * node_number + index,
+        "power_mw": 300000 + 20000 * node_number + 1000 * index,
+        "sm_clock_mhz": 1500 + 100 * node_number + 10 * index,
+        "gpu_utilization_pct": 50 + 20 * node_number + index,
+        "memory_used_mib": 10000 * node_number + 1000 * index,
+        "gpm_tensor_util_pct": 10 * node_number + 5 * index,
+    }
+
+
+def test_prometheus_scrapes_both_nodes_and_promtool_reads_the_exposition(flow: Flow, prometheus: Prometheus) -> None:
+    """A real Prometheus scrapes the dcgm metrics of both converged nodes (the role's listener, the lab's port per
+    node). promtool parses each exposition; its only complaints are its lint of the counters' names, which are
+    dcgm-exporter's (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION without _total): dashboards and alerts read those names."""
+    nodes = (flow.node1, flow.node2)
+    wanted = {prometheus.targets[node]: 1.0 for node in nodes}
+    prometheus.wait_until(
+        "both nodes' dcgm metrics scraped",
+        lambda: {k: v for k, v in prometheus.targets_up().items() if k in wanted} == wanted,
+        timeout=60,
+    )
+    for node in nodes:
+        exposition = urllib.request.urlopen(f"http://{prometheus.targets[node]}/metrics", timeout=10).read()
+        checked = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, check=False)
+        counters = re.findall(rb"^# TYPE (\S+) counter$", exposition, re.MULTILINE)
+        assert counters, exposition
+        lint = sorted(checked.stdout.decode().splitlines() + checked.stderr.decode().splitlines())
+        assert lint == sorted(f'{name.decode()} counter metrics should have "_total" suffix' for name in counters)
+        # 3: lint problems only; 1 would be an exposition promtool cannot parse.
+        assert checked.returncode == 3, (checked.returncode, lint)
+
+
+def test_every_query_of_nvidias_dashboard_draws_each_gpu_of_both_nodes_with_its_reading(
+    flow: Flow, prometheus: Prometheus
+) -> None:
+    """NVIDIA's dashboard 12239, its queries unchanged (tests/fixtures/dcgm-exporter-dashboard.yaml): its template
+    variables list both nodes and every GPU; each per-GPU panel has one line per GPU of both nodes at the reading
+    the node's spec set, each gauge the average or sum of those; the tensor-core panel's from NVML's GPM (the lab's
+    GPUs are H100s)."""
+    nodes = (flow.node1, flow.node2)
+    originals = {node: flow.specs[node].read_text() for node in nodes}
+    expected: dict[str, dict[tuple[str, str], float]] = {metric: {} for metric in DASHBOARD_LINES}
+    try:
+        for number, node in enumerate(nodes, start=1):
+            data = yaml.safe_load(originals[node])
+            for index, gpu in enumerate(data["gpus"]):
+                readings = busy_readings(number, index)
+                gpu["readings"] = {**gpu.get("readings", {}), **readings}
+                for metric, (key, scale) in DASHBOARD_LINES.items():
+                    expected[metric][(prometheus.targets[node], str(index))] = readings[key] * scale
+            write_in_place(flow.specs[node], yaml.safe_dump(data, sort_keys=False))
+
+        def lines(expr: str) -> dict[tuple[str, str], float]:
+            return {(labels["instance"], labels["gpu"]): value for labels, value in prometheus.query(expr)}
+
+        prometheus.wait_until(
+            "the new readings in Prometheus",
+            lambda: all(lines(metric) == pytest.approx(expected[metric]) for metric in expected),
+            timeout=30,
+        )
+        board = dashboard()
+        variables = {
+            name: prometheus.label_values(*re.fullmatch(r"label_values\((\w+), (\w+)\)", query).group(2, 1))
+            for name, query in board["variables"].items()
+        }
+        assert sorted(variables["instance"]) == sorted(prometheus.targets[node] for node in nodes)
+        assert sorted(variables["gpu"], key=int) == [str(index) for index in range(8)]
+        drawn = set()
+        for panel in board["panels"]:
+            expr = filled(panel["expr"], variables)
+            metric = re.search(r"DCGM_FI_\w+", expr).group(0)
+            scale = 1_000_000 if expr.endswith("* 1000000") else 1  # the SM clock panel draws Hz
+            aggregate = re.match(r"(avg|sum)\(", expr)
+            if aggregate:
+                ((_labels, value),) = prometheus.query(expr)
+                want = AGGREGATES[aggregate.group(1)](list(expected[metric].values()))
+                assert value == pytest.approx(want), panel
+            else:
+                got = lines(expr)
+                assert got == pytest.approx({key: value * scale for key, value in expected[metric].items()}), panel
+            drawn.add(metric)
+        assert drawn == set(DASHBOARD_LINES)
+    finally:
+        for node in nodes:
+            write_in_place(flow.specs[node], originals[node])
 
 
 def test_an_xid_of_class_none_and_an_unknown_xid_change_nothing(flow: Flow) -> None:

@@ -42,6 +42,7 @@ from conftest import (
 )
 from kubernetes import client
 from playbook_run import REPO, PlaybookRun, inventory_hostvars, lab_inventory, run_playbook
+from prometheus_lab import Prometheus
 
 GPU = "nvidia.com/gpu"
 SPEC = REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
@@ -279,10 +280,11 @@ def test_the_toolkit_runs_in_cdi_mode_with_the_spec_nvidia_ctk_writes(lab: Lab, 
     assert lab.node_exec(flow.node, "systemctl", "is-enabled", "nvidia-cdi-refresh.service").stdout.strip() == "enabled"
 
 
-def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow) -> None:
+def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow, prometheus: Prometheus) -> None:
     """A GPU pod on containerd's default runtime, NVIDIA's nvidia-container-runtime in CDI mode (the stand-in
     nvidia-container-cli of legacy mode is not involved): the plugin's Allocate answer names the GPUs, the runtime
-    injects their devices from nvidia-ctk's spec, and the container sees exactly those."""
+    injects their devices from nvidia-ctk's spec, and the container sees exactly those. Its two GPUs' dcgm metrics
+    carry its pod, namespace and container in Prometheus while it runs, and no longer once it is gone."""
     lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(flow.node).get(GPU) == "8")
     name = f"gpu-pair-{uuid.uuid4().hex[:8]}"
     lab.core.create_namespaced_pod("default", gpu_pod(name, flow.node, None))
@@ -306,8 +308,23 @@ def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow) -> None:
         link = lab.node_exec(flow.node, "readlink", f"{lib}/libnvidia-ml.so.1").stdout.strip()
         assert link == f"libnvidia-ml.so.{version}"
         assert container_environment(lab, flow.node, container_id)["NVIDIA_VISIBLE_DEVICES"] == "void"
+        # The daemon reads the kubelet's pod-resources API with each reading (every 2 s in the lab), Prometheus
+        # scrapes every 2 s: the labels are there within a few seconds.
+        prometheus.wait_until(
+            f"{name}'s GPUs in Prometheus", lambda: len(holders(prometheus, flow, name)) == 2, timeout=20
+        )
+        assert holders(prometheus, flow, name) == {device: ("default", "gpu") for device in devices}
     finally:
         delete_pod(lab, name)
+    prometheus.wait_until(f"{name} gone from the dcgm metrics", lambda: not holders(prometheus, flow, name), timeout=20)
+
+
+def holders(prometheus: Prometheus, flow: SiteFlow, pod: str) -> dict[str, tuple[str, str]]:
+    """The node's GPUs (UUID) whose DCGM_FI_DEV_GPU_TEMP series in Prometheus carry ``pod``, with their namespace and
+    container labels."""
+    instance = prometheus.targets[flow.node]
+    found = prometheus.query(f'DCGM_FI_DEV_GPU_TEMP{{instance="{instance}", pod="{pod}"}}')
+    return {labels["UUID"]: (labels.get("namespace", ""), labels.get("container", "")) for labels, _value in found}
 
 
 def test_the_plugins_cdi_names_resolve_in_nvidia_ctks_spec(lab: Lab, flow: SiteFlow) -> None:
@@ -324,7 +341,10 @@ def test_the_plugins_cdi_names_resolve_in_nvidia_ctks_spec(lab: Lab, flow: SiteF
         assert nodes == [f"/dev/nvidia{gpu.get('minor_number', index)}"], (gpu["uuid"], nodes)
 
 
-def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, flow: SiteFlow) -> None:
+def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, flow: SiteFlow, prometheus: Prometheus) -> None:
+    """XID 79 on GPU 7: it leaves the node's allocatable and comes back when the spec says it answers again. The
+    XID shows in Prometheus as dcgm-exporter's DCGM_FI_DEV_XID_ERRORS{err_code="79"} for that GPU, though NVML no
+    longer answers for it, within a few seconds (a reading every 2 s, a scrape every 2 s)."""
     spec_path = Path(run_lab("spec-path", flow.node.rsplit("-", 1)[1]).strip())
     original = spec_path.read_text()
     spec = yaml.safe_load(original)
@@ -339,6 +359,13 @@ def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, flow: SiteFlo
         # The plugin heard the XID through NVML.
         uuid_7 = spec["gpus"][7]["uuid"]
         assert metric(flow, "gpu_device_plugin_xid_events_total", device=uuid_7, xid="79", critical="true") == 1.0
+        instance = prometheus.targets[flow.node]
+        xids = prometheus.wait_until(
+            "XID 79 in Prometheus",
+            lambda: prometheus.query(f'DCGM_FI_DEV_XID_ERRORS{{instance="{instance}", err_code="79"}}'),
+            timeout=20,
+        )
+        assert [(labels["UUID"], labels["gpu"], value) for labels, value in xids] == [(uuid_7, "7", 79.0)]
     finally:
         write_in_place(spec_path, original)
     lab.wait_until(f"{GPU}=8 after recovery", lambda: lab.allocatable(flow.node).get(GPU) == "8", timeout=30)

@@ -25,7 +25,7 @@ from conftest import (
     run_lab,
     write_in_place,
 )
-from daemonset_checks import node_pod, pod_ready, ready_pod, run_with, stopped_pod, validate_row
+from daemonset_checks import dcgm_holders, node_pod, pod_ready, ready_pod, run_with, stopped_pod, validate_row
 from daemonset_node import DAEMONSET, GPU, MODE_LABEL, NAMESPACE, POD_SELECTOR, SPEC, DaemonsetNode, daemonset_node
 from kubernetes import client
 
@@ -154,6 +154,13 @@ def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> Non
         # the container has those of exactly its two GPUs.
         container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
         assert container_nvidia_devices(lab, ds.node, container_id) == gpu_device_nodes(SPEC, devices)
+        # The daemon's pod reads the kubelet's pod-resources socket (mounted read-only): its dcgm metrics give the
+        # two GPUs this pod's labels within a reading (every 2 s in the lab), and no other GPU any.
+        daemon = running_plugin_pod(lab, ds.node)
+        holder = {"pod": name, "namespace": "default", "container": "gpu"}
+        gpus = [gpu["uuid"] for gpu in yaml.safe_load(SPEC.read_text())["gpus"]]
+        wanted = {gpu: ([holder] if gpu in devices else [{}]) for gpu in gpus}
+        lab.wait_until(f"{name} in the dcgm metrics", lambda: dcgm_holders(lab, ds.node, daemon) == wanted, timeout=20)
     finally:
         lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
         lab.wait_until(

@@ -38,6 +38,7 @@ from conftest import (
 from dra_objects import DEVICE_CLASS, DRIVER, GPU, RESOURCE, claim_template, pod_manifest, published, slices
 from kubernetes import client
 from playbook_run import REPO, PlaybookRun, lab_inventory, run_playbook
+from prometheus_lab import Prometheus
 
 SERVICE = "gpuops-device-plugin"
 SPEC = REPO / "tests" / "fixtures" / "simulated" / "h100x8.yaml"
@@ -249,8 +250,13 @@ def test_second_run_in_dra_mode_changes_nothing(flow: DraFlow) -> None:
 
 
 # --- claims ----------------------------------------------------------------------------------------------
-def test_claim_with_a_cel_selector_gets_exactly_two_gpus(lab: Lab, flow: DraFlow, templates: dict[str, str]) -> None:
+def test_claim_with_a_cel_selector_gets_exactly_two_gpus(
+    lab: Lab, flow: DraFlow, templates: dict[str, str], prometheus: Prometheus
+) -> None:
+    """The claim's two GPUs reach the container; the daemon's dcgm metrics, scraped by Prometheus, give each the
+    pod's labels and the claim's (dcgm-exporter's dra_* labels) while it runs, and drop them once it is gone."""
     name = f"dra-pair-{uuid.uuid4().hex[:8]}"
+    attributed = f'DCGM_FI_DEV_GPU_TEMP{{instance="{prometheus.targets[flow.node]}", pod="{name}"}}'
     lab.core.create_namespaced_pod("default", pod_manifest(name, flow.node, claim_template=templates["fits"]))
     try:
         pod = running(lab, name)
@@ -269,13 +275,45 @@ def test_claim_with_a_cel_selector_gets_exactly_two_gpus(lab: Lab, flow: DraFlow
         assert visible_devices(lab, flow.node, pod) == uuids_of(lab, flow.node, devices)
         assert device_nodes(lab, flow.node, pod) == gpu_device_nodes(SPEC, uuids_of(lab, flow.node, devices))
         compare_with_nvidia_ctks_spec(lab, flow.node, uid)
+        by_name = published(lab, flow.node)
+        prometheus.wait_until(
+            f"{name}'s GPUs in Prometheus", lambda: len(prometheus.query(attributed)) == 2, timeout=20
+        )
+        labels = sorted(tuple(series[key] for key in DRA_LABELS) for series, _value in prometheus.query(attributed))
+        assert labels == sorted(
+            (
+                by_name[device]["attributes"]["uuid"]["string"],
+                "default",
+                pod.spec.containers[0].name,
+                claim["metadata"]["name"],
+                "default",
+                DRIVER,
+                flow.node,
+                device,
+            )
+            for device in devices
+        )
     finally:
         delete_pod(lab, name)
+    prometheus.wait_until(f"{name} gone from the dcgm metrics", lambda: not prometheus.query(attributed), timeout=20)
     # Deleting the pod unprepares the claim: its spec and checkpoint entry go.
     lab.wait_until(
         "the claim's CDI spec removed", lambda: f"gpuops.k8s-gpu_{uid}.json" not in cdi_specs(lab, flow.node)
     )
     assert uid not in checkpoint_claims(lab, flow.node)
+
+
+# A GPU's series' labels for the container holding it through a claim (docs/metrics.md).
+DRA_LABELS = (
+    "UUID",
+    "namespace",
+    "container",
+    "dra_claim_name",
+    "dra_claim_namespace",
+    "dra_driver_name",
+    "dra_pool_name",
+    "dra_device_name",
+)
 
 
 def compare_with_nvidia_ctks_spec(lab: Lab, node: str, claim_uid: str) -> None:

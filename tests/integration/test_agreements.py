@@ -7,6 +7,7 @@
   controller CI runs ships (requirements/controller*.txt) and start at the floors scripts/collections-floor.sh
   installs for the integration tests, and the README names the same ranges;
 - the example systemd unit shipped with the daemon and the unit the role writes with its defaults;
+- docs/metrics.md's scrape config and PodMonitor, Prometheus (promtool), the role's port, node selector and DaemonSets;
 - the example inventory and the README: an unprivileged user with sudo, never root;
 - the README's table of what `make test-full` adds and the tests that add it;
 - the README's Layout block and the tree: every directory, module, filter, helper, role and playbook named there
@@ -170,6 +171,12 @@ def test_the_example_unit_is_the_unit_the_role_writes_with_its_defaults() -> Non
         defaults["device_plugin_log_format"],
         "--metrics-address",
         defaults["device_plugin_metrics_address"],
+        "--dcgm-metrics-address",
+        defaults["device_plugin_dcgm_metrics_address"],
+        "--dcgm-interval-seconds",
+        str(defaults["device_plugin_dcgm_interval"]),
+        "--pod-resources-socket",
+        f"{os.path.dirname(defaults['device_plugin_kubelet_dir'])}/pod-resources/kubelet.sock",
     ]
     rendered = template.render(
         ansible_managed="managed",
@@ -187,6 +194,56 @@ def test_the_example_unit_is_the_unit_the_role_writes_with_its_defaults() -> Non
     example_exec = [line for line in example_lines if line.startswith("ExecStart=")]
     assert [shlex.split(line) for line in example_exec] == [shlex.split(line) for line in role_exec]
     assert example_lines == role_lines
+
+
+def test_the_scrape_config_and_podmonitor_of_the_metrics_page_fit_prometheus_and_the_roles_daemon(tmp_path) -> None:
+    """docs/metrics.md's Prometheus scrape config is one promtool accepts, at the role's port on the nodes the role's
+    DaemonSets select; its PodMonitor selects both DaemonSets' pods in the role's namespace at the port they name."""
+    text = (REPO / "docs" / "metrics.md").read_text()
+    blocks = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)]
+    (scrape,) = [block for block in blocks if "scrape_configs" in block]
+    (monitor,) = [block for block in blocks if block.get("kind") == "PodMonitor"]
+    # Debian builds Prometheus without its Kubernetes discovery: promtool checks the job with a static target in its
+    # place (the relabelling rules as written), and the discovery is the nodes' role.
+    job = dict(scrape["scrape_configs"][0])
+    assert job.pop("kubernetes_sd_configs") == [{"role": "node"}]
+    config = tmp_path / "prometheus.yml"
+    job["static_configs"] = [{"targets": ["10.0.0.1:10250"]}]
+    config.write_text(yaml.safe_dump({"scrape_configs": [job]}))
+    checked = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    defaults = role_defaults()
+    port = defaults["device_plugin_dcgm_metrics_address"].rpartition(":")[2]
+    assert port == daemon_source_constant("dcgm.py", "DEFAULT_ADDRESS").rpartition(":")[2] == "9400"
+    keep, address = scrape["scrape_configs"][0]["relabel_configs"][:2]
+    ((label, value),) = defaults["device_plugin_node_selector"].items()
+    assert keep == {
+        "source_labels": ["__meta_kubernetes_node_label_" + re.sub(r"[^A-Za-z0-9_]", "_", label)],
+        "regex": value,
+        "action": "keep",
+    }
+    assert address["replacement"] == "${1}:" + port
+    names = []
+    for template in ("daemonset.yml.j2", "dra-daemonset.yml.j2"):
+        source = (ROLE / "templates" / template).read_text()
+        names += re.findall(r"(?m)^kind: DaemonSet\nmetadata:\n  name: (\S+)", source)
+        assert "- name: dcgm-metrics" in source, template
+    assert monitor["metadata"]["namespace"] == defaults["device_plugin_namespace"]
+    assert monitor["spec"]["selector"]["matchExpressions"] == [
+        {"key": "app.kubernetes.io/name", "operator": "In", "values": names}
+    ]
+    assert names == ["gpuops-device-plugin", "gpuops-dra-plugin"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["honorLabels"]) == ("dcgm-metrics", True)
+
+
+def daemon_source_constant(module: str, name: str) -> object:
+    """A module-level constant of the daemon's package, read from its source."""
+    tree = ast.parse((PLUGIN / "src" / "gpu_device_plugin" / module).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{module} declares no {name}")
 
 
 def test_the_example_inventory_logs_in_as_an_unprivileged_user() -> None:

@@ -218,6 +218,36 @@ def test_with_the_nvml_backend_the_pod_sees_the_drivers_library_and_device_nodes
     assert (f"/{DRIVER_LIB}/libnvidia-ml.so.1", "libnvidia-ml.so.1") in found.libraries
 
 
+@pytest.mark.parametrize(("template", "mode"), [("dra-daemonset.yml.j2", "dra"), ("daemonset.yml.j2", "device_plugin")])
+@pytest.mark.parametrize("exporter_on_node", [False, True])
+def test_with_the_nvml_backend_the_pods_serve_the_dcgm_metrics_on_a_named_port_unless_dcgm_exporter_does(
+    tmp_path_factory, template, mode, exporter_on_node
+):
+    values = {
+        "device_plugin_allocation_mode": mode,
+        "device_plugin_backend": "nvml",
+        "device_plugin_driver_library_dir": DRIVER_LIB,
+        "device_plugin_dcgm_exporter_on_node": exporter_on_node,
+    }
+    objects = {o["kind"]: o for o in _render(tmp_path_factory.mktemp("render-dcgm"), template, values)}
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    if exporter_on_node:
+        assert "ports" not in container
+        assert not [a for a in args if a.startswith(("--dcgm", "--pod-resources"))]
+        return
+    # dcgm-exporter's port, named for a PodMonitor (docs/metrics.md), on all of the pod's addresses.
+    assert container["ports"] == [{"name": "dcgm-metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert args[args.index("--dcgm-metrics-address") + 1] == ":9400"
+    assert args[args.index("--dcgm-interval-seconds") + 1] == "30"
+    # The kubelet's pod-resources socket, for the series' pod labels, in the directory the pod mounts read-only.
+    socket = args[args.index("--pod-resources-socket") + 1]
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
+    assert socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert mounts["/var/lib/kubelet/pod-resources"] is True
+
+
 def test_with_a_containerised_driver_the_pod_sees_its_library_under_its_root(tmp_path_factory):
     values = {
         "device_plugin_allocation_mode": "dra",
@@ -448,6 +478,8 @@ def test_the_template_renders_the_account_its_exact_rules_and_the_daemonset(rend
         "--cdi-dir",
         "/var/run/cdi",
     ]
+    # The simulated backend has no NVML: no dcgm metrics, no port for them.
+    assert "ports" not in container
     assert container["env"] == [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         # The account may not patch Node status (NEIGHBOURS): no GPUHealthy condition without node credentials.

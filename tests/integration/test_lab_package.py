@@ -154,6 +154,7 @@ def test_ssh_inventory(tmp_path: Path) -> None:
     assert hosts["gpuops-lab2-node-2"] == {
         "gpu_node_labels_node_name": "gpuops-lab2-node-2",
         "device_plugin_metrics_address": "127.0.0.1:31032",
+        "device_plugin_dcgm_metrics_address": "127.0.0.1:31132",
         "ansible_host": "127.0.0.1",
         "ansible_port": 28232,
     }
@@ -174,6 +175,8 @@ def test_ssh_inventory(tmp_path: Path) -> None:
     assert "device_plugin_simulated_spec" not in variables
     assert variables["device_plugin_backend"] == "nvml"
     assert variables["device_plugin_daemonset_visible_devices"] == ""
+    # The dcgm metrics on a port per node (the nodes share the machine's network), read every 2 s.
+    assert variables["device_plugin_dcgm_interval"] == 2
     assert variables["container_toolkit_repo_base_url"] == "http://127.0.0.1:31002/toolkit"
     assert variables["device_plugin_pip_extra_args"] == "--no-index --find-links http://127.0.0.1:31002/wheels/"
     assert variables["gpu_node_labels_kubeconfig"] == variables["device_plugin_kubeconfig"] == f"{lab}/admin.kubeconfig"
@@ -217,6 +220,7 @@ def test_podman_inventory(tmp_path: Path) -> None:
     assert nodes_group["hosts"]["gpuops-lab-node-1"] == {
         "gpu_node_labels_node_name": "gpuops-lab-node-1",
         "device_plugin_metrics_address": "127.0.0.1:31011",
+        "device_plugin_dcgm_metrics_address": "127.0.0.1:31111",
     }
     variables = nodes_group["vars"]
     assert variables["ansible_connection"] == "containers.podman.podman"

@@ -30,7 +30,8 @@ with the key $GPUOPS_LAB_DIR/ssh/id_ed25519 that `up` generates; known_hosts is 
 GPUOPS_LAB_INSTANCE=I (1-4) runs another lab beside the default one (0): names gpuops-labI-*,
 bridges gpuopslabIN, ports +1000*I, subnets 10.(231+I).N.0/24, state under $GPUOPS_CACHE/labI.
 `inventory` serves the container toolkit repository and the device plugin's wheels on
-127.0.0.1:31000+I, and gives node N's device plugin the metrics port 31010+10*I+N.
+127.0.0.1:31000+I, and gives node N's device plugin the metrics port 31010+10*I+N and the dcgm metrics
+port 31110+10*I+N.
 `inventory` and `simulate` start the process nvml-state, which rewrites each node's mock NVML state
 whenever its spec changes.
 `down` removes only this instance's processes, containers, volumes, bridges and cgroups.

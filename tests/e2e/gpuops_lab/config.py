@@ -160,6 +160,10 @@ class LabConfig:
         """The device plugin's metrics port on node ``index``."""
         return 31010 + 10 * self.instance + index
 
+    def dcgm_port(self, index: int) -> int:
+        """The daemon's dcgm metrics port on node ``index`` (dcgm-exporter's 9400 on a node of its own)."""
+        return 31110 + 10 * self.instance + index
+
     @property
     def net_prefix(self) -> str:
         """The first two octets of this instance's service range and pod subnets."""

@@ -545,6 +545,7 @@ def inventory_text(cfg: LabConfig, count: int) -> str:
             f"        {name}:",
             f"          gpu_node_labels_node_name: {name}",
             f'          device_plugin_metrics_address: "127.0.0.1:{cfg.metrics_port(index)}"',
+            f'          device_plugin_dcgm_metrics_address: "127.0.0.1:{cfg.dcgm_port(index)}"',
         ]
         if ssh:
             lines += ["          ansible_host: 127.0.0.1", f"          ansible_port: {cfg.ssh_port(index)}"]
@@ -574,6 +575,8 @@ def inventory_text(cfg: LabConfig, count: int) -> str:
         "        # the same spec. The plugin's own pod asks the nvidia runtime for no GPU; it reaches NVML through",
         "        # /driver-root.",
         "        device_plugin_backend: nvml",
+        "        # The GPUs' dcgm metrics read every 2 s, so that a test sees a change within a few seconds.",
+        "        device_plugin_dcgm_interval: 2",
         '        device_plugin_daemonset_visible_devices: ""',
         "        # The mock library reads its state through a link into /etc/gpuops-lab/simulated: the pod sees that",
         "        # directory too, beside the library's.",
