@@ -99,9 +99,11 @@ class Prometheus:
         assert data["resultType"] == "vector", data
         return [(item["metric"], float(item["value"][1])) for item in data["result"]]
 
-    def label_values(self, label: str, match: str) -> list[str]:
-        """Grafana's `label_values(METRIC, LABEL)`: the label's values on the metric's series."""
-        return list(self.api(f"label/{label}/values", **{"match[]": match}))
+    def label_values(self, label: str, match: str, seconds: float = 30) -> list[str]:
+        """Grafana's `label_values(METRIC, LABEL)`: the label's values on the metric's series over the dashboard's
+        time range (here the last ``seconds``; the session's earlier modules wrote series of other specs)."""
+        now = time.time()
+        return list(self.api(f"label/{label}/values", **{"match[]": match, "start": now - seconds, "end": now}))
 
     def targets_up(self) -> dict[str, float]:
         """Each target's `up` (1: the last scrape succeeded)."""
