@@ -154,8 +154,11 @@ def run_the_project_paths(library: MockNvml, tmp_path) -> None:
     backend.init()
     try:
         sampler = dcgm.Sampler(nvml, backend.snapshot, hostname="guard")
+        # Two readings (GPM's metrics are between two samples), then the samples freed.
         sampler.read()
-        assert b"DCGM_FI_DEV_GPU_TEMP" in sampler.render()
+        sampler.read()
+        assert b"DCGM_FI_DEV_GPU_TEMP" in sampler.render() and b"DCGM_FI_PROF_GR_ENGINE_ACTIVE" in sampler.render()
+        sampler.stop()
     finally:
         backend.stop()
     nvml.nvmlInit()
