@@ -112,9 +112,13 @@ def main() -> int:
         for node in nodes:
             node.wait_registered()
         url = f"http://127.0.0.1:{dcgm_port(on.proc.pid)}/metrics"
-        deadline = time.monotonic() + 30
-        while b'pod="train-7"' not in urllib.request.urlopen(url, timeout=5).read():
-            assert time.monotonic() < deadline, "no pod labels in the metrics"
+        # The steady state: the pods' labels, and the profiling fields, which GPM gives from the second reading on.
+        deadline = time.monotonic() + 45
+        while not all(
+            text in urllib.request.urlopen(url, timeout=5).read()
+            for text in (b'pod="train-7"', b"DCGM_FI_PROF_GR_ENGINE_ACTIVE{")
+        ):
+            assert time.monotonic() < deadline, "no pod labels or profiling fields in the metrics"
             time.sleep(0.2)
         body = urllib.request.urlopen(url, timeout=5).read()
         series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
