@@ -338,7 +338,7 @@ def test_prometheus_scrapes_both_nodes_and_promtool_reads_the_exposition(flow: F
         )
         families = re.findall(r"^# TYPE (\S+) (\S+)$", exposition, re.MULTILINE)
         assert families, exposition
-        expected = {f"{name} label names should be written in 'snake_case' not 'camelCase'" for name, _ in families}
+        expected = {f"{name} label names should be written in 'snake_case' not 'camelCase'" for name, _kind in families}
         expected |= {
             f'{name} counter metrics should have "_total" suffix' for name, kind in families if kind == "counter"
         }
