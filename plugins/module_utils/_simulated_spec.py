@@ -391,6 +391,10 @@ MOCK_NVML_READINGS = {
     "gpm_dram_bw_util_pct": 0,
     "gpm_pcie_tx_mib_per_s": 0,
     "gpm_pcie_rx_mib_per_s": 0,
+    # NVLink data sent and received over all the GPU's links, in KiB/s (a GPU with nvlink_peers): NVML's counters
+    # of it (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and _RX, KiB) grow at these rates.
+    "nvlink_tx_kib_per_s": 0,
+    "nvlink_rx_kib_per_s": 0,
 }
 _PERCENT_READINGS = tuple(key for key in MOCK_NVML_READINGS if key.endswith("_pct"))
 _FLAG_READINGS = ("remap_pending", "remap_failure")
@@ -443,6 +447,7 @@ def _readings_state_lines(readings):
             r["gpm_pcie_tx_mib_per_s"],
             r["gpm_pcie_rx_mib_per_s"],
         ),
+        f"nvlink_kib_per_s {r['nvlink_tx_kib_per_s']} {r['nvlink_rx_kib_per_s']}",
     ]
     if r["memory_temperature_c"] is not None:
         lines.append(f"memory_temperature_c {r['memory_temperature_c']}")

@@ -76,10 +76,15 @@ def validate_row(run: PlaybookRun, node: str) -> str:
     raise AssertionError(f"validate.yml printed no row for {node}:\n{run.output[-4000:]}")
 
 
-def dcgm_holders(lab: Lab, node: str, daemon_pod: client.V1Pod) -> dict[str, list[dict[str, str]]]:
-    """The pod, namespace and container labels of each GPU's DCGM_FI_DEV_GPU_TEMP series (UUID -> a label set per
-    series), as the daemon's pod serves them at its --dcgm-metrics-address, asked inside the pod's own network
-    namespace (nothing outside it reaches the pod's loopback)."""
+HOLDER_LABELS = ("pod", "namespace", "container")
+
+
+def dcgm_holders(
+    lab: Lab, node: str, daemon_pod: client.V1Pod, keys: tuple[str, ...] = HOLDER_LABELS
+) -> dict[str, list[dict[str, str]]]:
+    """The holder labels (`keys`: pod, namespace and container unless told) of each GPU's DCGM_FI_DEV_GPU_TEMP series
+    (UUID -> a label set per series), as the daemon's pod serves them at its --dcgm-metrics-address, asked inside the
+    pod's own network namespace (nothing outside it reaches the pod's loopback)."""
     (container,) = daemon_pod.spec.containers
     address = container.args[container.args.index("--dcgm-metrics-address") + 1]
     host, _sep, port = address.rpartition(":")
@@ -91,6 +96,6 @@ def dcgm_holders(lab: Lab, node: str, daemon_pod: client.V1Pod) -> dict[str, lis
     found: dict[str, list[dict[str, str]]] = {}
     for labels in re.findall(r"^DCGM_FI_DEV_GPU_TEMP\{([^}]*)\}", text, re.MULTILINE):
         pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        holder = {key: pairs[key] for key in ("pod", "namespace", "container") if key in pairs}
+        holder = {key: pairs[key] for key in keys if key in pairs}
         found.setdefault(pairs["UUID"], []).append(holder)
     return found

@@ -319,6 +319,54 @@ def test_pod_gets_two_nvlink_peers(lab: Lab, flow: SiteFlow, prometheus: Prometh
     prometheus.wait_until(f"{name} gone from the dcgm metrics", lambda: not holders(prometheus, flow, name), timeout=20)
 
 
+PLUGIN_CONFIG = "/etc/gpuops/device-plugin/config.yaml"  # the role's device_plugin_config_dir/config.yaml
+
+
+def test_each_holder_of_a_time_sliced_gpus_replicas_has_a_series_of_its_own(
+    lab: Lab, flow: SiteFlow, prometheus: Prometheus
+) -> None:
+    """Time-slicing, two replicas per GPU, set in the daemon's config file and taken by a reload (the unit's
+    ExecReload, SIGHUP): one pod takes 9 of the 16 replicas, another the other 7, so at least one GPU is shared by
+    both. Each GPU's series in Prometheus carry exactly the pods the kubelet gave its replicas to, one series per
+    holder (a pod with both replicas of a GPU is one). The file is put back and reloaded after, as it was."""
+    node = flow.node
+    original = lab.node_exec(node, "cat", PLUGIN_CONFIG).stdout
+    config = yaml.safe_load(original)
+    config["sharing"] = {"timeSlicing": {"resources": [{"name": GPU, "replicas": 2}]}}
+    # In place (`cat >`): the file keeps its owner and mode.
+    lab.node_exec(node, "sh", "-c", f"cat > {PLUGIN_CONFIG}", input_text=yaml.safe_dump(config))
+    names = {"a": f"sliced-a-{uuid.uuid4().hex[:6]}", "b": f"sliced-b-{uuid.uuid4().hex[:6]}"}
+    try:
+        lab.node_exec(node, "systemctl", "reload", "gpuops-device-plugin")
+        lab.wait_until(f"{GPU}=16 (two replicas each)", lambda: lab.allocatable(node).get(GPU) == "16", timeout=60)
+        given: dict[str, set[str]] = {}
+        for key, count in (("a", 9), ("b", 7)):
+            manifest = gpu_pod(names[key], node, None)
+            manifest["spec"]["containers"][0]["resources"]["limits"][GPU] = str(count)
+            lab.core.create_namespaced_pod("default", manifest)
+            pod = running_pod(lab, names[key])
+            devices = lab.checkpoint_devices(node, pod.metadata.uid)
+            assert len(devices) == count and all("::" in d for d in devices), devices
+            for device in devices:
+                given.setdefault(device.split("::")[0], set()).add(names[key])
+        assert len(given) == 8 and any(len(pods) == 2 for pods in given.values()), given
+        instance = prometheus.targets[node]
+        query = f'DCGM_FI_DEV_GPU_TEMP{{instance="{instance}", pod=~"{names["a"]}|{names["b"]}"}}'
+
+        def series() -> list[tuple[str, str]]:
+            return sorted((labels["UUID"], labels["pod"]) for labels, _value in prometheus.query(query))
+
+        expected = sorted((gpu, pod) for gpu, pods in given.items() for pod in pods)
+        prometheus.wait_until("both pods' replicas in Prometheus", lambda: series() == expected, timeout=20)
+    finally:
+        for name in names.values():
+            delete_pod(lab, name)
+        lab.node_exec(node, "sh", "-c", f"cat > {PLUGIN_CONFIG}", input_text=original)
+        lab.node_exec(node, "systemctl", "reload", "gpuops-device-plugin")
+        lab.wait_until(f"{GPU}=8 again", lambda: lab.allocatable(node).get(GPU) == "8", timeout=60)
+    assert lab.node_exec(node, "cat", PLUGIN_CONFIG).stdout == original
+
+
 def holders(prometheus: Prometheus, flow: SiteFlow, pod: str) -> dict[str, tuple[str, str]]:
     """The node's GPUs (UUID) whose DCGM_FI_DEV_GPU_TEMP series in Prometheus carry ``pod``, with their namespace and
     container labels."""

@@ -41,7 +41,16 @@ from conftest import (
     running_pod,
     write_in_place,
 )
-from daemonset_checks import node_pod, pod_ready, ready_pod, run_with, stopped_pod, validate_row
+from daemonset_checks import (
+    HOLDER_LABELS,
+    dcgm_holders,
+    node_pod,
+    pod_ready,
+    ready_pod,
+    run_with,
+    stopped_pod,
+    validate_row,
+)
 from daemonset_node import GPU, MODE_LABEL, NAMESPACE, SPEC, DaemonsetNode, daemonset_node
 from dra_objects import DRIVER, RESOURCE, claim_template, pod_manifest, published
 from kubernetes import client
@@ -51,6 +60,7 @@ POD_SELECTOR = "app.kubernetes.io/name=gpuops-dra-plugin"
 DAEMONSET = "gpuops-dra-plugin"
 DRA_VARS = {"gpu_allocation_mode": "dra", "device_plugin_dra_daemonset_node_credentials": True}
 NVIDIA = "gpu.nvidia.com"
+DRA_HOLDER_LABELS = ("dra_claim_name", "dra_claim_namespace", "dra_driver_name")
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +119,7 @@ def test_the_node_runs_the_dra_driver_from_its_daemonset(lab: Lab, dra_ds: tuple
     assert '"msg": "NVML library from the driver root"' in log, log[-3000:]
 
 
-def test_a_claim_container_sees_the_device_nodes_of_its_gpu(
+def test_a_claim_container_sees_the_device_nodes_of_its_gpu_and_holds_it_in_the_dcgm_metrics(
     lab: Lab, dra_ds: tuple[DaemonsetNode, PlaybookRun]
 ) -> None:
     ds = dra_ds[0]
@@ -132,6 +142,26 @@ def test_a_claim_container_sees_the_device_nodes_of_its_gpu(
         assert environment["NVIDIA_VISIBLE_DEVICES"] == "void"
         # The CDI spec the pod's driver wrote names the node's device nodes (found under /driver-root/dev).
         assert container_nvidia_devices(lab, ds.node, container_id) == gpu_device_nodes(SPEC, visible)
+        # The driver's pod names the claim's container as its GPU's holder in the dcgm metrics, with dcgm-exporter's
+        # DRA labels (the pod-resources socket mounted into the pod).
+        (claim,) = pod.status.resource_claim_statuses
+        holder = {
+            "pod": name,
+            "namespace": "default",
+            "container": "gpu",
+            "dra_claim_name": claim.resource_claim_name,
+            "dra_claim_namespace": "default",
+            "dra_driver_name": DRIVER,
+        }
+        wanted = {
+            gpu["uuid"]: [holder if gpu["uuid"] in visible else {}] for gpu in yaml.safe_load(SPEC.read_text())["gpus"]
+        }
+        daemon = dra_pod(lab, ds.node)
+        lab.wait_until(
+            f"{name} in the DRA driver's dcgm metrics",
+            lambda: dcgm_holders(lab, ds.node, daemon, (*HOLDER_LABELS, *DRA_HOLDER_LABELS)) == wanted,
+            timeout=20,
+        )
     finally:
         lab.core.delete_namespaced_pod(name, "default")
         lab.wait_until(

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ import pytest
 import yaml
 from conftest import PAUSE_IMAGE, Lab, container_pid, gpu_device_nodes, run_lab
 from dra_objects import GPU, RESOURCE, pod_manifest
+from gpuops_lab.config import LabConfig
 from gpuops_lab.inventory import CAPS_MAJOR, CDI_REFRESH_UNIT
 from kubernetes import client
 from playbook_run import LAB_PY, REPO, PlaybookRun, lab_inventory
@@ -363,6 +366,16 @@ UNALLOCATABLE = {"mig-demos": ("quickstart/v1/gpu-test6.yaml",)}
 # The devices each shape publishes: 8 GPUs; 4 GPUs in MIG mode with 4 MIG devices each, 2 whole GPUs, and 2 GPUs in MIG
 # mode with 7 each.
 DEVICES = {"h100x8": 8, "mig-demos": 32}
+# What a demo container's series in our daemon's dcgm metrics say of its claim and device (run_demos).
+DRA_SERIES = (
+    "dra_claim_namespace",
+    "dra_driver_name",
+    "dra_device_name",
+    "UUID",
+    "GPU_I_PROFILE",
+    "dra_mig_profile",
+    "dra_mig_device_uuid",
+)
 # NVIDIA's driver on the lab node: its binary and a TEST DOUBLE of the GPUs' PCI devices in sysfs (the node's sysfs is
 # this machine's, with no NVIDIA device), which NVIDIA's driver reads through its own NVIDIA_DRA_SYSFS_ROOT.
 NVIDIA_UNIT = "gpuops-lab-nvidia-dra"
@@ -459,13 +472,28 @@ def container_device_nodes(lab: Lab, node: str, container_id: str) -> list[str]:
     return sorted(line for line in listed.splitlines() if not line.startswith("nvidia-caps "))
 
 
-def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[dict[str, Any]]]:
+def dcgm_holders(address: str, namespace: str) -> dict[tuple[str, str], list[dict[str, str]]]:
+    """(pod, container) of the namespace -> the labels of each DCGM_FI_DEV_FB_USED series (a GPU's or a MIG device's)
+    the node's daemon serves with that container as its holder."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for labels in re.findall(r"^DCGM_FI_DEV_FB_USED\{([^}]*)\}", text, re.MULTILINE):
+        series = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if series.get("namespace") == namespace:
+            found.setdefault((series["pod"], series["container"]), []).append(series)
+    return found
+
+
+def run_demos(lab: Lab, node: str, specs: Path, shape: str, dcgm: str = "") -> dict[str, list[dict[str, Any]]]:
     """Apply each demo of the shape in turn on the node (the other nodes cordoned: the extended-resource demo asks for
     nvidia.com/gpu, which another node's device plugin could serve) and wait for its pods. Per namespace, per pod
     (sorted, as pod names are random), per container: its devices and the NVIDIA device nodes it sees. Every container
-    sees exactly its devices' GPUs, and a capability node for each MIG device's GPU and compute instance. Then the
-    shape's UNALLOCATABLE demos, each recorded as the set of CEL runtime errors the scheduler gives its pods. The
-    namespaces (and the DeviceClasses a demo brings) are gone when it returns, so every claim is unprepared."""
+    sees exactly its devices' GPUs, and a capability node for each MIG device's GPU and compute instance. With `dcgm`
+    (our daemon's dcgm metrics address), also each container's series there, once every container has some (DRA_SERIES:
+    what they say of the claim and device). Then the shape's UNALLOCATABLE demos, each recorded as the set of CEL
+    runtime errors the scheduler gives its pods. The namespaces (and the DeviceClasses a demo brings) are gone when it
+    returns, so every claim is unprepared."""
     spec_path = Path(run_lab("spec-path", node.rsplit("-", 1)[1]).strip())
     others = [n for n in lab.nodes if n != node]
     for other in others:
@@ -501,6 +529,14 @@ def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[di
                 }
                 pytest.fail(f"{error}: {states}")
             published = devices_of(lab, node, NVIDIA)
+            held: dict[tuple[str, str], list[dict[str, str]]] = {}
+            if dcgm:
+                everyone = {(p.metadata.name, c.name) for p in pods for c in p.spec.containers}
+                held = lab.wait_until(
+                    f"every container of {namespace} holding its devices in the daemon's dcgm metrics",
+                    lambda ns=namespace, everyone=everyone: set(found := dcgm_holders(dcgm, ns)) == everyone and found,
+                    timeout=30,
+                )
             records = []
             for pod in pods:
                 assert pod.spec.node_name == node, f"{namespace}/{pod.metadata.name}"
@@ -518,7 +554,11 @@ def run_demos(lab: Lab, node: str, specs: Path, shape: str) -> dict[str, list[di
                     ), where
                     migs = sum(a["type"]["string"] == "mig" for a in attributes)
                     assert sum(n.startswith("nvidia-caps/") for n in nodes) == 2 * migs, (where, nodes)
-                    containers.append({"devices": devices, "gpus": gpus, "nodes": nodes})
+                    record = {"devices": devices, "gpus": gpus, "nodes": nodes}
+                    if dcgm:
+                        series = held[(pod.metadata.name, container.name)]
+                        record["dcgm"] = sorted(tuple(labels.get(key, "") for key in DRA_SERIES) for labels in series)
+                    containers.append(record)
                 records.append(containers)
             seen[namespace] = sorted(records, key=json.dumps)
         for path in UNALLOCATABLE.get(shape, ()):
@@ -689,7 +729,8 @@ def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) 
     drivers = NodeDrivers(lab, flow.node, binary)
     seen: dict[str, dict[str, Any]] = {"ours": {}, "nvidia": {}}
     seen["ours"]["h100x8"] = drivers.published("h100x8", ours=True)
-    seen["ours"]["h100x8"]["demos"] = run_demos(lab, flow.node, specs, "h100x8")
+    dcgm = f"127.0.0.1:{LabConfig.from_env().dcgm_port(lab.nodes.index(flow.node) + 1)}"
+    seen["ours"]["h100x8"]["demos"] = run_demos(lab, flow.node, specs, "h100x8", dcgm)
     drivers.stop_ours()
     lab.node_exec(flow.node, "mv", PLUGIN_DIR, f"{PLUGIN_DIR}.ours")
     logs: list[str] = []
@@ -704,7 +745,9 @@ def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) 
                 drivers.start_nvidia()
                 nvidia_running = True
             seen["ours" if ours else "nvidia"][shape] = drivers.published(shape, ours=ours)
-            seen["ours" if ours else "nvidia"][shape]["demos"] = run_demos(lab, flow.node, specs, shape)
+            seen["ours" if ours else "nvidia"][shape]["demos"] = run_demos(
+                lab, flow.node, specs, shape, dcgm if ours else ""
+            )
             if ours:
                 drivers.stop_ours()
                 lab.node_exec(flow.node, "rm", "-rf", PLUGIN_DIR)
@@ -782,6 +825,34 @@ def test_nvidia_s_mig_demos_run_on_both_drivers_on_the_lab_s_mig_gpus(demos: dic
     seen = demos[driver]["mig-demos"]
     assert len(seen["demos"]) == len(DEMOS["mig-demos"]) + len(UNALLOCATABLE["mig-demos"])
     assert_demo_allocations(seen["demos"], seen["devices"])
+
+
+@pytest.mark.parametrize("shape", DEMOS)
+def test_our_dcgm_metrics_name_each_demo_containers_claim_and_devices(demos: dict[str, Any], shape: str) -> None:
+    """dcgm-exporter's DRA labels on ours, under NVIDIA's driver name: each container of NVIDIA's demos is the holder
+    of exactly its devices' series (a GPU's, or a MIG device's own with its GPU instance's profile), with its claim's
+    namespace, the driver and device names, and for a MIG device dra_mig_profile and dra_mig_device_uuid as its slice
+    publishes them (profile, uuid)."""
+    seen = demos["ours"][shape]
+    checked = 0
+    for namespace, pods in seen["demos"].items():
+        if all(isinstance(p, str) for p in pods):
+            continue  # a demo no pod of which is scheduled
+        for containers in pods:
+            for container in containers:
+                expected = []
+                for name in container["devices"]:
+                    attributes = {
+                        k: v["string"] for k, v in seen["devices"][name]["attributes"].items() if "string" in v
+                    }
+                    if attributes["type"] == "mig":
+                        mig = (attributes["profile"], attributes["profile"], attributes["uuid"])
+                        expected.append((namespace, NVIDIA, name, attributes["parentUUID"], *mig))
+                    else:
+                        expected.append((namespace, NVIDIA, name, attributes["uuid"], "", "", ""))
+                assert container["dcgm"] == sorted(expected), f"{namespace}: {container}"
+                checked += 1
+    assert checked >= 4
 
 
 @pytest.mark.parametrize("shape", DEMOS)

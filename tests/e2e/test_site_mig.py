@@ -11,7 +11,8 @@ with gpuops_simulate_from empty, where the other modules read the spec: the spec
 The core (the tests not marked full) runs one chain of steps, each path once, in device-plugin allocation under the
 systemd deployment: MIG off (all-disabled, the setup); all-1g.10gb failing half-way (a fault injected into the mock
 library) and rolled back; `--check` to all-1g.10gb, which evicts and writes nothing; none -> all-1g.10gb, where the pod
-on four GPUs is evicted before the write and the node is fenced (a taint) from before the eviction until after it; a run
+on four GPUs is evicted before the write and the node is fenced (a taint) from before the eviction until after it, and
+a pod on two of the MIG devices is their holder in the daemon's dcgm metrics; a run
 to all-1g.10gb cut short after the write (the daemon stopped, the fence left), undone by the next run before it labels
 success. Then remediate.yml on that node, for a reset-class XID on GPU 1 and then a reboot-class XID on GPU 2: the
 reset and the reboot take the GPUs' MIG devices (the lab node's boot does to them what a reboot does), and the node is
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -52,6 +54,7 @@ from conftest import PAUSE_IMAGE, Lab, container_restarts, full_suite, run_lab, 
 from daemonset_checks import ready_pod
 from daemonset_node import DAEMONSET, build_plugin_archive
 from dra_objects import RESOURCE, claim_template, pod_manifest, published
+from gpuops_lab.config import LabConfig
 from kubernetes import client
 from playbook_run import PlaybookRun, lab_inventory, run_playbook
 
@@ -525,6 +528,48 @@ def test_all_1g_10gb_fences_the_node_from_the_eviction_until_after_the_write(flo
     fenced_around_the_write(all_1g.first)
     assert fence_taints(flow.lab, flow.node) == []
     assert flow.lab.node_exec(flow.node, "test", "-e", RUN_RECORD, check=False).returncode == 1
+
+
+def mig_holders(address: str, pod: str) -> list[tuple[str, str, str]]:
+    """The series of DCGM_FI_DEV_FB_USED the node's daemon serves with the pod as holder: (the GPU's UUID,
+    GPU_I_PROFILE, GPU_I_ID) each, "" for a label a series does not have."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = []
+    for labels in re.findall(r"^DCGM_FI_DEV_FB_USED\{([^}]*)\}", text, re.MULTILINE):
+        series = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if series.get("pod") == pod:
+            found.append((series["UUID"], series.get("GPU_I_PROFILE", ""), series.get("GPU_I_ID", "")))
+    return sorted(found)
+
+
+def test_a_pod_on_two_mig_devices_is_their_holder_in_the_dcgm_metrics(flow: Flow, all_1g: Step) -> None:
+    """The plugin's MIG devices in the daemon's dcgm metrics: a pod given two 1g.10gb is the holder on those two MIG
+    devices' own series (their GPU's UUID, GPU_I_PROFILE, two GPU instances), on no other series, and on none once
+    it is gone."""
+    lab, node = flow.lab, flow.node
+    address = f"127.0.0.1:{LabConfig.from_env().dcgm_port(lab.nodes.index(node) + 1)}"
+    name = "mig-held"
+    uid = start_pod(lab, gpu_pod(name, node, MIG_1G, 2))
+    try:
+        parent = {d["uuid"]: g["uuid"] for g in layout(lab, node) for d in g["devices"]}
+        given = sorted(parent[device] for device in lab.checkpoint_devices(node, uid, MIG_1G))
+        held = lab.wait_until(
+            f"{name} in the dcgm metrics", lambda: len(found := mig_holders(address, name)) == 2 and found, timeout=30
+        )
+        assert [gpu for gpu, _profile, _instance in held] == given
+        assert {profile for _gpu, profile, _instance in held} == {"1g.10gb"}
+        assert len({(gpu, instance) for gpu, _profile, instance in held}) == 2
+    finally:
+        lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        lab.wait_until(
+            f"pod {name} gone",
+            lambda: (
+                pod_uid(lab, name) is None
+                and not lab.core.list_namespaced_pod("default", field_selector=f"metadata.name={name}").items
+            ),
+        )
+    lab.wait_until(f"{name} gone from the dcgm metrics", lambda: not mig_holders(address, name), timeout=30)
 
 
 # --- a run cut short (an unreachable node, a killed controller) after the write ---------------------------------

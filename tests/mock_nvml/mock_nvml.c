@@ -225,6 +225,11 @@ typedef struct {
     unsigned int memory_temperature_c; /* 0: no memory sensor (NVML_FI_DEV_MEMORY_TEMP not supported) */
     unsigned long long energy_mj, memory_used_mib, memory_reserved_mib;
     unsigned int remapped_correctable, remapped_uncorrectable, remap_pending, remap_failure;
+    /* NVLink data sent and received over all links (nvlink_counters): the spec's rates in KiB/s, and this process's
+     * counters (KiB) at the instant the rates took effect here, in µs since the epoch (0: the epoch, counters 0). */
+    unsigned long long nvlink_tx_rate, nvlink_rx_rate;
+    long long nvlink_since_us;
+    unsigned long long nvlink_tx_kib, nvlink_rx_kib;
     /* GPM's metrics between two samples (Hopper and newer): activity in %, PCIe traffic in MiB/s. */
     unsigned int gpm_graphics, gpm_tensor, gpm_dram;
     unsigned long long gpm_pcie_tx, gpm_pcie_rx;
@@ -601,6 +606,8 @@ static int parse_state(FILE *file, mock_state_t *out)
                    &gpu->remap_pending, &gpu->remap_failure);
         } else if (strcmp(key, "memory_temperature_c") == 0) {
             gpu->memory_temperature_c = (unsigned int)atoi(value);
+        } else if (strcmp(key, "nvlink_kib_per_s") == 0) {
+            sscanf(value, "%llu %llu", &gpu->nvlink_tx_rate, &gpu->nvlink_rx_rate);
         } else if (strcmp(key, "gpm") == 0) {
             sscanf(value, "%u %u %u %llu %llu", &gpu->gpm_graphics, &gpu->gpm_tensor, &gpu->gpm_dram,
                    &gpu->gpm_pcie_tx, &gpu->gpm_pcie_rx);
@@ -756,8 +763,49 @@ static void read_layout(void)
         memcpy(&layout, &fresh, sizeof layout);
 }
 
+/* NVLink traffic of all links (fields NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and _RX): a counter in KiB per direction,
+ * growing at the spec's rates (KiB/s) since they took effect. The instant a reading gives is the last one, at or
+ * before now, at which both counters are whole KiB: a whole number of quanta after the rates took effect, a quantum
+ * being the µs in which each rate grows by whole KiB (1 µs for idle links, 1 ms where both rates are multiples of
+ * 1000 KiB/s, never more than 1 s). So two readings at the same rates differ by exactly the rates times the time
+ * between them, and a client's KiB/s is the spec's to the unit, with no rounding to be off by one; two readings within
+ * one quantum give the same instant. The counters start at 0 at the Unix epoch and run on across a change of the
+ * rates, which take effect at the last whole-KiB instant before this process read them (refresh_locked): each
+ * process's counters are continuous, and two processes' agree until the rates change while both run (a TEST
+ * DOUBLE's simplification; NVML's are the driver's). */
+static unsigned long long gcd_ull(unsigned long long a, unsigned long long b)
+{
+    while (b) {
+        unsigned long long r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+static long long realtime_us(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (long long)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+}
+
+static void nvlink_counters(const mock_gpu_t *gpu, long long now_us, long long *at, unsigned long long *tx,
+                            unsigned long long *rx)
+{
+    /* A rate of r KiB/s grows by whole KiB every 10^6 / gcd(10^6, r) µs; the quantum is both rates' lcm of those. */
+    unsigned long long tx_step = 1000000 / gcd_ull(1000000, gpu->nvlink_tx_rate);
+    unsigned long long rx_step = 1000000 / gcd_ull(1000000, gpu->nvlink_rx_rate);
+    unsigned long long quantum = tx_step / gcd_ull(tx_step, rx_step) * rx_step;
+    unsigned long long steps =
+        now_us > gpu->nvlink_since_us ? (unsigned long long)(now_us - gpu->nvlink_since_us) / quantum : 0;
+    *at = gpu->nvlink_since_us + (long long)(steps * quantum);
+    *tx = gpu->nvlink_tx_kib + steps * (gpu->nvlink_tx_rate * quantum / 1000000);
+    *rx = gpu->nvlink_rx_kib + steps * (gpu->nvlink_rx_rate * quantum / 1000000);
+}
+
 /* Re-read the state and the layout when either file changed; keep every event generation that did not
- * change. Locked. */
+ * change, and each GPU's NVLink counters. Locked. */
 static int refresh_locked(void)
 {
     char previous_state[PATH_MAX], previous_layout[PATH_MAX];
@@ -796,6 +844,13 @@ static int refresh_locked(void)
                 if (strcmp(state.gpu[j].uuid, gpu->uuid) == 0)
                     old = &state.gpu[j];
             gpu->xid_generation = old ? old->xid_generation + (old->xid != gpu->xid) : (gpu->xid ? 1 : 0);
+            if (old && old->nvlink_tx_rate == gpu->nvlink_tx_rate && old->nvlink_rx_rate == gpu->nvlink_rx_rate) {
+                gpu->nvlink_since_us = old->nvlink_since_us;
+                gpu->nvlink_tx_kib = old->nvlink_tx_kib;
+                gpu->nvlink_rx_kib = old->nvlink_rx_kib;
+            } else if (old) { /* new rates: from where the old ones brought the counters */
+                nvlink_counters(old, realtime_us(), &gpu->nvlink_since_us, &gpu->nvlink_tx_kib, &gpu->nvlink_rx_kib);
+            }
         }
         /* Copied into the live state: handles point into it and must stay valid. */
         memcpy(&state, &fresh, offsetof(mock_state_t, gpu) + (size_t)fresh.count * sizeof fresh.gpu[0]);
@@ -1688,6 +1743,7 @@ typedef struct {
 typedef struct nvmlGpmSample_st {
     unsigned int magic;
     int gpu; /* -1: not taken yet */
+    int instance; /* 0: the whole GPU's sample; a MIG GPU instance's: its ID + 1 */
     struct timespec taken;
     unsigned int graphics, tensor, dram;
     unsigned long long pcie_tx, pcie_rx;
@@ -1755,6 +1811,18 @@ EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample)
     return NVML_SUCCESS;
 }
 
+static void take_gpm_sample(const mock_gpu_t *gpu, nvmlGpmSample_t sample, int instance)
+{
+    sample->gpu = (int)(gpu - state.gpu);
+    sample->instance = instance;
+    clock_gettime(CLOCK_MONOTONIC, &sample->taken);
+    sample->graphics = gpu->gpm_graphics;
+    sample->tensor = gpu->gpm_tensor;
+    sample->dram = gpu->gpm_dram;
+    sample->pcie_tx = gpu->gpm_pcie_tx;
+    sample->pcie_rx = gpu->gpm_pcie_rx;
+}
+
 EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample)
 {
     ENTER("nvmlGpmSampleGet");
@@ -1766,13 +1834,28 @@ EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample
         return end(NVML_ERROR_INVALID_ARGUMENT);
     if (!gpm_capable(gpu))
         return end(NVML_ERROR_NOT_SUPPORTED);
-    sample->gpu = (int)(gpu - state.gpu);
-    clock_gettime(CLOCK_MONOTONIC, &sample->taken);
-    sample->graphics = gpu->gpm_graphics;
-    sample->tensor = gpu->gpm_tensor;
-    sample->dram = gpu->gpm_dram;
-    sample->pcie_tx = gpu->gpm_pcie_tx;
-    sample->pcie_rx = gpu->gpm_pcie_rx;
+    take_gpm_sample(gpu, sample, 0);
+    return end(NVML_SUCCESS);
+}
+
+/* A MIG GPU instance's sample: the GPU's handle and the instance's ID, as nvml.h has it. The spec has no readings per
+ * instance, so an instance's activity is its GPU's rates (a TEST DOUBLE's choice); its metrics leave out what DCGM
+ * gives at the GPU level only (PCIe traffic, dcgm_fields.cpp's DCGM_FE_GPU). An ID with no live instance in the
+ * GPU's current layout is not found. */
+EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t sample)
+{
+    ENTER("nvmlGpmMigSampleGet");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = whole_gpu(device, sample, &gpu);
+    if (rc)
+        return rc;
+    if (sample->magic != GPM_SAMPLE_MAGIC)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_capable(gpu))
+        return end(NVML_ERROR_NOT_SUPPORTED);
+    if (!gpu->mig.current || gpuInstanceId >= MAX_GI || !gpu->mig.gi[gpuInstanceId].live)
+        return end(NVML_ERROR_NOT_FOUND);
+    take_gpm_sample(gpu, sample, (int)gpuInstanceId + 1);
     return end(NVML_SUCCESS);
 }
 
@@ -1793,7 +1876,7 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metrics)
     nvmlGpmSample_t first = metrics->sample1, second = metrics->sample2;
     if (metrics->numMetrics > NVML_GPM_METRIC_MAX || first == NULL || second == NULL || first->magic != GPM_SAMPLE_MAGIC
         || second->magic != GPM_SAMPLE_MAGIC || first->gpu < 0 || first->gpu != second->gpu
-        || !taken_before(&first->taken, &second->taken))
+        || first->instance != second->instance || !taken_before(&first->taken, &second->taken))
         return NVML_ERROR_INVALID_ARGUMENT;
     for (unsigned int i = 0; i < metrics->numMetrics; i++) {
         nvmlGpmMetric_t *metric = &metrics->metrics[i];
@@ -1810,10 +1893,14 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metrics)
             metric->value = second->dram;
             break;
         case NVML_GPM_METRIC_PCIE_TX_PER_SEC:
-            metric->value = (double)second->pcie_tx;
-            break;
         case NVML_GPM_METRIC_PCIE_RX_PER_SEC:
-            metric->value = (double)second->pcie_rx;
+            if (second->instance) { /* the GPU's link, not an instance's */
+                metric->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+                metric->value = 0;
+            } else {
+                metric->value = (double)(metric->metricId == NVML_GPM_METRIC_PCIE_TX_PER_SEC ? second->pcie_tx
+                                                                                             : second->pcie_rx);
+            }
             break;
         default: /* a metric this library does not model */
             metric->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
@@ -1899,10 +1986,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int 
 }
 
 /* Field values (nvml.h's nvmlFieldValue_t): NVML_FI_DEV_MEMORY_TEMP where the spec gives the GPU a memory
- * temperature; every other field answers NVML_ERROR_NOT_SUPPORTED in its own nvmlReturn, as a driver does for a
- * field it does not know, and the call itself succeeds. */
+ * temperature; NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and _RX (KiB, nvlink_counters) of all links (scopeId UINT_MAX)
+ * on a GPU with NVLink peers, both stamped with the same instant (a single link's are not modelled: not supported);
+ * every other field answers NVML_ERROR_NOT_SUPPORTED in its own nvmlReturn, as a driver does for a field it does not
+ * know, and the call itself succeeds. A MIG device answers none. */
 #define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX 138
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX 139
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
 typedef union {
     double dVal;
     unsigned int uiVal;
@@ -1932,14 +2024,26 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
         return rc;
     if (valuesCount < 0 || (valuesCount > 0 && values == NULL))
         return end(NVML_ERROR_INVALID_ARGUMENT);
+    int nvlink = gpu->links > 0 && !as_mig(device);
+    long long at = 0;
+    unsigned long long sent = 0, received = 0;
+    if (nvlink)
+        nvlink_counters(gpu, realtime_us(), &at, &sent, &received);
     for (int i = 0; i < valuesCount; i++) {
+        unsigned int field = values[i].fieldId;
         values[i].timestamp = 0;
         values[i].latencyUsec = 0;
         values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         values[i].value.ullVal = 0;
-        if (values[i].fieldId == NVML_FI_DEV_MEMORY_TEMP && gpu->memory_temperature_c && !as_mig(device)) {
+        if (field == NVML_FI_DEV_MEMORY_TEMP && gpu->memory_temperature_c && !as_mig(device)) {
             values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             values[i].value.uiVal = gpu->memory_temperature_c;
+            values[i].nvmlReturn = NVML_SUCCESS;
+        } else if ((field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX || field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+                   && nvlink && values[i].scopeId == UINT_MAX) {
+            values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            values[i].value.ullVal = field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? sent : received;
+            values[i].timestamp = at;
             values[i].nvmlReturn = NVML_SUCCESS;
         }
     }

@@ -11,6 +11,7 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 import urllib.request
 from typing import Any, Callable, Optional
 
@@ -24,6 +25,7 @@ from podresources_double import PodResourcesDouble, claim, container, pod
 from prometheus_client.parser import text_string_to_metric_families
 
 GPU = "nvidia.com/gpu"
+DRIVER = "gpu.gpuops.k8s"
 HOST = "gpu-node-1"
 SERIES = re.compile(r"^(?P<name>[A-Z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 BUSY = {
@@ -49,6 +51,8 @@ BUSY = {
     "gpm_dram_bw_util_pct": 41,
     "gpm_pcie_tx_mib_per_s": 1200,
     "gpm_pcie_rx_mib_per_s": 3400,
+    "nvlink_tx_kib_per_s": 250000,
+    "nvlink_rx_kib_per_s": 150000,
 }
 
 
@@ -114,6 +118,8 @@ def test_each_default_field_comes_from_its_nvml_call_in_dcgm_exporters_unit(mock
         "DCGM_FI_DEV_FB_FREE": str(81559 - 40960 - 512),
         "DCGM_FI_DEV_FB_USED": "40960",
         "DCGM_FI_DEV_FB_RESERVED": "512",
+        # DCGM's NVLink rate between the two readings: KiB/s received and sent, / 1000.
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "400",
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "1",
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "2",
         "DCGM_FI_DEV_ROW_REMAP_FAILURE": "0",
@@ -132,12 +138,14 @@ def test_each_default_field_comes_from_its_nvml_call_in_dcgm_exporters_unit(mock
         "0",
     )
     assert "DCGM_FI_DEV_MEMORY_TEMP" not in idle
-    # dcgm-exporter's types: the energy, the PCIe replays and the remapped rows are counters, named without _total.
+    # dcgm-exporter's types: the energy, the PCIe replays, the NVLink bandwidth (a rate, typed as dcgm-exporter types
+    # it) and the remapped rows are counters, named without _total.
     assert types(text) == {field.name: field.kind for field in dcgm.FIELDS}
     counters = {name for name, kind in types(text).items() if kind == "counter"}
     assert counters == {
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
     }
@@ -253,6 +261,89 @@ def test_the_profiling_fields_are_absent_before_hopper_and_said_once(tmp_path, c
     assert said == [
         f"the profiling fields (DCGM_FI_PROF_*) are absent for GPU {uuid}: the GPU has no GPM (Hopper and newer)"
     ]
+
+
+NVLINK = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
+
+
+def nvlink_of(sampler: dcgm.Sampler) -> dict[str, str]:
+    """One more reading: GPU UUID -> its NVLink bandwidth series' value, the GPUs' own series only (no GPU_I_ID)."""
+    time.sleep(0.002)  # more than the mock library's quantum of time at these rates (1 ms: docs/mock-nvml.md)
+    sampler.read()
+    return {
+        uuid: value
+        for (name, uuid), (labels, value) in series(sampler.render().decode()).items()
+        if name == NVLINK and "GPU_I_ID" not in labels
+    }
+
+
+def test_the_nvlink_bandwidth_is_dcgms_rate_from_a_gpus_second_reading_on_and_follows_the_spec(mock_nvml):
+    """NVML's NVLink data counters of all links (KiB, received and sent) between a GPU's last two readings, in KiB/s /
+    1000 as DCGM gives it: none at the first reading, the spec's rates to the unit from the second. A change of rates
+    shows at the next reading (between the two rates, a reading spanning the change) and exactly at the one after."""
+    edit(mock_nvml, gpu2={"readings": {"nvlink_tx_kib_per_s": 3000, "nvlink_rx_kib_per_s": 1000, "temperature_c": 40}})
+    backend = NvmlBackend(mock_nvml.pynvml)
+    backend.init()
+    sampler = dcgm.Sampler(mock_nvml.pynvml, backend.snapshot, hostname=HOST)
+    handle = mock_nvml.pynvml.nvmlDeviceGetHandleByUUID(H100[2])
+
+    def temperature() -> int:
+        return mock_nvml.pynvml.nvmlDeviceGetTemperature(handle, 0)
+
+    try:
+        assert wait_until(lambda: temperature() == 40)  # the library has the spec's rates
+        # The library's fields: all links' counters (KiB, an unsigned long long) stamped in µs since the epoch; a
+        # single link's are not modelled (not supported).
+        link, total = mock_nvml.pynvml.nvmlDeviceGetFieldValues(handle, [(138, 0), (139, 0xFFFFFFFF)])
+        assert (link.nvmlReturn, total.nvmlReturn, total.valueType) == (3, 0, 3)
+        assert abs(total.timestamp - time.time() * 1e6) < 5e6
+        assert nvlink_of(sampler) == {}
+        assert NVLINK not in sampler.render().decode()  # nor its family
+        idle = dict.fromkeys(H100, "0")
+        assert nvlink_of(sampler) == {**idle, H100[2]: "4"}
+        assert types(sampler.render().decode())[NVLINK] == "counter"
+        readings = {"nvlink_tx_kib_per_s": 250000, "nvlink_rx_kib_per_s": 150000, "temperature_c": 41}
+        edit(mock_nvml, gpu2={"readings": readings})
+        assert wait_until(lambda: temperature() == 41)
+        spanning = nvlink_of(sampler)
+        assert 4 <= int(spanning[H100[2]]) <= 400
+        assert nvlink_of(sampler) == {**idle, H100[2]: "400"}
+    finally:
+        sampler.stop()
+        backend.stop()
+
+
+def test_the_nvlink_bandwidth_is_a_gpus_with_nvlink_not_a_mig_devices_nor_a_gpus_without(tmp_path):
+    """Two H100s joined by NVLink, one of them in MIG mode, and a T4 (no NVLink: NVML answers not supported), each
+    with the same rates in its spec: each H100 has the series, on its own series only, and the T4 none."""
+    spec = fixture("h100x8.yaml")
+    first, second = spec["gpus"][:2]
+    first["nvlink_peers"], second["nvlink_peers"] = [second["uuid"]], []
+    second.update(
+        mig_mode="enabled",
+        mig_devices=[{"uuid": "MIG-6f1c0a3e-0000-4000-8000-0000000000b1", "profile": "1g.10gb", "memory_mib": 9984}],
+    )
+    t4 = fixture("t4x1.yaml")["gpus"][0]
+    for gpu in (first, second, t4):
+        gpu["readings"] = {"nvlink_tx_kib_per_s": 3000, "nvlink_rx_kib_per_s": 1000}
+    spec["gpus"] = [first, second, t4]
+    write_spec(str(tmp_path / "spec.yaml"), spec)
+    library = MockNvml(str(tmp_path / "spec.yaml"), str(tmp_path / "state"))
+    backend = NvmlBackend(library.pynvml)
+    backend.init()
+    try:
+        sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname=HOST)
+        for _reading in range(2):
+            found = nvlink_of(sampler)
+        text = sampler.render().decode()
+        sampler.stop()
+    finally:
+        backend.stop()
+        library.close()
+    assert found == {first["uuid"]: "4", second["uuid"]: "4"}
+    assert [line for line in text.splitlines() if "GPU_I_ID" in line]  # the MIG device's own series are there
+    assert not [line for line in text.splitlines() if line.startswith(NVLINK) and "GPU_I_ID" in line]
+    assert "DCGM_FI_DEV_GPU_TEMP" in of_gpu(text, t4["uuid"])
 
 
 def test_the_last_xid_shows_with_its_code(mock_nvml):
@@ -409,6 +500,100 @@ def test_each_mig_device_has_series_of_its_own_with_its_gpu_instance_and_holders
     # A MIG device's series has its framebuffer only: NVML gives no utilisation for it.
     mig_fields = {line.split("{")[0] for line in text.splitlines() if "GPU_I_ID" in line}
     assert mig_fields == {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"}
+
+
+def test_a_dra_claims_mig_device_is_held_on_its_own_series_with_its_profile_and_uuid(tmp_path, pod_resources):
+    """dcgm-exporter's dra_mig_profile and dra_mig_device_uuid, on the claimed MIG device's series: by the name the
+    slice publishes and by the name an earlier version gave it (a claim allocated before an upgrade)."""
+    library = MockNvml(os.path.join(FIXTURES, "a100-mig.yaml"), str(tmp_path / "state"))
+    pod_resources.pods = [
+        pod("ml", "small", container("main", claims=[claim("ml", "one", [(DRIVER, HOST, "gpu-0-mig-1g5gb-19-5")])])),
+        pod("ml", "old", container("main", claims=[claim("ml", "two", [(DRIVER, HOST, "gpu-0-mig-0")])])),
+        # Another driver's device of the same name, and a MIG device not in the layout: attributed to nothing.
+        pod("ml", "other", container("main", claims=[claim("ml", "c", [("gpu.example.com", HOST, "gpu-0-mig-1")])])),
+        pod("ml", "gone", container("main", claims=[claim("ml", "d", [(DRIVER, HOST, "gpu-0-mig-7g40gb-0-0")])])),
+    ]
+    backend = NvmlBackend(library.pynvml)
+    backend.init()
+    try:
+        sampler = sampler_with_holders(library.pynvml, backend, pod_resources)
+        sampler.read()
+        text = sampler.render().decode()
+    finally:
+        backend.stop()
+        library.close()
+    held = {}
+    for line in text.splitlines():
+        if line.startswith("DCGM_FI_DEV_FB_FREE{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            held.setdefault(labels.get("GPU_I_ID", "whole"), []).append(
+                line[line.index('DCGM_FI_DRIVER_VERSION="535.247.01"') + 35 : line.index("}")]
+            )
+    claimed = ',namespace="ml",container="main",dra_claim_name="{claim}",dra_claim_namespace="ml",'
+    claimed += f'dra_driver_name="{DRIVER}",dra_pool_name="{HOST}",dra_device_name="{{device}}",'
+    claimed += 'dra_mig_profile="{profile}",dra_mig_device_uuid="{uuid}"'
+    assert held == {
+        "1": [',pod="old"' + claimed.format(claim="two", device="gpu-0-mig-0", profile="3g.20gb", uuid=MIGS[0])],
+        "11": [""],
+        "12": [
+            ',pod="small"' + claimed.format(claim="one", device="gpu-0-mig-1g5gb-19-5", profile="1g.5gb", uuid=MIGS[2])
+        ],
+        "whole": ["", ""],  # both GPUs' own series: a claim's MIG device is held on its own series only
+    }
+
+
+def test_a_mig_devices_profiling_fields_come_from_its_gpu_instances_gpm_samples(tmp_path, monkeypatch, caplog):
+    """An H100 NVL in seven 1g.12gb: each MIG device's series carry the fields GPM gives per GPU instance
+    (nvmlGpmMigSampleGet with the GPU's handle and the instance's ID), its PCIe traffic stays the GPU's; the A100s'
+    MIG devices have none (no GPM before Hopper), said once per GPU. Every sample is freed."""
+    caplog.set_level(logging.INFO, logger="gpu_device_plugin.dcgm")
+    trace = tmp_path / "trace"
+    monkeypatch.setenv("GPUOPS_MOCK_NVML_TRACE", str(trace))
+    spec = fixture("mig-demos.yaml")
+    busy, idle = (gpu for gpu in spec["gpus"] if gpu["name"] == "NVIDIA H100 NVL")
+    busy["readings"] = {k: BUSY[k] for k in BUSY if k.startswith("gpm_")}
+    write_spec(str(tmp_path / "spec.yaml"), spec)
+    library = MockNvml(str(tmp_path / "spec.yaml"), str(tmp_path / "state"))
+    backend = NvmlBackend(library.pynvml)
+    backend.init()
+    try:
+        sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname=HOST)
+        sampler.read()
+        sampler.read()
+        text = sampler.render().decode()
+        sampler.stop()
+    finally:
+        backend.stop()
+        library.close()
+    profiled: dict[tuple[str, str], dict[str, str]] = {}
+    for line in text.splitlines():
+        match = SERIES.match(line)
+        if match and match["name"].startswith("DCGM_FI_PROF_"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+            profiled.setdefault((labels["UUID"], labels.get("GPU_I_ID", "")), {})[match["name"]] = match["value"]
+    instance = {
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "0.88",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "0.63",
+        "DCGM_FI_PROF_DRAM_ACTIVE": "0.41",
+    }
+    whole = {**instance, "DCGM_FI_PROF_PCIE_TX_BYTES": str(1200 << 20), "DCGM_FI_PROF_PCIE_RX_BYTES": str(3400 << 20)}
+    nothing = dict.fromkeys(whole, "0")
+    gpu_instances = [str(gi) for gi in range(7, 14)]  # the library's GPU-instance IDs of the seven 1g.12gb
+    assert profiled == {
+        (busy["uuid"], ""): whole,
+        **{(busy["uuid"], gi): instance for gi in gpu_instances},
+        (idle["uuid"], ""): nothing,
+        **{(idle["uuid"], gi): {k: nothing[k] for k in instance} for gi in gpu_instances},
+    }
+    calls = trace.read_text().splitlines()
+    said = sorted(
+        r.getMessage().split(" for GPU ")[1].split(":")[0]
+        for r in caplog.records
+        if "(DCGM_FI_PROF_*)" in r.getMessage()
+    )
+    assert said == sorted(gpu["uuid"] for gpu in spec["gpus"] if gpu["name"].startswith("NVIDIA A100"))
+    assert calls.count("nvmlGpmMigSampleGet") == 2 * 2 * 7  # two readings of two GPUs' seven instances
+    assert calls.count("nvmlGpmSampleAlloc") == calls.count("nvmlGpmSampleFree") == 2 * 2 * 8
 
 
 def test_label_values_are_escaped_as_the_text_format_asks():

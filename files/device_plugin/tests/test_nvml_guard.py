@@ -189,6 +189,20 @@ def run_the_project_paths(library: MockNvml, tmp_path) -> None:
     assert H100[3] in seen and H100[4] in seen and H100[5] in seen and watcher.failed is None
 
 
+def run_the_mig_device_readings(library: MockNvml) -> None:
+    """The dcgm metrics of MIG devices on Hopper GPUs: GPM samples of each MIG device's GPU instance."""
+    backend = NvmlBackend(library.pynvml)
+    backend.init()
+    try:
+        sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname="guard")
+        sampler.read()
+        sampler.read()
+        assert re.search(rb'DCGM_FI_PROF_GR_ENGINE_ACTIVE\{[^}]*GPU_I_ID="', sampler.render())
+        sampler.stop()
+    finally:
+        backend.stop()
+
+
 def test_every_nvml_function_the_project_calls_runs_through_the_library(tmp_path, monkeypatch):
     trace = tmp_path / "trace"
     monkeypatch.setenv("GPUOPS_MOCK_NVML_TRACE", str(trace))
@@ -202,6 +216,11 @@ def test_every_nvml_function_the_project_calls_runs_through_the_library(tmp_path
             gpu_discovery.nvml_discover(mig.pynvml, str(tmp_path))
         finally:
             mig.close()
+        hopper_mig = MockNvml(os.path.join(FIXTURES, "mig-demos.yaml"), str(tmp_path / "hopper-mig-state"))
+        try:
+            run_the_mig_device_readings(hopper_mig)
+        finally:
+            hopper_mig.close()
         spec_for_mig = tmp_path / "mig-gpus.yaml"
         write_spec(str(spec_for_mig), fixture("h100x8.yaml"))
         mig_writes = MockNvml(str(spec_for_mig), str(tmp_path / "mig-writes-state"))

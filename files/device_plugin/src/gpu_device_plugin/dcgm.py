@@ -33,6 +33,9 @@ _CLOCK_SM = 1
 _CLOCK_MEM = 2
 _TEMPERATURE_GPU = 0
 _FI_DEV_MEMORY_TEMP = 82
+# NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX and _RX (KiB) of every NVLink of the GPU (scope UINT_MAX), as DCGM reads them
+# for DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL: a pynvml field ID may be a (field, scope) pair.
+_NVLINK_DATA_ALL_LINKS = [(138, 0xFFFFFFFF), (139, 0xFFFFFFFF)]
 _MEMORY_V2 = 0x02000028
 _ERROR_NOT_SUPPORTED = 3
 _ERROR_FUNCTION_NOT_FOUND = 13
@@ -48,6 +51,10 @@ GPM_FIELDS = (
     ("DCGM_FI_PROF_PCIE_TX_BYTES", 20, "MiB/s"),  # NVML_GPM_METRIC_PCIE_TX_PER_SEC
     ("DCGM_FI_PROF_PCIE_RX_BYTES", 21, "MiB/s"),  # NVML_GPM_METRIC_PCIE_RX_PER_SEC
 )
+
+# What a MIG device's sample gives (nvmlGpmMigSampleGet, its GPU instance): the fields DCGM reads below the GPU's own
+# level; PCIe traffic is the GPU's (DCGM's field levels, dcgmlib/src/dcgm_fields.cpp).
+GPM_MIG_FIELDS = tuple(f for f in GPM_FIELDS if not f[0].startswith("DCGM_FI_PROF_PCIE_"))
 
 
 def _from_gpm(value: float, unit: str) -> float:
@@ -80,6 +87,12 @@ FIELDS = (
     Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free in MiB."),
     Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used in MiB."),
     Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved by the driver in MiB."),
+    # dcgm-exporter's type; the value is DCGM's rate over the last interval (NvLinkBandwidth), not a running total.
+    Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "NVLink data received and sent over all links since the last reading, in KiB/s / 1000 (as DCGM gives it).",
+    ),
     Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Rows remapped for uncorrectable errors."),
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Rows remapped for correctable errors."),
     Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "1 when a row remapping has failed, else 0."),
@@ -164,19 +177,23 @@ def mig_labels(parent: tuple[tuple[str, str], ...], profile: str, instance_id: i
 
 
 class Gpm:
-    """The profiling fields of each GPU from NVML's GPM API: a sample per GPU at each reading, the metrics between a
-    GPU's last two samples (so from its second reading on). A GPU without GPM (before Hopper, a driver or bindings
-    without the API) has none, said once per GPU; only the sampler's thread calls it."""
+    """The profiling fields of each GPU and MIG device from NVML's GPM API: a sample per GPU (or per MIG device's GPU
+    instance, through its GPU's handle) at each reading, the metrics between its last two samples (so from its second
+    reading on). A GPU without GPM (before Hopper, a driver or bindings without the API) has none, nor have its MIG
+    devices, said once per UUID; only the sampler's thread calls it."""
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
-        self._last: dict[str, Any] = {}  # UUID -> its last sample
+        self._last: dict[str, Any] = {}  # GPU or MIG device UUID -> its last sample
         self._without: set[str] = set()  # UUIDs without GPM
 
-    def read(self, uuid: str, handle: Any) -> dict[str, float]:
-        if uuid in self._without:
+    def read(self, uuid: str, handle: Any, instance: Optional[int] = None, gpu: str = "") -> dict[str, float]:
+        """The fields of the GPU `handle`, or with `instance` (a GPU instance's ID) of that MIG device of it (`gpu`:
+        the GPU's UUID, read first: a GPU without GPM has said so for its MIG devices too)."""
+        if uuid in self._without or gpu in self._without:
             return {}
         nvml = self.nvml
+        fields = GPM_FIELDS if instance is None else GPM_MIG_FIELDS
         try:
             if uuid not in self._last and not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
                 return self._none(uuid, "the GPU has no GPM (Hopper and newer)")
@@ -186,7 +203,10 @@ class Gpm:
         except nvml.NVMLError as exc:
             return self._gone(uuid, exc)
         try:
-            nvml.nvmlGpmSampleGet(handle, sample)
+            if instance is None:
+                nvml.nvmlGpmSampleGet(handle, sample)
+            else:
+                nvml.nvmlGpmMigSampleGet(handle, instance, sample)
         except nvml.NVMLError as exc:
             nvml.nvmlGpmSampleFree(sample)
             return self._gone(uuid, exc)
@@ -196,9 +216,9 @@ class Gpm:
         try:
             request = nvml.c_nvmlGpmMetricsGet_t()
             request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(GPM_FIELDS)
+            request.numMetrics = len(fields)
             request.sample1, request.sample2 = previous, sample
-            for slot, (_name, metric, _unit) in zip(request.metrics, GPM_FIELDS):
+            for slot, (_name, metric, _unit) in zip(request.metrics, fields):
                 slot.metricId = metric
             nvml.nvmlGpmMetricsGet(request)
         except nvml.NVMLError:
@@ -207,7 +227,7 @@ class Gpm:
             nvml.nvmlGpmSampleFree(previous)
         return {
             name: _from_gpm(slot.value, unit)
-            for slot, (name, _metric, unit) in zip(request.metrics, GPM_FIELDS)
+            for slot, (name, _metric, unit) in zip(request.metrics, fields)
             if slot.nvmlReturn == 0
         }
 
@@ -234,6 +254,48 @@ class Gpm:
 
     def close(self) -> None:
         self.keep_only(set())
+
+
+class NvLinkBandwidth:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it (DcgmCacheManager's ReadAndCacheNvLinkBandwidth, DCGM
+    4.6.0): NVML's NVLink data counters of all links, received and sent (KiB), summed at each reading of a GPU in one
+    nvmlDeviceGetFieldValues call; the value is the sum's growth since the GPU's previous reading over the time between
+    their timestamps (the later of the two fields'), in KiB/s / 1000 (DCGM's "MiB/s"), truncated. From a GPU's second
+    reading on (DCGM gives 0 at its first). None where a field is not given (a GPU without NVLink: not supported; the
+    last reading that gave both stays the one to compare with), for a reading with no time since the previous (which
+    stays the previous), or where the sum went back (a driver reload restarts the counters; it is the next reading's
+    previous). Only the sampler's thread calls it."""
+
+    NAME = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self._last: dict[str, tuple[int, int]] = {}  # GPU UUID -> (KiB, µs since the epoch) at its last reading
+
+    def read(self, uuid: str, handle: Any) -> dict[str, float]:
+        try:
+            fields = self.nvml.nvmlDeviceGetFieldValues(handle, _NVLINK_DATA_ALL_LINKS)
+        except self.nvml.NVMLError:
+            return {}
+        if any(field.nvmlReturn != 0 for field in fields):
+            return {}
+        kib = sum(int(field.value.ullVal) for field in fields)
+        at = max(int(field.timestamp) for field in fields)
+        previous = self._last.get(uuid)
+        if previous is not None and at == previous[1]:
+            return {}
+        self._last[uuid] = (kib, at)
+        if previous is None or kib < previous[0] or at < previous[1]:
+            return {}
+        # KiB over µs, as integers: (KiB / (µs / 10^6)) / 1000 with no float to round it down by one.
+        return {self.NAME: (kib - previous[0]) * 1_000_000 // ((at - previous[1]) * 1000)}
+
+    def forget(self, uuid: str) -> None:
+        self._last.pop(uuid, None)
+
+    def keep_only(self, uuids: set[str]) -> None:
+        for uuid in set(self._last) - uuids:
+            self.forget(uuid)
 
 
 @dataclass(frozen=True)
@@ -326,6 +388,7 @@ class Sampler:
         self.last_seconds: Optional[float] = None
         self._labels: dict[str, tuple[tuple[str, str], ...]] = {}
         self.gpm = Gpm(nvml)
+        self.nvlink = NvLinkBandwidth(nvml)
         self._rendered = b""
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -349,18 +412,21 @@ class Sampler:
             values = read if read is not None else {}
             if read is not None:
                 values.update(self.gpm.read(gpu.uuid, handle))
+                values.update(self.nvlink.read(gpu.uuid, handle))
             else:
                 self.gpm.forget(gpu.uuid)
+                self.nvlink.forget(gpu.uuid)
             values["DCGM_FI_DEV_XID_ERRORS"] = self.last_xid(gpu.uuid) or 0
             labels = self._labels.get(gpu.uuid)
             if labels is None:
                 labels = self._labels[gpu.uuid] = gpu_labels(self.nvml, handle, gpu, self.hostname)
             readings.append(GpuReading(labels, values, tuple(held.get(gpu.uuid, ()))))
             for mig in gpu.mig_devices if read is not None else ():
-                reading = self._read_mig(mig, labels, tuple(held.get(mig.uuid, ())))
+                reading = self._read_mig(mig, (gpu.uuid, handle), labels, tuple(held.get(mig.uuid, ())))
                 if reading is not None:
                     readings.append(reading)
-        self.gpm.keep_only({gpu.uuid for gpu in snapshot.gpus})
+        self.gpm.keep_only({gpu.uuid for gpu in snapshot.gpus} | {m.uuid for g in snapshot.gpus for m in g.mig_devices})
+        self.nvlink.keep_only({gpu.uuid for gpu in snapshot.gpus})
         rendered = render(readings, snapshot.driver_version)
         with self._lock:
             self._rendered = rendered
@@ -368,16 +434,23 @@ class Sampler:
             self.last_seconds = time.monotonic() - started
 
     def _read_mig(
-        self, mig: Any, parent: tuple[tuple[str, str], ...], holders: tuple[tuple[tuple[str, str], ...], ...]
+        self,
+        mig: Any,
+        gpu: tuple[str, Any],  # its GPU's UUID and handle
+        parent: tuple[tuple[str, str], ...],
+        holders: tuple[tuple[tuple[str, str], ...], ...],
     ) -> Optional[GpuReading]:
         try:
             handle = self.nvml.nvmlDeviceGetHandleByUUID(mig.uuid)
             instance_id = self.nvml.nvmlDeviceGetGpuInstanceId(handle)
         except self.nvml.NVMLError:
+            self.gpm.forget(mig.uuid)
             return None  # not in NVML's layout now: no series until it is
         values = read_mig(self.nvml, handle)
         if values is None:
+            self.gpm.forget(mig.uuid)
             return None
+        values.update(self.gpm.read(mig.uuid, gpu[1], instance_id, gpu=gpu[0]))
         return GpuReading(mig_labels(parent, mig.profile, instance_id), values, holders)
 
     def render(self) -> bytes:

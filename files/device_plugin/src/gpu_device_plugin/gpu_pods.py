@@ -23,6 +23,7 @@ import grpc
 
 from gpu_device_plugin.api import podresources_v1_pb2, podresources_v1_pb2_grpc
 from gpu_device_plugin.config import DEFAULT_POD_RESOURCES_SOCKET, DEFAULT_RESOURCE, Config
+from gpu_device_plugin.dra.devices import by_name, dra_devices, with_legacy_names
 from gpu_device_plugin.dra.names import DeviceNumbers, number_in
 from gpu_device_plugin.inventory import Inventory
 from gpu_device_plugin.sharing import plan
@@ -50,6 +51,8 @@ class DeviceMap:
     by_dra_number: dict[int, str]
     # A MIG device's device-plugin IDs (its UUID, "1:0") -> its UUID
     mig_devices: dict[str, str] = field(default_factory=dict)
+    # A MIG device's DRA device names (and the name an earlier version gave it) -> its UUID and profile
+    dra_migs: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def ours(self, resource: str) -> bool:
         return resource in self.resources or resource.startswith(MIG_RESOURCE_PREFIX)
@@ -75,10 +78,17 @@ class DeviceMap:
         return gpu if gpu is not None and whole else None
 
     def dra_gpu(self, driver: str, pool: str, device: str) -> Optional[str]:
-        if driver != self.driver or (self.pool and pool != self.pool):
+        if not self._dra_ours(driver, pool):
             return None
         number = number_in(device)
         return None if number is None else self.by_dra_number.get(number)
+
+    def dra_mig(self, driver: str, pool: str, device: str) -> Optional[tuple[str, str]]:
+        """The MIG device (its UUID and profile) a DRA device of this daemon's driver names; None for another."""
+        return self.dra_migs.get(device) if self._dra_ours(driver, pool) else None
+
+    def _dra_ours(self, driver: str, pool: str) -> bool:
+        return driver == self.driver and (not self.pool or pool == self.pool)
 
 
 def resource_names(inventory: Inventory, config: Config) -> frozenset[str]:
@@ -102,6 +112,8 @@ def device_map(inventory: Inventory, config: Config) -> DeviceMap:
             by_index[f"{gpu.index}:{mig.index}"] = gpu.uuid
             mig_devices[f"{gpu.index}:{mig.index}"] = mig.uuid
     numbers = DeviceNumbers(config.dra_plugin_dir).peek(inventory)
+    named = with_legacy_names(by_name(dra_devices(inventory, numbers)))
+    dra_migs = {name: (d.mig.uuid, d.mig.profile) for name, d in named.items() if d.mig is not None}
     return DeviceMap(
         by_uuid,
         by_index,
@@ -110,6 +122,7 @@ def device_map(inventory: Inventory, config: Config) -> DeviceMap:
         config.node_name,
         {number: uuid for uuid, number in numbers.items()},
         mig_devices,
+        dra_migs,
     )
 
 
@@ -184,9 +197,10 @@ LabelSet = tuple[tuple[str, str], ...]
 def holders_by_gpu(response: Any, devices: DeviceMap) -> dict[str, list[LabelSet]]:
     """Who holds each GPU and MIG device of a List answer, as dcgm-exporter labels their series: per GPU or MIG
     device UUID, a label set per container holding it (a device-plugin device, a time-slicing replica, or a DRA
-    claim's whole GPU) in the order of the answer: `pod`, `namespace`, `container`, and for a claim
-    `dra_claim_name`, `dra_claim_namespace`, `dra_driver_name`, `dra_pool_name`, `dra_device_name`. A container
-    holding several replicas of one device is one holder. A DRA claim's MIG device is not attributed yet."""
+    claim's GPU or MIG device) in the order of the answer: `pod`, `namespace`, `container`, and for a claim
+    `dra_claim_name`, `dra_claim_namespace`, `dra_driver_name`, `dra_pool_name`, `dra_device_name`, with
+    `dra_mig_profile` and `dra_mig_device_uuid` after them for a claim's MIG device (held on the MIG device's own
+    series, as a device-plugin MIG device is). A container holding several replicas of one device is one holder."""
     held: dict[str, dict[LabelSet, None]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -200,10 +214,16 @@ def holders_by_gpu(response: Any, devices: DeviceMap) -> dict[str, list[LabelSet
                         held.setdefault(target, {})[holder] = None
             for dynamic in container.dynamic_resources:
                 for resource in dynamic.claim_resources:
-                    if "-mig-" in resource.device_name:
-                        continue
-                    gpu = devices.dra_gpu(resource.driver_name, resource.pool_name, resource.device_name)
-                    if gpu is None:
+                    mig = devices.dra_mig(resource.driver_name, resource.pool_name, resource.device_name)
+                    if mig is not None:
+                        claimed: Optional[str] = mig[0]
+                        of_mig: LabelSet = (("dra_mig_profile", mig[1]), ("dra_mig_device_uuid", mig[0]))
+                    elif "-mig-" in resource.device_name:
+                        continue  # a MIG device no longer in the node's layout
+                    else:
+                        claimed = devices.dra_gpu(resource.driver_name, resource.pool_name, resource.device_name)
+                        of_mig = ()
+                    if claimed is None:
                         continue
                     claim: LabelSet = (
                         ("dra_claim_name", dynamic.claim_name),
@@ -211,6 +231,7 @@ def holders_by_gpu(response: Any, devices: DeviceMap) -> dict[str, list[LabelSet
                         ("dra_driver_name", resource.driver_name),
                         ("dra_pool_name", resource.pool_name),
                         ("dra_device_name", resource.device_name),
+                        *of_mig,
                     )
-                    held.setdefault(gpu, {})[holder + claim] = None
+                    held.setdefault(claimed, {})[holder + claim] = None
     return {gpu: list(sets) for gpu, sets in held.items()}

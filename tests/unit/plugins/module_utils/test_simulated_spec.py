@@ -315,12 +315,13 @@ def test_nvswitch_and_device_id_rule_violations(data, message):
 
 def test_readings_set_in_the_spec_reach_the_state_and_the_rest_stay_idle():
     busy = {"power_mw": 412000, "gpu_utilization_pct": 97, "memory_temperature_c": 83, "remap_failure": 1}
+    busy.update(nvlink_tx_kib_per_s=250000, nvlink_rx_kib_per_s=150000)
     lines = state_of(spec(gpu(1, readings=busy), gpu(2)))
     first, second = lines.index("gpu 0"), lines.index("gpu 1")
     one, two = lines[first:second], lines[second:]
     assert "power_mw 412000 700000" in one and "utilization 97 0" in one and "memory_temperature_c 83" in one
-    assert "remapped_rows 0 0 0 1" in one
-    assert "power_mw 68000 700000" in two and "utilization 0 0" in two
+    assert "remapped_rows 0 0 0 1" in one and "nvlink_kib_per_s 250000 150000" in one
+    assert "power_mw 68000 700000" in two and "utilization 0 0" in two and "nvlink_kib_per_s 0 0" in two
     # No memory sensor unless the spec gives one: the library then answers not supported for the field.
     assert not [line for line in two if line.startswith("memory_temperature_c")]
     assert parse_spec(spec(gpu(1, readings={"energy_mj": 5})), "lab.yaml")["gpus"][0]["readings"] == dict(
