@@ -1823,17 +1823,26 @@ static void take_gpm_sample(const mock_gpu_t *gpu, nvmlGpmSample_t sample, int i
     sample->pcie_rx = gpu->gpm_pcie_rx;
 }
 
-EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample)
+/* A sample's GPU: a whole GPU with GPM and a sample this library allocated (the lock is held on success). */
+static nvmlReturn_t gpm_sample_of(nvmlDevice_t device, nvmlGpmSample_t sample, mock_gpu_t **gpu)
 {
-    ENTER("nvmlGpmSampleGet");
-    mock_gpu_t *gpu;
-    nvmlReturn_t rc = whole_gpu(device, sample, &gpu);
+    nvmlReturn_t rc = whole_gpu(device, sample, gpu);
     if (rc)
         return rc;
     if (sample->magic != GPM_SAMPLE_MAGIC)
         return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (!gpm_capable(gpu))
+    if (!gpm_capable(*gpu))
         return end(NVML_ERROR_NOT_SUPPORTED);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample)
+{
+    ENTER("nvmlGpmSampleGet");
+    mock_gpu_t *gpu;
+    nvmlReturn_t rc = gpm_sample_of(device, sample, &gpu);
+    if (rc)
+        return rc;
     take_gpm_sample(gpu, sample, 0);
     return end(NVML_SUCCESS);
 }
@@ -1846,13 +1855,9 @@ EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuIns
 {
     ENTER("nvmlGpmMigSampleGet");
     mock_gpu_t *gpu;
-    nvmlReturn_t rc = whole_gpu(device, sample, &gpu);
+    nvmlReturn_t rc = gpm_sample_of(device, sample, &gpu);
     if (rc)
         return rc;
-    if (sample->magic != GPM_SAMPLE_MAGIC)
-        return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (!gpm_capable(gpu))
-        return end(NVML_ERROR_NOT_SUPPORTED);
     if (!gpu->mig.current || gpuInstanceId >= MAX_GI || !gpu->mig.gi[gpuInstanceId].live)
         return end(NVML_ERROR_NOT_FOUND);
     take_gpm_sample(gpu, sample, (int)gpuInstanceId + 1);

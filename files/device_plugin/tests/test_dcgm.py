@@ -468,21 +468,26 @@ MIG_GPU = "GPU-0a5e1c00-0000-4000-8000-00000000a100"
 MIGS = [f"MIG-0a5e1c00-0000-4000-8000-0000000000a{i}" for i in (1, 2, 3)]
 
 
-def test_each_mig_device_has_series_of_its_own_with_its_gpu_instance_and_holders(tmp_path, pod_resources):
+def a100_mig_reading(tmp_path: Any, pod_resources: PodResourcesDouble) -> str:
+    """One reading of a100-mig.yaml's GPUs, with the pod-resources double's pods as holders."""
     library = MockNvml(os.path.join(FIXTURES, "a100-mig.yaml"), str(tmp_path / "state"))
-    pod_resources.pods = [
-        pod("ml", "small", container("main", {"nvidia.com/mig-1g.5gb": [MIGS[2]]})),
-        pod("ml", "big", container("main", {"nvidia.com/mig-3g.20gb": ["0:0"]})),
-    ]
     backend = NvmlBackend(library.pynvml)
     backend.init()
     try:
         sampler = sampler_with_holders(library.pynvml, backend, pod_resources)
         sampler.read()
-        text = sampler.render().decode()
+        return sampler.render().decode()
     finally:
         backend.stop()
         library.close()
+
+
+def test_each_mig_device_has_series_of_its_own_with_its_gpu_instance_and_holders(tmp_path, pod_resources):
+    pod_resources.pods = [
+        pod("ml", "small", container("main", {"nvidia.com/mig-1g.5gb": [MIGS[2]]})),
+        pod("ml", "big", container("main", {"nvidia.com/mig-3g.20gb": ["0:0"]})),
+    ]
+    text = a100_mig_reading(tmp_path, pod_resources)
     free = [line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_FB_FREE{")]
     mig = [line for line in free if "GPU_I_PROFILE" in line]
     # NVML's GPU-instance IDs on 8 memory slices: the 3g.20gb at slices 0-3 is 1, the 1g.5gb at 4 and 5 are 11, 12.
@@ -505,7 +510,6 @@ def test_each_mig_device_has_series_of_its_own_with_its_gpu_instance_and_holders
 def test_a_dra_claims_mig_device_is_held_on_its_own_series_with_its_profile_and_uuid(tmp_path, pod_resources):
     """dcgm-exporter's dra_mig_profile and dra_mig_device_uuid, on the claimed MIG device's series: by the name the
     slice publishes and by the name an earlier version gave it (a claim allocated before an upgrade)."""
-    library = MockNvml(os.path.join(FIXTURES, "a100-mig.yaml"), str(tmp_path / "state"))
     pod_resources.pods = [
         pod("ml", "small", container("main", claims=[claim("ml", "one", [(DRIVER, HOST, "gpu-0-mig-1g5gb-19-5")])])),
         pod("ml", "old", container("main", claims=[claim("ml", "two", [(DRIVER, HOST, "gpu-0-mig-0")])])),
@@ -513,17 +517,8 @@ def test_a_dra_claims_mig_device_is_held_on_its_own_series_with_its_profile_and_
         pod("ml", "other", container("main", claims=[claim("ml", "c", [("gpu.example.com", HOST, "gpu-0-mig-1")])])),
         pod("ml", "gone", container("main", claims=[claim("ml", "d", [(DRIVER, HOST, "gpu-0-mig-7g40gb-0-0")])])),
     ]
-    backend = NvmlBackend(library.pynvml)
-    backend.init()
-    try:
-        sampler = sampler_with_holders(library.pynvml, backend, pod_resources)
-        sampler.read()
-        text = sampler.render().decode()
-    finally:
-        backend.stop()
-        library.close()
     held = {}
-    for line in text.splitlines():
+    for line in a100_mig_reading(tmp_path, pod_resources).splitlines():
         if line.startswith("DCGM_FI_DEV_FB_FREE{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
             held.setdefault(labels.get("GPU_I_ID", "whole"), []).append(
