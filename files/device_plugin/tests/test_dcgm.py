@@ -69,8 +69,10 @@ def sampled(library: Any, last_xid: Callable[[str], Optional[int]] = lambda uuid
     backend.init()
     try:
         sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname=HOST, last_xid=last_xid)
-        # Two readings, as the daemon's steady state: the profiling fields are GPM's between a GPU's two samples.
+        # Two readings, as the daemon's steady state: the profiling fields are GPM's between a GPU's two samples, the
+        # NVLink bandwidth the growth of its counters between them.
         sampler.read()
+        time.sleep(0.002)  # more than the mock library's quantum of time at NVLink rates (1 ms: docs/mock-nvml.md)
         sampler.read()
         rendered = sampler.render().decode()
         sampler.stop()
@@ -266,6 +268,16 @@ def test_the_profiling_fields_are_absent_before_hopper_and_said_once(tmp_path, c
 NVLINK = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
 
 
+def two_readings(tmp_path: Any, spec: dict[str, Any]) -> str:
+    """The exposition after two readings (the steady state) of a spec's GPUs, on a library of their own."""
+    write_spec(str(tmp_path / "spec.yaml"), spec)
+    library = MockNvml(str(tmp_path / "spec.yaml"), str(tmp_path / "state"))
+    try:
+        return sampled(library)
+    finally:
+        library.close()
+
+
 def nvlink_of(sampler: dcgm.Sampler) -> dict[str, str]:
     """One more reading: GPU UUID -> its NVLink bandwidth series' value, the GPUs' own series only (no GPU_I_ID)."""
     time.sleep(0.002)  # more than the mock library's quantum of time at these rates (1 ms: docs/mock-nvml.md)
@@ -327,19 +339,12 @@ def test_the_nvlink_bandwidth_is_a_gpus_with_nvlink_not_a_mig_devices_nor_a_gpus
     for gpu in (first, second, t4):
         gpu["readings"] = {"nvlink_tx_kib_per_s": 3000, "nvlink_rx_kib_per_s": 1000}
     spec["gpus"] = [first, second, t4]
-    write_spec(str(tmp_path / "spec.yaml"), spec)
-    library = MockNvml(str(tmp_path / "spec.yaml"), str(tmp_path / "state"))
-    backend = NvmlBackend(library.pynvml)
-    backend.init()
-    try:
-        sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname=HOST)
-        for _reading in range(2):
-            found = nvlink_of(sampler)
-        text = sampler.render().decode()
-        sampler.stop()
-    finally:
-        backend.stop()
-        library.close()
+    text = two_readings(tmp_path, spec)
+    found = {
+        uuid: value
+        for (name, uuid), (labels, value) in series(text).items()
+        if name == NVLINK and "GPU_I_ID" not in labels
+    }
     assert found == {first["uuid"]: "4", second["uuid"]: "4"}
     assert [line for line in text.splitlines() if "GPU_I_ID" in line]  # the MIG device's own series are there
     assert not [line for line in text.splitlines() if line.startswith(NVLINK) and "GPU_I_ID" in line]
@@ -547,19 +552,7 @@ def test_a_mig_devices_profiling_fields_come_from_its_gpu_instances_gpm_samples(
     spec = fixture("mig-demos.yaml")
     busy, idle = (gpu for gpu in spec["gpus"] if gpu["name"] == "NVIDIA H100 NVL")
     busy["readings"] = {k: BUSY[k] for k in BUSY if k.startswith("gpm_")}
-    write_spec(str(tmp_path / "spec.yaml"), spec)
-    library = MockNvml(str(tmp_path / "spec.yaml"), str(tmp_path / "state"))
-    backend = NvmlBackend(library.pynvml)
-    backend.init()
-    try:
-        sampler = dcgm.Sampler(library.pynvml, backend.snapshot, hostname=HOST)
-        sampler.read()
-        sampler.read()
-        text = sampler.render().decode()
-        sampler.stop()
-    finally:
-        backend.stop()
-        library.close()
+    text = two_readings(tmp_path, spec)
     profiled: dict[tuple[str, str], dict[str, str]] = {}
     for line in text.splitlines():
         match = SERIES.match(line)
