@@ -79,12 +79,9 @@ def validate_row(run: PlaybookRun, node: str) -> str:
 HOLDER_LABELS = ("pod", "namespace", "container")
 
 
-def dcgm_holders(
-    lab: Lab, node: str, daemon_pod: client.V1Pod, keys: tuple[str, ...] = HOLDER_LABELS
-) -> dict[str, list[dict[str, str]]]:
-    """The holder labels (`keys`: pod, namespace and container unless told) of each GPU's DCGM_FI_DEV_GPU_TEMP series
-    (UUID -> a label set per series), as the daemon's pod serves them at its --dcgm-metrics-address, asked inside the
-    pod's own network namespace (nothing outside it reaches the pod's loopback)."""
+def dcgm_exposition(lab: Lab, node: str, daemon_pod: client.V1Pod) -> str:
+    """The dcgm metrics the daemon's pod serves at its --dcgm-metrics-address, asked inside the pod's own network
+    namespace (nothing outside it reaches the pod's loopback)."""
     (container,) = daemon_pod.spec.containers
     address = container.args[container.args.index("--dcgm-metrics-address") + 1]
     host, _sep, port = address.rpartition(":")
@@ -92,7 +89,15 @@ def dcgm_holders(
     pid = container_pid(lab, node, status.container_id.removeprefix("containerd://"))
     fetch = "import sys, urllib.request; sys.stdout.buffer.write(urllib.request.urlopen(sys.argv[1], timeout=5).read())"
     url = f"http://{host or '127.0.0.1'}:{port}/metrics"
-    text = lab.node_exec(node, "nsenter", "-t", pid, "-n", "python3", "-c", fetch, url).stdout
+    return lab.node_exec(node, "nsenter", "-t", pid, "-n", "python3", "-c", fetch, url).stdout
+
+
+def dcgm_holders(
+    lab: Lab, node: str, daemon_pod: client.V1Pod, keys: tuple[str, ...] = HOLDER_LABELS
+) -> dict[str, list[dict[str, str]]]:
+    """The holder labels (`keys`: pod, namespace and container unless told) of each GPU's DCGM_FI_DEV_GPU_TEMP series
+    (UUID -> a label set per series), as the daemon's pod serves them (dcgm_exposition)."""
+    text = dcgm_exposition(lab, node, daemon_pod)
     found: dict[str, list[dict[str, str]]] = {}
     for labels in re.findall(r"^DCGM_FI_DEV_GPU_TEMP\{([^}]*)\}", text, re.MULTILINE):
         pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))

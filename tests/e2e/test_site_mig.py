@@ -21,7 +21,8 @@ Then in DRA allocation: the node moved to DRA with MIG off, then none -> all-1g.
 slice follows the layout and the pod whose ResourceClaim holds a GPU is evicted. Last, the DaemonSet deployment of the
 plugin (its image imported by the role, as in test_site_daemonset.py): none -> all-1g.10gb with a pod on four GPUs,
 found by gpu-pods in the plugin's pod and evicted, the plugin's pod stepping aside for the mode change (the pause label,
-which the DaemonSet's node affinity excludes) and a new one serving the new devices; the label never stays. At each step
+which the DaemonSet's node affinity excludes) and a new one serving the new devices, whose dcgm metrics name a pod on
+two of them as their holder; the label never stays. At each step
 the node's allocatable MIG devices (or its DRA slice) and its labels follow, and a second run changes nothing.
 
 `make test-full` (GPUOPS_TEST_FULL=1) adds, each at the point of the chain whose state it needs: all-1g.10gb while
@@ -43,7 +44,7 @@ import re
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import PAUSE_IMAGE, Lab, container_restarts, full_suite, run_lab, write_xid
-from daemonset_checks import ready_pod
+from daemonset_checks import dcgm_exposition, ready_pod
 from daemonset_node import DAEMONSET, build_plugin_archive
 from dra_objects import RESOURCE, claim_template, pod_manifest, published
 from gpuops_lab.config import LabConfig
@@ -530,11 +531,9 @@ def test_all_1g_10gb_fences_the_node_from_the_eviction_until_after_the_write(flo
     assert flow.lab.node_exec(flow.node, "test", "-e", RUN_RECORD, check=False).returncode == 1
 
 
-def mig_holders(address: str, pod: str) -> list[tuple[str, str, str]]:
-    """The series of DCGM_FI_DEV_FB_USED the node's daemon serves with the pod as holder: (the GPU's UUID,
+def mig_holders(text: str, pod: str) -> list[tuple[str, str, str]]:
+    """The series of DCGM_FI_DEV_FB_USED in the daemon's dcgm metrics with the pod as holder: (the GPU's UUID,
     GPU_I_PROFILE, GPU_I_ID) each, "" for a label a series does not have."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
     found = []
     for labels in re.findall(r"^DCGM_FI_DEV_FB_USED\{([^}]*)\}", text, re.MULTILINE):
         series = dict(re.findall(r'(\w+)="([^"]*)"', labels))
@@ -543,19 +542,17 @@ def mig_holders(address: str, pod: str) -> list[tuple[str, str, str]]:
     return sorted(found)
 
 
-def test_a_pod_on_two_mig_devices_is_their_holder_in_the_dcgm_metrics(flow: Flow, all_1g: Step) -> None:
-    """The plugin's MIG devices in the daemon's dcgm metrics: a pod given two 1g.10gb is the holder on those two MIG
-    devices' own series (their GPU's UUID, GPU_I_PROFILE, two GPU instances), on no other series, and on none once
-    it is gone."""
-    lab, node = flow.lab, flow.node
-    address = f"127.0.0.1:{LabConfig.from_env().dcgm_port(lab.nodes.index(node) + 1)}"
-    name = "mig-held"
+def two_mig_devices_held(lab: Lab, node: str, name: str, exposition: Callable[[], str]) -> None:
+    """A pod given two 1g.10gb is the holder on those two MIG devices' own series in the daemon's dcgm metrics (their
+    GPU's UUID, GPU_I_PROFILE, two GPU instances), on no other series, and on none once it is gone."""
     uid = start_pod(lab, gpu_pod(name, node, MIG_1G, 2))
     try:
         parent = {d["uuid"]: g["uuid"] for g in layout(lab, node) for d in g["devices"]}
         given = sorted(parent[device] for device in lab.checkpoint_devices(node, uid, MIG_1G))
         held = lab.wait_until(
-            f"{name} in the dcgm metrics", lambda: len(found := mig_holders(address, name)) == 2 and found, timeout=30
+            f"{name} in the dcgm metrics",
+            lambda: len(found := mig_holders(exposition(), name)) == 2 and found,
+            timeout=30,
         )
         assert [gpu for gpu, _profile, _instance in held] == given
         assert {profile for _gpu, profile, _instance in held} == {"1g.10gb"}
@@ -569,7 +566,19 @@ def test_a_pod_on_two_mig_devices_is_their_holder_in_the_dcgm_metrics(flow: Flow
                 and not lab.core.list_namespaced_pod("default", field_selector=f"metadata.name={name}").items
             ),
         )
-    lab.wait_until(f"{name} gone from the dcgm metrics", lambda: not mig_holders(address, name), timeout=30)
+    lab.wait_until(f"{name} gone from the dcgm metrics", lambda: not mig_holders(exposition(), name), timeout=30)
+
+
+def test_a_pod_on_two_mig_devices_is_their_holder_in_the_dcgm_metrics(flow: Flow, all_1g: Step) -> None:
+    """The plugin's MIG devices in the dcgm metrics of the daemon's service, at the node's port."""
+    lab, node = flow.lab, flow.node
+    address = f"127.0.0.1:{LabConfig.from_env().dcgm_port(lab.nodes.index(node) + 1)}"
+
+    def exposition() -> str:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+            return reply.read().decode()
+
+    two_mig_devices_held(lab, node, "mig-held", exposition)
 
 
 # --- a run cut short (an unreachable node, a killed controller) after the write ---------------------------------
@@ -924,6 +933,16 @@ def test_daemonset_deployment_all_1g_10gb_pauses_the_plugin_pod_and_a_new_one_se
     assert step.pod_after.metadata.uid != step.pod_before.metadata.uid
     fenced_around_the_write(step.first)
     assert fence_taints(ds_flow.lab, ds_flow.node) == []
+
+
+def test_daemonset_deployment_a_pod_on_two_mig_devices_is_their_holder_in_the_plugin_pods_dcgm_metrics(
+    ds_flow: Flow, ds_all_1g: DaemonsetStep
+) -> None:
+    """The plugin's MIG devices in the dcgm metrics its DaemonSet pod serves (asked in the pod's network namespace,
+    with the kubelet's pod-resources socket mounted into the pod)."""
+    lab, node = ds_flow.lab, ds_flow.node
+    daemon = ready_pod(lab, node, DAEMONSET)
+    two_mig_devices_held(lab, node, "ds-mig-held", lambda: dcgm_exposition(lab, node, daemon))
 
 
 def test_daemonset_deployment_finds_the_pod_on_the_gpus_from_the_plugin_pod_and_evicts_it_first(
