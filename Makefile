@@ -99,7 +99,7 @@ daemon-image: setup
 # run builds the Kubernetes binaries into $(GPUOPS_CACHE)/k8s-<version>-<hash> (see docs/lab.md).
 LAB_NODES ?= 2
 e2e: setup
-	$(NEWEST) && python -m pytest -q -p no:cacheprovider tests/e2e
+	$(NEWEST) && python -m pytest -q -p no:cacheprovider --durations=30 tests/e2e
 
 # The AWX path: the execution environment built (make ee), then site.yml run as AWX runs a job
 # (ansible-runner transmit | the EE's ansible-runner worker | process) over SSH against a lab of its own

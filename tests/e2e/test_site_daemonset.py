@@ -23,6 +23,7 @@ from conftest import (
     gpu_device_nodes,
     nvlink_peers,
     run_lab,
+    running_pod,
     write_in_place,
 )
 from daemonset_checks import dcgm_holders, node_pod, pod_ready, ready_pod, run_with, stopped_pod, validate_row
@@ -123,25 +124,33 @@ def test_validate_is_green_on_the_node_and_red_while_its_pod_is_not_ready(lab: L
     ready_pod(lab, ds.node, DAEMONSET)
 
 
-def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> None:
-    lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(ds.node).get(GPU) == "8")
-    name = f"gpu-pair-{uuid.uuid4().hex[:8]}"
-    manifest = {
+def gpu_pod(name: str, node: str, count: int) -> dict:
+    return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
-            "nodeName": ds.node,
+            "nodeName": node,
             "automountServiceAccountToken": False,
             "dnsPolicy": "Default",
             "terminationGracePeriodSeconds": 1,
             "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [
-                {"name": "gpu", "image": PAUSE_IMAGE, "imagePullPolicy": "Never", "resources": {"limits": {GPU: "2"}}}
+                {
+                    "name": "gpu",
+                    "image": PAUSE_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "resources": {"limits": {GPU: str(count)}},
+                }
             ],
         },
     }
-    lab.core.create_namespaced_pod("default", manifest)
+
+
+def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> None:
+    lab.wait_until(f"{GPU}=8", lambda: lab.allocatable(ds.node).get(GPU) == "8")
+    name = f"gpu-pair-{uuid.uuid4().hex[:8]}"
+    lab.core.create_namespaced_pod("default", gpu_pod(name, ds.node, 2))
     try:
         pod = lab.wait_until(
             f"pod {name} Running",
@@ -167,6 +176,67 @@ def test_pod_with_two_gpus_gets_nvlink_peers(lab: Lab, ds: DaemonsetNode) -> Non
             f"pod {name} gone",
             lambda: not any(p.metadata.name == name for p in lab.core.list_namespaced_pod("default").items),
         )
+
+
+CONFIG_MAP = "gpuops-device-plugin-config"  # the role's, with the daemon's config.yaml
+
+
+def replaced_plugin_pod(lab: Lab, node: str, gpus: str) -> client.V1Pod:
+    """The node's plugin pod deleted; its replacement (which reads the ConfigMap as it is now) serving `gpus`."""
+    old = running_plugin_pod(lab, node)
+    lab.core.delete_namespaced_pod(old.metadata.name, NAMESPACE, grace_period_seconds=0)
+    lab.wait_until(
+        f"a new plugin pod on {node}",
+        lambda: (p := node_pod(lab, node, DAEMONSET)) is not None and p.metadata.uid != old.metadata.uid,
+        timeout=120,
+    )
+    lab.wait_until(f"{GPU}={gpus}", lambda: lab.allocatable(node).get(GPU) == gpus, timeout=120)
+    return ready_pod(lab, node, DAEMONSET)
+
+
+def test_each_holder_of_a_time_sliced_gpus_replicas_has_a_series_in_the_plugin_pods_dcgm_metrics(
+    lab: Lab, ds: DaemonsetNode
+) -> None:
+    """Time-slicing under the DaemonSet deployment: two replicas per GPU in the role's ConfigMap, served by a new pod
+    of the DaemonSet. One pod takes 9 of the 16 replicas, another the other 7, so at least one GPU is shared: the
+    plugin pod's dcgm metrics give each GPU one series per pod the kubelet gave its replicas to. The ConfigMap is put
+    back as it was and a new pod serves the 8 GPUs again."""
+    node = ds.node
+    original = lab.core.read_namespaced_config_map(CONFIG_MAP, NAMESPACE).data["config.yaml"]
+    config = yaml.safe_load(original)
+    config["sharing"] = {"timeSlicing": {"resources": [{"name": GPU, "replicas": 2}]}}
+    names = {"a": f"ds-sliced-a-{uuid.uuid4().hex[:6]}", "b": f"ds-sliced-b-{uuid.uuid4().hex[:6]}"}
+    lab.core.patch_namespaced_config_map(CONFIG_MAP, NAMESPACE, {"data": {"config.yaml": yaml.safe_dump(config)}})
+    try:
+        daemon = replaced_plugin_pod(lab, node, "16")
+        given: dict[str, list[dict[str, str]]] = {}
+        for key, count in (("a", 9), ("b", 7)):
+            lab.core.create_namespaced_pod("default", gpu_pod(names[key], node, count))
+            pod = running_pod(lab, names[key])
+            devices = lab.checkpoint_devices(node, pod.metadata.uid)
+            assert len(devices) == count and all("::" in d for d in devices), devices
+            for gpu in sorted({d.split("::")[0] for d in devices}):
+                given.setdefault(gpu, []).append({"pod": names[key], "namespace": "default", "container": "gpu"})
+        assert len(given) == 8 and any(len(pods) == 2 for pods in given.values()), given
+
+        def held() -> dict[str, list[dict[str, str]]]:
+            return {
+                gpu: sorted(pods, key=lambda p: p.get("pod", ""))
+                for gpu, pods in dcgm_holders(lab, node, daemon).items()
+            }
+
+        lab.wait_until("both pods' replicas in the plugin pod's dcgm metrics", lambda: held() == given, timeout=20)
+    finally:
+        for name in names.values():
+            lab.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            lab.wait_until(
+                f"pod {name} gone",
+                lambda name=name: (
+                    not any(p.metadata.name == name for p in lab.core.list_namespaced_pod("default").items)
+                ),
+            )
+        lab.core.patch_namespaced_config_map(CONFIG_MAP, NAMESPACE, {"data": {"config.yaml": original}})
+        replaced_plugin_pod(lab, node, "8")
 
 
 def test_unhealthy_gpu_leaves_allocatable_and_comes_back(lab: Lab, ds: DaemonsetNode) -> None:
