@@ -406,8 +406,13 @@ def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
     ends = re.search(r"^ANSIBLE_CORE_ENDS := (.*)$", makefile, re.M).group(1)
     assert ends == "$(firstword $(ANSIBLE_CORE_MATRIX)) $(lastword $(ANSIBLE_CORE_MATRIX))"
     middle = {"the ansible-core minors between the oldest and the newest"} if len(ansible_core_matrix()) > 2 else set()
-    rows |= set(re.findall(r"^\| (the ansible-core minors between the oldest and the newest) \|", table.group(1), re.M))
-    assert rows == marked | scenarios | demo | middle
+    # sanity: make test runs it on the newest alone, make test-full on every minor.
+    assert re.search(r"^ANSIBLE_CORE_NEWEST := \$\(lastword \$\(ANSIBLE_CORE_MATRIX\)\)$", makefile, re.M)
+    assert re.search(r"^\tscripts/ansible-test-matrix.sh sanity \$\(ANSIBLE_CORE_SANITY\)$", makefile, re.M)
+    oldest_sanity = {"the oldest ansible-core's sanity"}
+    pattern = r"^\| (the ansible-core minors between the oldest and the newest|the oldest ansible-core's sanity) \|"
+    rows |= set(re.findall(pattern, table.group(1), re.M))
+    assert rows == marked | scenarios | demo | middle | oldest_sanity
     assert "test-full:" in makefile
 
 
