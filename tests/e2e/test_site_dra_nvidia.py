@@ -2,8 +2,9 @@
 dialect run on it: NVIDIA's DeviceClasses, CEL on NVIDIA's attributes, a GpuConfig that time-slices a GPU shared by two
 pods. Before that, the role refuses the new name while a claim is prepared under the old one, and where NVIDIA's own
 driver serves the name (its DeviceClass in the cluster, its ResourceSlices on the node); after it, a run finishes a
-change of name that an earlier run left half done. Last, NVIDIA's own demo specs run on our driver, then on NVIDIA's
-driver (gpu-kubelet-plugin v0.5.0, built by scripts/build-nvidia-dra-driver.sh) on the same node with the same kubelet:
+change of name that an earlier run left half done. Last, NVIDIA's own demo specs run on our driver, then (make test-full
+only; make test runs ours on both shapes) on NVIDIA's driver (gpu-kubelet-plugin v0.5.0, built by
+scripts/build-nvidia-dra-driver.sh) on the same node with the same kubelet:
 the two publish the same devices, and every claim gets the same devices from both; then both again with the node's GPUs
 simulated as four A100s and two H100 NVLs in MIG mode and two whole A100s: the same MIG devices from both, NVIDIA's MIG
 demos on both, and NVIDIA's gpu-test6 refused alike by the scheduler on both (it selects on an attribute, `index`, that
@@ -31,7 +32,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import PAUSE_IMAGE, Lab, container_pid, gpu_device_nodes, run_lab
+from conftest import PAUSE_IMAGE, Lab, container_pid, full_suite, gpu_device_nodes, run_lab
 from dra_objects import GPU, RESOURCE, pod_manifest
 from gpuops_lab.config import LabConfig
 from gpuops_lab.inventory import CAPS_MAJOR, CDI_REFRESH_UNIT
@@ -735,10 +736,15 @@ def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) 
     lab.node_exec(flow.node, "mv", PLUGIN_DIR, f"{PLUGIN_DIR}.ours")
     logs: list[str] = []
     nvidia_running = False
+    # make test: ours on the MIG shape; make test-full: NVIDIA's driver on each shape before it (the slices compared
+    # with NVIDIA's on every shape in make test as well: tests/integration/test_dra_compared.py).
+    steps = [("h100x8", False), ("mig-demos", False), ("mig-demos", True)] if full_suite() else [("mig-demos", True)]
+    simulated = "h100x8"
     try:
-        for shape, ours in (("h100x8", False), ("mig-demos", False), ("mig-demos", True)):
-            if shape != "h100x8" and not ours:
+        for shape, ours in steps:
+            if shape != simulated:
                 drivers.simulate(shape)
+                simulated = shape
             if ours:
                 drivers.start_ours()
             else:
@@ -815,7 +821,7 @@ def test_nvidia_s_demo_claims_run_unchanged_on_ours_and_each_container_sees_exac
     assert_demo_allocations(demos["ours"]["h100x8"]["demos"], demos["ours"]["h100x8"]["devices"])
 
 
-@pytest.mark.parametrize("driver", ["ours", "nvidia"])
+@pytest.mark.parametrize("driver", ["ours", pytest.param("nvidia", marks=pytest.mark.full)])
 def test_nvidia_s_mig_demos_run_on_both_drivers_on_the_lab_s_mig_gpus(demos: dict[str, Any], driver: str) -> None:
     """gpu-test4 and mig-1g-12gb on each driver, on the lab's MIG capabilities (docs/lab.md). In gpu-test4 each of a
     pod's four containers names one request of the pod's claim and sees its GPU and the capability nodes of exactly its
@@ -859,6 +865,7 @@ def test_our_dcgm_metrics_name_each_demo_containers_claim_and_devices(demos: dic
     assert checked >= 4
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("shape", DEMOS)
 def test_nvidia_s_driver_on_the_same_node_publishes_our_devices(demos: dict[str, Any], shape: str) -> None:
     """What each driver published on the lab node: the same devices, attributes and capacities, apart from what
@@ -875,6 +882,7 @@ def test_nvidia_s_driver_on_the_same_node_publishes_our_devices(demos: dict[str,
         assert (name, ours[name]["capacity"]) == (name, device["capacity"])
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("shape", DEMOS)
 def test_nvidia_s_demo_claims_get_the_same_allocation_from_nvidia_s_driver_as_from_ours(
     demos: dict[str, Any], shape: str
