@@ -17,7 +17,7 @@ COLLECTION = $(CURDIR)/.build/ansible_collections/gpuops/k8s
 # the newest requirements/controller.txt's. README "Version matrix" says the same (tests/integration/test_agreements.py).
 ANSIBLE_CORE_MATRIX := 2.19.14/3.11 2.20.10/3.13 2.21.5/3.13
 # make test runs units on both ends of the range and sanity on the newest, make test-full both on every minor of it
-# (README). Sanity is static analysis whose rules the newest ansible-core holds; the oldest's runtime is what units,
+# (README). Sanity is static analysis of the same code under each version's rules; the oldest's runtime is what units,
 # integration, molecule and test-awx run on.
 ANSIBLE_CORE_ENDS := $(firstword $(ANSIBLE_CORE_MATRIX)) $(lastword $(ANSIBLE_CORE_MATRIX))
 ANSIBLE_CORE_NEWEST := $(lastword $(ANSIBLE_CORE_MATRIX))

@@ -724,8 +724,10 @@ def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) 
     """Per driver and shape: the driver's devices and slices on the node, and what NVIDIA's demos got from it. Ours runs
     first, as the flow left it (h100x8); then NVIDIA's driver on the same node, ours stopped and its plugin directory
     set aside; then, with the node's GPUs replaced by the MIG shape's, NVIDIA's driver again and ours from an empty
-    plugin directory, as on a new node (ours keeps the names it gave GPUs it no longer sees). Ours, its plugin directory
-    and the node's GPUs are as they were afterwards."""
+    plugin directory, as on a new node (ours keeps the names it gave GPUs it no longer sees). NVIDIA's driver runs
+    under make test-full only (make test compares the two drivers' slices on every shape in
+    tests/integration/test_dra_compared.py). Ours, its plugin directory and the node's GPUs are as they were
+    afterwards."""
     binary, specs = nvidia_build()
     drivers = NodeDrivers(lab, flow.node, binary)
     seen: dict[str, dict[str, Any]] = {"ours": {}, "nvidia": {}}
@@ -736,8 +738,6 @@ def demos(lab: Lab, flow: NvidiaFlow, renamed: tuple[PlaybookRun, PlaybookRun]) 
     lab.node_exec(flow.node, "mv", PLUGIN_DIR, f"{PLUGIN_DIR}.ours")
     logs: list[str] = []
     nvidia_running = False
-    # make test: ours on the MIG shape; make test-full: NVIDIA's driver on each shape before it (the slices compared
-    # with NVIDIA's on every shape in make test as well: tests/integration/test_dra_compared.py).
     steps = [("h100x8", False), ("mig-demos", False), ("mig-demos", True)] if full_suite() else [("mig-demos", True)]
     simulated = "h100x8"
     try:
