@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from gpu_device_plugin._shared import gpu_discovery
@@ -132,6 +132,15 @@ def mig_devices(nvml: Any, gpu: Any) -> list[tuple[str, int, int, int]]:
             )
         )
     return found
+
+
+def gpu_instance_ids(nvml: Any, gpu: Any) -> Optional[list[int]]:
+    """The GPU-instance ID of each MIG device, or None when one was destroyed between NVML's listing and the
+    read of it (a layout being replaced meanwhile)."""
+    try:
+        return [gi for _name, gi, _ci, _mib in mig_devices(nvml, gpu)]
+    except nvml.NVMLError_InvalidArgument:
+        return None
 
 
 # Run by another process: the library's layout seen there (the same pynvml, loaded by its soname).
@@ -490,9 +499,14 @@ def test_the_declared_layout_holds_until_clients_change_it_and_a_new_declaration
         write_spec(spec, edited)
         assert wait_until(lambda: nvml.nvmlDeviceGetNumaNodeId(gpu) == 1)
         assert [gi for _name, gi, _ci, _mib in mig_devices(nvml, gpu)] == [1, 11, 12, 13]
+        # A handle to a MIG device the new declaration replaces answers INVALID_ARGUMENT from then on, as the
+        # driver's does for a destroyed device; so a reader polling while the layout changes may meet one.
+        stale = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1)
         edited["gpus"][0]["mig_devices"] = edited["gpus"][0]["mig_devices"][:1]
         write_spec(spec, edited)
-        assert wait_until(lambda: [d[1] for d in mig_devices(nvml, gpu)] == [1])
+        assert wait_until(lambda: gpu_instance_ids(nvml, gpu) == [1])
+        with pytest.raises(nvml.NVMLError_InvalidArgument):
+            nvml.nvmlDeviceGetName(stale)
     finally:
         nvml.nvmlShutdown()
         mock.close()
