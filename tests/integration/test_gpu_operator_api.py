@@ -193,6 +193,19 @@ def test_site_yml_stops_on_an_operator_node_before_anything_changes_with_one_sen
     )
     assert api["core"].read_node("op-1").metadata.resource_version == before
 
+    # upgrade_driver.yml weighs the driver alone, before its cordon: the node stays as it was.
+    rc, failed, changed, _ = run(
+        api,
+        "op-1",
+        REPO / "playbooks/upgrade_driver.yml",
+        {"gpuops_hosts": "localhost", "ansible_become": False, "nvidia_driver_branch": "580"},
+    )
+    assert (rc, changed) == (2, []) and failed[0].startswith(
+        "op-1 is left untouched: NVIDIA's GPU Operator manages its driver (label nvidia.com/gpu.deploy.driver=true;"
+        " pod gpu-operator/nvidia-driver-daemonset-op-1), which this run's driver stage(s) would manage too;"
+    )
+    assert api["core"].read_node("op-1").metadata.resource_version == before
+
 
 def test_the_stages_a_run_leaves_out_and_the_components_a_person_switched_off_are_the_collections(api):
     labels = {
