@@ -306,3 +306,31 @@ def test_a_node_without_the_operator_and_one_not_registered_yet_go_ahead(api):
             t["hosts"]["localhost"]["msg"] for p in report["plays"] for t in p["tasks"] if t["task"]["name"] == "After"
         ]
         assert hold == [{"held": {}, "switched_off": [], "conflicts": [], "stages": [], "labels_off": {}}]
+
+
+def test_taking_the_driver_from_a_node_with_gpu_pods_is_decided_by_the_drain_rules_before_anything_changes(api):
+    operator_node(api, "op-5", {"nvidia.com/gpu.deploy.driver": "true"}, ("nvidia-driver-daemonset",))
+    # A GPU workload on the node (bound to it; no kubelet runs it, which the decision does not need).
+    api["core"].create_namespaced_pod(
+        OPERATOR_NS,
+        {
+            "metadata": {"name": "train-0"},
+            "spec": {
+                "nodeName": "op-5",
+                "containers": [
+                    {"name": "cuda", "image": "cuda-app:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                ],
+            },
+        },
+    )
+    before = api["core"].read_node("op-5")
+    rc, failed, changed, _ = entry_point(
+        api, "op-5", gpu_node_labels_operator_stages=["driver"], gpu_node_labels_operator_takeover=True
+    )
+    assert (rc, changed) == (2, []) and failed == [
+        "op-5 runs 1 GPU pod(s) (gpu-operator/train-0) and this run takes the node's driver over from NVIDIA's GPU"
+        " Operator, whose driver pod unloads it as it leaves; set node_drain_allowed=true (site.yml: -e"
+        " gpuops_drain=true) to cordon and drain the node first, or drain it yourself and run again. "
+    ]
+    after = api["core"].read_node("op-5")
+    assert after.metadata.resource_version == before.metadata.resource_version and not after.spec.unschedulable
