@@ -194,7 +194,7 @@ def test_site_yml_stops_on_an_operator_node_before_anything_changes_with_one_sen
     assert api["core"].read_node("op-1").metadata.resource_version == before
 
     # upgrade_driver.yml weighs the driver alone, before its cordon: the node stays as it was.
-    rc, failed, changed, _ = run(
+    rc, failed, changed, _report = run(
         api,
         "op-1",
         REPO / "playbooks/upgrade_driver.yml",
@@ -214,9 +214,11 @@ def test_the_stages_a_run_leaves_out_and_the_components_a_person_switched_off_ar
         "nvidia.com/gpu.deploy.gpu-feature-discovery": "true",
     }
     operator_node(api, "op-2", labels, ("nvidia-container-toolkit-daemonset",))
-    rc, failed, changed, _ = entry_point(api, "op-2", gpu_node_labels_operator_stages=["driver", "plugin"])
+    rc, failed, changed, _report = entry_point(api, "op-2", gpu_node_labels_operator_stages=["driver", "plugin"])
     assert (rc, failed, changed) == (0, [], [])
-    rc, failed, _, _ = entry_point(api, "op-2", gpu_node_labels_operator_stages=["driver", "runtime", "labels"])
+    rc, failed, _changed, _report = entry_point(
+        api, "op-2", gpu_node_labels_operator_stages=["driver", "runtime", "labels"]
+    )
     assert rc == 2 and failed[0].startswith(
         "op-2 is left untouched: NVIDIA's GPU Operator manages its container-toolkit, gpu-feature-discovery"
     )
@@ -226,9 +228,9 @@ def test_the_stages_a_run_leaves_out_and_the_components_a_person_switched_off_ar
     site = REPO / "playbooks/site.yml"
     settings = {"gpuops_hosts": "localhost", "ansible_become": False, "gpuops_simulate_from": str(SPEC)}
     # The CUDA stage alone (off by default, so nothing runs but the discovery) meets nothing of the Operator's.
-    rc, failed, changed, _ = run(api, "op-2", site, settings, "--tags", "cuda")
+    rc, failed, changed, _report = run(api, "op-2", site, settings, "--tags", "cuda")
     assert (rc, failed, changed) == (0, [], [])
-    rc, failed, _, _ = run(api, "op-2", site, settings, "--tags", "labels")
+    rc, failed, _changed, _report = run(api, "op-2", site, settings, "--tags", "labels")
     assert rc == 2 and "manages its gpu-feature-discovery (" in failed[0] and "this run's labels stage(s)" in failed[0]
 
 
@@ -239,7 +241,7 @@ def test_a_takeover_switches_the_components_off_for_the_operator_waits_for_its_p
 
     # Check mode says what it would write and writes nothing.
     before = api["core"].read_node("op-3").metadata.resource_version
-    rc, failed, changed, _ = entry_point(api, "op-3", "--check", **settings)
+    rc, failed, changed, _report = entry_point(api, "op-3", "--check", **settings)
     assert (rc, failed) == (0, []) and changed == [
         "Switch the Operator's components off on the Node, recording which this run took over"
     ]
@@ -281,7 +283,7 @@ def test_a_takeover_switches_the_components_off_for_the_operator_waits_for_its_p
 
 def test_pods_that_stay_after_a_takeover_stop_the_run_with_one_sentence(api):
     operator_node(api, "op-4", {"nvidia.com/gpu.deploy.driver": "true"}, ("nvidia-driver-daemonset",))
-    rc, failed, _, _ = entry_point(
+    rc, failed, _changed, _report = entry_point(
         api,
         "op-4",
         gpu_node_labels_operator_stages=["driver"],
@@ -324,7 +326,7 @@ def test_taking_the_driver_from_a_node_with_gpu_pods_is_decided_by_the_drain_rul
         },
     )
     before = api["core"].read_node("op-5")
-    rc, failed, changed, _ = entry_point(
+    rc, failed, changed, _report = entry_point(
         api, "op-5", gpu_node_labels_operator_stages=["driver"], gpu_node_labels_operator_takeover=True
     )
     assert (rc, changed) == (2, []) and failed == [
