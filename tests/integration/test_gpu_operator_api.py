@@ -298,6 +298,21 @@ def test_pods_that_stay_after_a_takeover_stop_the_run_with_one_sentence(api):
     labels_now, annotations = node_labels(api, "op-4")
     assert labels_now["nvidia.com/gpu.deploy.driver"] == "false" and annotations[TAKEN] == "driver"
 
+    # The next run repairs the half-way state: the label is off already, so the pod alone says the Operator's driver is
+    # still there; once it has gone, the run goes ahead without writing anything, and the record stays.
+    settings = {
+        "gpu_node_labels_operator_stages": ["driver"],
+        "gpu_node_labels_operator_takeover": True,
+        "gpu_node_labels_operator_takeover_timeout": 5,
+    }
+    before = api["core"].read_node("op-4").metadata.resource_version
+    rc, failed, changed, _report = entry_point(api, "op-4", **settings)
+    assert (rc, changed) == (2, []) and failed[0].startswith("op-4 is left as it was but for the Operator's labels")
+    api["core"].delete_namespaced_pod("nvidia-driver-daemonset-op-4", OPERATOR_NS, grace_period_seconds=0)
+    assert entry_point(api, "op-4", **settings)[:3] == (0, [], [])
+    assert api["core"].read_node("op-4").metadata.resource_version == before
+    assert node_labels(api, "op-4")[1][TAKEN] == "driver"
+
 
 def test_a_node_without_the_operator_and_one_not_registered_yet_go_ahead(api):
     api["core"].create_node({"metadata": {"name": "plain-1"}})
