@@ -5,9 +5,11 @@
 #     integration tier and the lab need, in the order the e2e tier needs them (Kubernetes, the longest at about 18
 #     CPU-minutes, and the lab nodes' containerd 1.7 when it starts; NVIDIA's binaries in its later modules);
 #   - the CPython of the newer ansible-core versions' sanity and units (the first tiers that need a build) and the
-#     newest controller's environment on it (the e2e tier's).
+#     newest controller's environment on it (the e2e tier's), then the lab's node image and the device plugin's image
+#     (podman builds on the local Debian 12 image, which molecule's first scenario builds in its first minutes).
 # One chain left Kubernetes waiting seven minutes for CPython, and ended at minute 46 of a cold run on 2 cores
-# (docs/performance.md, "Cold CI"). Each build script takes its own lock and caches its output, so the tier that needs
+# (docs/performance.md, "Cold CI"). The second chain was then idle from minute 17 of a cold run, while the e2e tier
+# built the two images on its own way, in its first modules (about 4 minutes, cold, at 40e5c34). Each build script takes its own lock and caches its output, so the tier that needs
 # a build waits for this one, or builds it itself if this one failed (its error is then the tier's). Warm, every call
 # returns at once.
 # The build scripts run Go's compiler and linker with GOGC=400 (GPUOPS_BUILD_GOGC): `go build std` from an empty
@@ -18,10 +20,11 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 log=${1:-/dev/null}
 chain() {
-  local build start rc
+  local build start rc command
   for build in "$@"; do
     start=$(date +%s)
-    if "$here/$build" >/dev/null; then rc=0; else rc=$?; fi
+    read -r -a command <<<"$build" # a script and its arguments
+    if "$here/${command[0]}" "${command[@]:1}" >/dev/null; then rc=0; else rc=$?; fi
     printf '[build-early] %s: exit %s in %s s (ended at %s s)\n' "$build" "$rc" "$(($(date +%s) - start))" \
       "$(($(date +%s) - begin))"
   done
@@ -32,6 +35,6 @@ chain() {
   for _ in $(seq 900); do [ -x /usr/bin/time ] && break; sleep 1; done
   chain tests/e2e/build-kubernetes.sh scripts/build-containerd17.sh scripts/build-containerd2.sh \
     scripts/build-containerd24.sh scripts/build-nvidia-device-plugin.sh scripts/build-nvidia-dra-driver.sh &
-  chain scripts/build-python.sh scripts/e2e-env.sh &
+  chain scripts/build-python.sh scripts/e2e-env.sh "tests/e2e/lab.py images" files/device_plugin/build-image.sh &
   wait
 } >>"$log" 2>&1

@@ -13,6 +13,8 @@ set -uo pipefail
 make=${MAKE:-make}
 name='make test'
 [ "${GPUOPS_TEST_FULL:-0}" = 1 ] && name='make test-full'
+# The tiers know they run inside make test (the Makefile's daemon tier leaves its suite to daemon-py39 there).
+export GPUOPS_MAKE_TEST=1
 results=$(mktemp)
 logs=$(mktemp -d)
 start_all=$(date +%s)

@@ -402,17 +402,24 @@ def test_the_readme_names_every_place_make_test_full_adds_to() -> None:
     assert re.search(r"^TIERS := \$\(FIRST_TIERS\) \$\(LANE1_TIERS\) \$\(LANE2_TIERS\)$", makefile, re.M)
     full_tiers = re.search(r"^FULL_TIERS := \$\(TIERS\) (.*)$", makefile, re.M).group(1).split()
     demo = {"the demo"} if "demo-test" in full_tiers and "demo-test" not in tiers else set()
-    # ansible-core: make test runs the matrix's ends, make test-full every minor.
-    ends = re.search(r"^ANSIBLE_CORE_ENDS := (.*)$", makefile, re.M).group(1)
-    assert ends == "$(firstword $(ANSIBLE_CORE_MATRIX)) $(lastword $(ANSIBLE_CORE_MATRIX))"
+    # ansible-core: make test runs sanity and units on the newest alone, make test-full on every minor.
     middle = {"the ansible-core minors between the oldest and the newest"} if len(ansible_core_matrix()) > 2 else set()
-    # sanity: make test runs it on the newest alone, make test-full on every minor.
     assert re.search(r"^ANSIBLE_CORE_NEWEST := \$\(lastword \$\(ANSIBLE_CORE_MATRIX\)\)$", makefile, re.M)
-    assert re.search(r"^\tscripts/ansible-test-matrix.sh sanity \$\(ANSIBLE_CORE_SANITY\)$", makefile, re.M)
-    oldest_sanity = {"the oldest ansible-core's sanity"}
-    pattern = r"^\| (the ansible-core minors between the oldest and the newest|the oldest ansible-core's sanity) \|"
+    assert re.search(
+        r"^ANSIBLE_CORE_RUN = \$\(if \$\(FULL\),\$\(ANSIBLE_CORE_MATRIX\),\$\(ANSIBLE_CORE_NEWEST\)\)$", makefile, re.M
+    )
+    for command in ("sanity", "units"):
+        assert re.search(rf"^\tscripts/ansible-test-matrix.sh {command} \$\(ANSIBLE_CORE_RUN\)$", makefile, re.M)
+    oldest = {"the oldest ansible-core's sanity and units"}
+    # The daemon's suite: make test runs it under daemon-py39, make test-full also in the daemon tier.
+    assert re.search(r"^DAEMON_SUITE = \$\(or \$\(FULL\),", makefile, re.M)
+    daemon = {"the daemon's suite on the tools' Python"}
+    pattern = (
+        r"^\| (the ansible-core minors between the oldest and the newest|the oldest ansible-core's sanity and units"
+        r"|the daemon's suite on the tools' Python) \|"
+    )
     rows |= set(re.findall(pattern, table.group(1), re.M))
-    assert rows == marked | scenarios | demo | middle | oldest_sanity
+    assert rows == marked | scenarios | demo | middle | oldest | daemon
     assert "test-full:" in makefile
 
 

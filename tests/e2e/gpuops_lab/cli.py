@@ -3,6 +3,8 @@
   tests/e2e/lab.py up [NODES]      build what is missing, start everything, wait until nodes are Ready
   tests/e2e/lab.py down            stop and remove everything this lab instance created
   tests/e2e/lab.py status          control-plane processes, node containers, `kubectl get nodes`
+  tests/e2e/lab.py images          build the node image (or reuse it) and print it; starts nothing (make test
+                                   builds it early, beside the tiers, scripts/build-early.sh)
   tests/e2e/lab.py kubeconfig      print the admin kubeconfig path
   tests/e2e/lab.py kubectl ARGS    run the lab's kubectl against the lab
   tests/e2e/lab.py node-exec N CMD run CMD inside node container N (1-based)
@@ -170,6 +172,9 @@ def dispatch(cfg: LabConfig, command: str, args: list[str]) -> int:
         return cmd_down(cfg)
     if command == "status":
         return cmd_status(cfg)
+    if command == "images":
+        print(build_images(cfg, None))
+        return 0
     if command == "kubeconfig":
         if not cfg.admin_kubeconfig.is_file():
             raise LabError(NOT_UP)

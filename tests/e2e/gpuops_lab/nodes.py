@@ -55,9 +55,11 @@ def node_image_tag(base_id: str) -> str:
     return f"{NODE_IMAGE_REPO}:{digest.hexdigest()[:12]}"
 
 
-def build_images(cfg: LabConfig, bin_dir: Path) -> str:
+def build_images(cfg: LabConfig, bin_dir: Path | None) -> str:
     """The node image (the shared Debian 12 systemd image plus containerd, runc, the CNI plugins and sshd
     from Debian) and the pause image (a static pause program in a scratch image); returns the node image.
+    Without ``bin_dir`` (the Kubernetes build, which holds the pause program) the node image alone: what
+    `lab.py images` builds ahead of the lab in make test's early builds.
 
     Labs of other instances share both images: one lab at a time builds them (a lock in the cache), so that two labs
     coming up at once (make test's e2e tier and test-awx, instances 0 and 1, in two lanes) do not build the same image
@@ -65,10 +67,13 @@ def build_images(cfg: LabConfig, bin_dir: Path) -> str:
     cfg.cache.mkdir(parents=True, exist_ok=True)
     with open(cfg.cache / "lab-images.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_images(cfg, bin_dir)
+        image = _build_node_image(cfg)
+        if bin_dir is not None:
+            _build_pause_image(cfg, bin_dir)
+        return image
 
 
-def _build_images(cfg: LabConfig, bin_dir: Path) -> str:
+def _build_node_image(cfg: LabConfig) -> str:
     base = run([REPO / "scripts" / "build-base-image.sh"], what="scripts/build-base-image.sh").stdout.strip()
     base_id = run(["podman", "image", "inspect", "--format", "{{.Id}}", base]).stdout.strip()
     image = node_image_tag(base_id)
@@ -99,7 +104,10 @@ def _build_images(cfg: LabConfig, bin_dir: Path) -> str:
         for stale in listed.split():
             if stale != image:
                 succeeds(["podman", "rmi", stale])
+    return image
 
+
+def _build_pause_image(cfg: LabConfig, bin_dir: Path) -> None:
     # The pause image is rebuilt only when the pause binary or its recipe changes (their hash is a label). The same
     # program is also /bin/bash and /bin/sh: a demo pod whose image is replaced by this one (NVIDIA's demo specs run
     # `bash -c "nvidia-smi -L; ... sleep"` or `sh -c "nvidia-smi; sleep 3600"`, tests/e2e/test_site_dra_nvidia.py)
@@ -138,7 +146,6 @@ def _build_images(cfg: LabConfig, bin_dir: Path) -> str:
             what="podman save",
             stdout=subprocess.DEVNULL,
         )
-    return image
 
 
 # --- configuration ------------------------------------------------------------------------------
