@@ -20,6 +20,8 @@ description:
   - The GPU facts are the host's result registered as O(discovered_var) when that is given and the task ran on
     the host, or else the host's variable named by O(gpu_info_var). A host with neither is listed in
     RV(_value.no_facts).
+  - A host whose C(gpu_node_labels_state) is C(absent) (its own, else the C(state) of O(defaults)) gets the entry
+    C({name, state: absent}), which takes off what the collection applied; it needs no GPU facts.
   - For C(mig_strategy), a host without its own C(gpu_node_labels_mig_strategy) whose own C(device_plugin_config)
     has C(flags.migStrategy) gets that strategy.
   - The labels the role C(gpuops.k8s.nvidia_mig) noted for a host in this play, its fact C(nvidia_mig_node_labels)
@@ -41,7 +43,7 @@ options:
   defaults:
     description:
       - The values for settings a host does not set itself, under the role's variable names without the
-        C(gpu_node_labels_) prefix (C(user_labels), C(sharing), C(mig_strategy), C(taint), C(taint_key),
+        C(gpu_node_labels_) prefix (C(state), C(user_labels), C(sharing), C(mig_strategy), C(taint), C(taint_key),
         C(taint_value), C(taint_effect), C(delegate_to), C(kubeconfig), C(context), C(api_host), C(api_key),
         C(validate_certs)), and C(mig_config), the MIG config name of hosts that do not set their own.
     type: dict
@@ -123,6 +125,7 @@ _API_KEY = PREFIX + "api_key"
 # mig_config: the caller works that out itself, from the device-plugin and MIG settings too).
 _K8S_OPTIONS = PREFIX + "k8s_options"
 _OWN_SETTINGS = (
+    "state",
     "user_labels",
     "taint",
     "taint_key",
@@ -188,6 +191,14 @@ def node_label_requests(
             key = PREFIX + name
             return own[key] if key in own else defaults.get(name)
 
+        state = setting("state") or "present"
+        if state not in ("present", "absent"):
+            raise AnsibleFilterError(f"node_label_requests: {host}'s gpu_node_labels_state must be present or absent.")
+        if state == "absent":
+            # What the collection applied comes off; nothing is computed, so no GPU facts are needed.
+            nodes.append({"name": own.get(PREFIX + "node_name", host), "state": "absent"})
+            _add_api(host, own, setting, apis)
+            continue
         gpu_info = own.get(discovered_var) if discovered_var else None
         if not _usable(gpu_info):
             gpu_info = own.get(own.get(PREFIX + "gpu_info_var", gpu_info_var))
@@ -214,21 +225,26 @@ def node_label_requests(
             # And its MIG strategy: the devices it serves are what the MIG labels describe.
             node["mig_strategy"] = plugin_flags["migStrategy"]
         nodes.append(node)
-        api = {name: setting(name) for name in _API_SETTINGS}
-        token = setting("api_key") or ""
-        api["api_key_sha256"] = hashlib.sha256(token.encode("utf-8")).hexdigest() if token else ""
-        options = setting("k8s_options") or {}
-        if not isinstance(options, dict):
-            raise AnsibleFilterError(
-                f"node_label_requests: {host}'s gpu_node_labels_k8s_options must be a dict of connection options."
-            )
-        given = json.dumps(options, sort_keys=True, default=str) if options else ""
-        api["k8s_options_sha256"] = hashlib.sha256(given.encode("utf-8")).hexdigest() if given else ""
-        if not any(all(known[k] == v for k, v in api.items()) for known in apis):
-            api["api_key_from"] = host if token and _API_KEY in own else ""
-            api["k8s_options_from"] = host if options and _K8S_OPTIONS in own else ""
-            apis.append(api)
+        _add_api(host, own, setting, apis)
     return {"nodes": nodes, "no_facts": no_facts, "apis": apis}
+
+
+def _add_api(host, own, setting, apis):
+    """Adds the host's API settings to apis unless a host before it reaches the API the same way."""
+    api = {name: setting(name) for name in _API_SETTINGS}
+    token = setting("api_key") or ""
+    api["api_key_sha256"] = hashlib.sha256(token.encode("utf-8")).hexdigest() if token else ""
+    options = setting("k8s_options") or {}
+    if not isinstance(options, dict):
+        raise AnsibleFilterError(
+            f"node_label_requests: {host}'s gpu_node_labels_k8s_options must be a dict of connection options."
+        )
+    given = json.dumps(options, sort_keys=True, default=str) if options else ""
+    api["k8s_options_sha256"] = hashlib.sha256(given.encode("utf-8")).hexdigest() if given else ""
+    if not any(all(known[k] == v for k, v in api.items()) for known in apis):
+        api["api_key_from"] = host if token and _API_KEY in own else ""
+        api["k8s_options_from"] = host if options and _K8S_OPTIONS in own else ""
+        apis.append(api)
 
 
 class FilterModule:

@@ -408,9 +408,11 @@ _TAINT_ARGS = ("taint", "taint_key", "taint_value", "taint_effect")
 def label_batch(requests, api, check_mode=False, conflict_retries=5, before_write=None):
     """Bring every requested Node to its wanted labels and GPU taint with one LIST and one PATCH per node.
 
-    requests: dicts with name, gpu_info, user_labels, sharing, mig_strategy, keep_labels, taint, taint_key,
-    taint_value, taint_effect. keep_labels names labels the request does not decide: the Node's current value of
-    each is kept (and stays the collection's), a label the Node does not have is not added.
+    requests: dicts with name, state, gpu_info, user_labels, sharing, mig_strategy, keep_labels, taint, taint_key,
+    taint_value, taint_effect. state absent takes off what the collection applied (its owned labels and taint, and
+    their annotations) and reads nothing else of the request. keep_labels names labels the request does not decide:
+    the Node's current value of each is kept (and stays the collection's), a label the Node does not have is not
+    added.
     api: an object with list_nodes() -> [node dict], read_node(name) -> node dict or None, and
     patch_node(name, merge_patch) -> the patched node dict, raising Conflict on HTTP 409.
     before_write: called once between the LIST and the first PATCH (tests use it to write in that window).
@@ -426,7 +428,16 @@ def label_batch(requests, api, check_mode=False, conflict_retries=5, before_writ
     pending = []
     for request in requests:
         name = request["name"]
+        if request.get("state", "present") not in ("present", "absent"):
+            result["invalid"][name] = f"node_labels: state must be present or absent, got {request.get('state')!r}."
+            continue
         try:
+            if request.get("state") == "absent":
+                # Nothing wanted and no taint: node_label_patch removes the owned labels, the owned taint and
+                # both ownership annotations, and nothing it does not own. A Node that is not there has none.
+                if name in nodes:
+                    pending.append((name, {}, (), {"taint": False}, True))
+                continue
             wanted = gpu_labels(
                 request.get("gpu_info") or {},
                 request.get("user_labels"),
@@ -440,15 +451,16 @@ def label_batch(requests, api, check_mode=False, conflict_retries=5, before_writ
         if name not in nodes:
             result["missing"].append(name)
             continue
-        pending.append((name, wanted, keep, request))
-    if before_write is not None:
-        before_write()
-    for name, wanted, keep, request in pending:
         # What the request leaves out takes node_label_patch's defaults, the one place they are written.
         taint_args = {k: request[k] for k in _TAINT_ARGS if request.get(k) is not None}
+        pending.append((name, wanted, keep, taint_args, False))
+    if before_write is not None:
+        before_write()
+    for name, wanted, keep, taint_args, leaving in pending:
         written = _write(api, name, nodes[name], (wanted, keep), taint_args, check_mode, conflict_retries, result)
         if written is None:
-            result["missing"].append(name)
+            if not leaving:  # a Node that went away has nothing of the collection's left
+                result["missing"].append(name)
             continue
         patch, before, node = written
         if patch:

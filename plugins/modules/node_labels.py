@@ -34,6 +34,17 @@ options:
         description: The Node's name.
         type: str
         required: true
+      state:
+        description:
+          - V(present) gives the Node the labels and the taint this entry computes.
+          - V(absent) takes from the Node what the collection applied and nothing else, as a node leaves the GPU
+            pool or the collection's care (the playbook C(remove.yml)) - the labels named in its
+            C(gpuops.k8s/owned-labels) annotation, the taint named in C(gpuops.k8s/owned-taint), and those two
+            annotations. A label or taint someone else set stays, also where its key is one the collection
+            computes. The entry's other options are not read.
+        type: str
+        default: present
+        choices: [present, absent]
       gpu_info:
         description:
           - The node's M(gpuops.k8s.nvidia_gpu_info) result.
@@ -116,6 +127,13 @@ EXAMPLES = r"""
       - name: gpu-node-2
         gpu_info: "{{ hostvars['gpu-node-2'].gpu_info }}"
         taint: false
+
+- name: Take the collection's labels, taint and ownership annotations off a node that leaves the GPU pool
+  gpuops.k8s.node_labels:
+    kubeconfig: /etc/kubernetes/admin.conf
+    nodes:
+      - name: gpu-node-3
+        state: absent
 """
 
 RETURN = r"""
@@ -169,6 +187,7 @@ ARGUMENT_SPEC = {
         "required": True,
         "options": {
             "name": {"type": "str", "required": True},
+            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
             "gpu_info": {"type": "dict", "default": {}},
             "user_labels": {"type": "dict", "default": {}},
             "sharing": {"type": "dict", "default": {}},

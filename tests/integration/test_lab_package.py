@@ -377,15 +377,18 @@ def test_node_image_tag_follows_its_inputs() -> None:
 
 def test_labs_of_two_instances_build_the_shared_images_one_at_a_time(tmp_path: Path, monkeypatch) -> None:
     """Two labs coming up at once (make test's e2e tier and test-awx run in two lanes) build the node and pause
-    images, which every instance shares, one after the other: the second waits for the first's lock."""
+    images, which every instance shares, one after the other: the second waits for the first's lock. So does
+    `lab.py images` in make test's early builds, which builds the node image alone (no Kubernetes build yet)."""
     inside: list[int] = []
     overlaps: list[int] = []
+    given: dict[int, Path | None] = {}
     guard = threading.Lock()
 
-    def build(cfg: LabConfig, bin_dir: Path) -> str:
+    def build(cfg: LabConfig, bin_dir: Path | None) -> str:
         with guard:
             inside.append(cfg.instance)
             overlaps.append(len(inside))
+            given[cfg.instance] = bin_dir
         time.sleep(0.3)
         with guard:
             inside.remove(cfg.instance)
@@ -394,15 +397,28 @@ def test_labs_of_two_instances_build_the_shared_images_one_at_a_time(tmp_path: P
     monkeypatch.setattr(nodes, "_build_images", build)
     results: dict[int, str] = {}
     labs = [
-        threading.Thread(target=lambda i=i: results.update({i: nodes.build_images(config(tmp_path, i), tmp_path)}))
-        for i in (0, 2)
+        threading.Thread(
+            target=lambda i=i: results.update({i: nodes.build_images(config(tmp_path, i), tmp_path if i else None)})
+        )
+        for i in (0, 2, 3)
     ]
     for lab in labs:
         lab.start()
     for lab in labs:
         lab.join()
-    assert results == {0: "image-0", 2: "image-2"}
-    assert overlaps == [1, 1]
+    assert results == {0: "image-0", 2: "image-2", 3: "image-3"}
+    assert overlaps == [1, 1, 1]
+    assert given == {0: None, 2: tmp_path, 3: tmp_path}
+
+
+def test_lab_images_builds_the_node_image_alone_and_prints_it(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`lab.py images` (make test's early builds) asks for the node image without a Kubernetes build: no pause
+    image, which needs the pause program that build makes, and nothing started."""
+    calls: list[tuple[int, Path | None]] = []
+    monkeypatch.setattr(nodes, "_build_images", lambda cfg, bin_dir: calls.append((cfg.instance, bin_dir)) or "img")
+    assert cli.dispatch(config(tmp_path, 0), "images", []) == 0
+    assert calls == [(0, None)]
+    assert capsys.readouterr().out == "img\n"
 
 
 def test_own_cgroups_are_exact(tmp_path: Path) -> None:

@@ -171,6 +171,68 @@ def test_stale_labels_removed_and_taint_turned_off(apiserver):
     assert "gpuops.k8s/owned-taint" not in (node.metadata.annotations or {})
 
 
+def _taint(taint):
+    """A V1Taint as a merge patch writes it."""
+    return {k: v for k, v in {"key": taint.key, "value": taint.value, "effect": taint.effect}.items() if v is not None}
+
+
+def test_absent_takes_off_what_the_role_applied_and_nothing_else_then_changes_nothing(apiserver):
+    _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
+    core = apiserver["core"]
+    # A person's label and taint on a node the role labelled: the role never applied them, so they stay.
+    node = _node(apiserver)
+    core.patch_node(
+        NODE,
+        {
+            "metadata": {"labels": {"example.com/rack": "r7"}},
+            "spec": {
+                "taints": [
+                    *[_taint(t) for t in node.spec.taints],
+                    {"key": "example.com/hold", "effect": "NoSchedule"},
+                ]
+            },
+        },
+    )
+    before = _node(apiserver)
+    owned = before.metadata.annotations["gpuops.k8s/owned-labels"].split(",")
+    assert "nvidia.com/gpu.product" in owned
+    absent = {
+        "gpu_node_labels_node_name": NODE,
+        "gpu_node_labels_kubeconfig": apiserver["kubeconfig"],
+        "gpu_node_labels_state": "absent",
+    }
+
+    changed, tasks = _play(apiserver, "gpu_node_labels", absent, check=True)
+    assert changed == 1
+    assert _node(apiserver).metadata.resource_version == before.metadata.resource_version, "check mode wrote"
+    # No GPU facts were asked of the node (where the labels are wanted, the task asks it: see the end).
+    discover = "gpuops.k8s.gpu_node_labels : Discover the GPUs of the node"
+    assert tasks[discover].get("skipped") is True
+
+    changed, _tasks = _play(apiserver, "gpu_node_labels", absent)
+    assert changed == 1
+    after = _node(apiserver)
+    expected = {k: v for k, v in before.metadata.labels.items() if k not in owned}
+    assert after.metadata.labels == expected
+    assert "example.com/rack" in after.metadata.labels and "team" in after.metadata.labels
+    assert not any(k.startswith("nvidia.com/") for k in after.metadata.labels)
+    assert not any(k.startswith("gpuops.k8s/owned-") for k in (after.metadata.annotations or {}))
+    taints = sorted((t.key, t.effect) for t in after.spec.taints)
+    assert taints == sorted((t.key, t.effect) for t in before.spec.taints if t.key != "nvidia.com/gpu")
+    assert ("example.com/hold", "NoSchedule") in taints
+
+    version = after.metadata.resource_version
+    changed, _tasks = _play(apiserver, "gpu_node_labels", absent)
+    assert changed == 0 and _node(apiserver).metadata.resource_version == version, "a second run wrote"
+    # A node that is not registered has nothing to take off.
+    changed, _tasks = _play(apiserver, "gpu_node_labels", dict(absent, gpu_node_labels_node_name="no-such-node"))
+    assert changed == 0
+    # Labelled again afterwards, as the other tests expect; that run asks the node for its GPUs.
+    core.patch_node(NODE, {"spec": {"taints": [_taint(t) for t in after.spec.taints if t.key != "example.com/hold"]}})
+    _changed, tasks = _play(apiserver, "gpu_node_labels", _labels_vars(apiserver))
+    assert tasks[discover].get("skipped") is not True and tasks[discover]["gpus"]
+
+
 def test_missing_node_fails_with_a_sentence(apiserver):
     playbook_vars = _labels_vars(apiserver, gpu_node_labels_node_name="no-such-node")
     with pytest.raises(AssertionError, match="has no Node named no-such-node"):

@@ -67,10 +67,14 @@ def build_images(cfg: LabConfig, bin_dir: Path | None) -> str:
     cfg.cache.mkdir(parents=True, exist_ok=True)
     with open(cfg.cache / "lab-images.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        image = _build_node_image(cfg)
-        if bin_dir is not None:
-            _build_pause_image(cfg, bin_dir)
-        return image
+        return _build_images(cfg, bin_dir)
+
+
+def _build_images(cfg: LabConfig, bin_dir: Path | None) -> str:
+    image = _build_node_image(cfg)
+    if bin_dir is not None:
+        _build_pause_image(cfg, bin_dir)
+    return image
 
 
 def _build_node_image(cfg: LabConfig) -> str:

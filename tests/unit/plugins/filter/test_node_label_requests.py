@@ -245,3 +245,28 @@ def test_the_rest_of_the_connection_is_told_apart_by_its_hash_and_read_from_the_
     hostvars["gpu-2"]["gpu_node_labels_k8s_options"] = "http://proxy.example:3128"
     with pytest.raises(AnsibleFilterError, match="gpu-2's gpu_node_labels_k8s_options must be a dict"):
         node_label_requests(["gpu-1", "gpu-2"], hostvars, dict(DEFAULTS, k8s_options={}))
+
+
+def test_a_host_that_leaves_needs_no_facts_and_asks_for_absent():
+    hostvars = {
+        "gpu-1": {"gpu_node_labels_state": "absent", "gpu_node_labels_node_name": "node-1.example"},
+        "gpu-2": {"gpu_node_labels_gpu_info": FACTS},
+        "gpu-3": {},
+    }
+    out = node_label_requests(list(hostvars), hostvars, DEFAULTS)
+    assert out["nodes"][0] == {"name": "node-1.example", "state": "absent"}
+    assert out["nodes"][1]["gpu_info"] is FACTS and "state" not in out["nodes"][1]
+    assert out["no_facts"] == ["gpu-3"]
+    assert len(out["apis"]) == 1
+    # The play's state is every host's that does not set its own.
+    out = node_label_requests(list(hostvars), hostvars, dict(DEFAULTS, state="absent"))
+    assert [n["state"] for n in out["nodes"]] == ["absent", "absent", "absent"] and out["no_facts"] == []
+    # A host's own state is its own, not the batch's, where the caller passes its values.
+    role_defaults = {f"gpu_node_labels_{name}": value for name, value in DEFAULTS.items()}
+    role_defaults["gpu_node_labels_state"] = "present"
+    out = node_label_requests(
+        ["gpu-1", "gpu-2"], hostvars, dict(DEFAULTS, state="absent"), caller="gpu-1", role_defaults=role_defaults
+    )
+    assert [n.get("state") for n in out["nodes"]] == ["absent", None]
+    with pytest.raises(AnsibleFilterError, match="gpu-1's gpu_node_labels_state must be present or absent"):
+        node_label_requests(["gpu-1"], {"gpu-1": {"gpu_node_labels_state": "gone"}}, DEFAULTS)

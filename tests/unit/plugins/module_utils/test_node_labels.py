@@ -247,3 +247,53 @@ def test_each_nodes_mig_strategy_reaches_its_labels():
     assert "nvidia.com/mig.strategy" not in plain and "nvidia.com/mig-1g.5gb.count" not in plain
     assert (mixed["nvidia.com/mig.strategy"], mixed["nvidia.com/mig-1g.5gb.count"]) == ("mixed", "1")
     assert "mig_strategy must be one of none, single, mixed" in result["invalid"]["bad"]
+
+
+def test_absent_takes_off_what_the_collection_applied_and_only_that():
+    store = NodeStoreDouble("a", "b")
+    label_batch([request("a", user_labels={"rack": "r1"}), request("b")], store)
+    # Someone else's label and taint, one of them on a key the collection computes for other nodes.
+    foreign_taint = {"key": "example.com/maintenance", "value": "yes", "effect": "NoSchedule"}
+    store.bump(
+        "a",
+        {
+            "metadata": {"labels": {"team": "ml", "nvidia.com/gpu.present": None}},
+            "spec": {"taints": [*store.nodes["a"]["spec"]["taints"], foreign_taint]},
+        },
+    )
+    store.bump("b", {"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "false"}}})
+    b_before = copy.deepcopy(store.nodes["b"])
+    store.patches.clear()
+
+    result = label_batch([{"name": "a", "state": "absent"}], store, check_mode=True)
+    assert store.patches == []
+    assert result["diff"]["a"]["after"] == {"labels": {"team": "ml"}, "annotations": {}, "taints": [foreign_taint]}
+
+    result = label_batch([{"name": "a", "state": "absent"}], store)
+    assert store.lists == 3 and [name for name, _patch in store.patches] == ["a"]
+    assert store.nodes["a"]["metadata"]["labels"] == {"team": "ml"}
+    assert store.nodes["a"]["metadata"].get("annotations", {}) == {}
+    assert store.nodes["a"]["spec"]["taints"] == [foreign_taint]
+    assert sorted(result["changed"]) == ["a"]
+    # The other node is as it was.
+    assert store.nodes["b"] == b_before
+
+    # Again, and on a node the collection never labelled: nothing to write.
+    store.patches.clear()
+    again = label_batch([{"name": "a", "state": "absent"}, {"name": "c", "state": "absent"}], store)
+    assert again["changed"] == {} and store.patches == [] and again["missing"] == []
+
+
+def test_absent_removes_the_owned_taint_whatever_the_request_says_of_taints():
+    store = NodeStoreDouble("a")
+    label_batch([request("a", taint_key="example.com/gpu", taint_value="v", taint_effect="NoExecute")], store)
+    result = label_batch([{"name": "a", "state": "absent", "taint": True, "taint_key": "nvidia.com/gpu"}], store)
+    assert "taints" not in store.nodes["a"]["spec"]
+    assert result["changed"]["a"]["spec"] == {"taints": None}
+
+
+def test_a_bad_state_is_one_sentence():
+    store = NodeStoreDouble("a")
+    result = label_batch([{"name": "a", "state": "gone"}], store)
+    assert result["invalid"] == {"a": "node_labels: state must be present or absent, got 'gone'."}
+    assert store.patches == []
