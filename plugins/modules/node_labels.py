@@ -38,7 +38,7 @@ options:
         description:
           - V(present) gives the Node the labels and the taint this entry computes.
           - V(absent) takes from the Node what the collection applied and nothing else, as a node leaves the GPU
-            pool or the collection's care (the playbook C(remove.yml)) - the labels named in its
+            pool or the collection's care - the labels named in its
             C(gpuops.k8s/owned-labels) annotation, the taint named in C(gpuops.k8s/owned-taint), and those two
             annotations. A label or taint someone else set stays, also where its key is one the collection
             computes. The entry's other options are not read.
