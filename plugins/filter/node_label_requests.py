@@ -21,7 +21,7 @@ description:
     the host, or else the host's variable named by O(gpu_info_var). A host with neither is listed in
     RV(_value.no_facts).
   - A host whose C(gpu_node_labels_state) is C(absent) (its own, else the C(state) of O(defaults)) gets the entry
-    C({name, state: absent}), which takes off what the collection applied; it needs no GPU facts.
+    an entry with its C(name) and C(state=absent), which takes off what the collection applied; it needs no GPU facts.
   - For C(mig_strategy), a host without its own C(gpu_node_labels_mig_strategy) whose own C(device_plugin_config)
     has C(flags.migStrategy) gets that strategy.
   - The labels the role C(gpuops.k8s.nvidia_mig) noted for a host in this play, its fact C(nvidia_mig_node_labels)
