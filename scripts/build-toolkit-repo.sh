@@ -109,9 +109,12 @@ package nvidia-container-toolkit-base \
 
 mkdir -p "$work/pkg/nvidia-container-toolkit/usr/bin" "$work/pkg/nvidia-container-toolkit/DEBIAN"
 cp "$work/bin/nvidia-container-runtime-hook" "$work/pkg/nvidia-container-toolkit/usr/bin/"
-# Its postinst links nvidia-container-toolkit to the hook, as NVIDIA's package does.
-install -m 0755 "$work/src/packaging/debian/nvidia-container-toolkit.postinst" "$work/pkg/nvidia-container-toolkit/DEBIAN/postinst"
-sed -i '/^#DEBHELPER#$/d' "$work/pkg/nvidia-container-toolkit/DEBIAN/postinst"
+# Its postinst links nvidia-container-toolkit to the hook and its postrm removes the link on purge, as NVIDIA's package
+# does.
+for script in postinst postrm; do
+  install -m 0755 "$work/src/packaging/debian/nvidia-container-toolkit.$script" "$work/pkg/nvidia-container-toolkit/DEBIAN/$script"
+  sed -i '/^#DEBHELPER#$/d' "$work/pkg/nvidia-container-toolkit/DEBIAN/$script"
+done
 package nvidia-container-toolkit \
   "NVIDIA container toolkit (nvidia-container-runtime-hook), built from v$version" \
   "nvidia-container-toolkit-base (= $deb_version), libnvidia-container-tools (>= $deb_version), libnvidia-container-tools (<< 2.0.0)"

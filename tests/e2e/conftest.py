@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import node_snapshot
 import pytest
 import yaml
 from gpuops_lab.config import LabConfig
@@ -57,6 +58,8 @@ class Lab:
     kubeconfig: Path
     nodes: list[str]
     api: client.ApiClient = field(repr=False)
+    # Each node as `up` made it, before any test touched it (node_snapshot.py): what remove.yml must give back.
+    fresh: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -306,7 +309,12 @@ def lab() -> Iterator[Lab]:
         kubeconfig = Path(run_lab("kubeconfig").strip())
         nodes = run_lab("nodes").split()
         api = config.new_client_from_config(config_file=str(kubeconfig))
-        yield Lab(kubeconfig=kubeconfig, nodes=nodes, api=api)
+        lab = Lab(kubeconfig=kubeconfig, nodes=nodes, api=api)
+        # The nodes as a machine with NVIDIA's driver is before the collection touches it: the lab's simulated GPUs
+        # and stand-in driver given (what every module's `inventory` gives them first), no playbook run yet.
+        run_lab("inventory")
+        lab.fresh = {node: node_snapshot.take(lab, node) for node in nodes}
+        yield lab
         api.close()
     finally:
         if not keep:
