@@ -684,43 +684,15 @@ def test_validate_is_red_where_the_next_kernel_has_no_module_and_green_after(lab
     assert re.search(GREEN_ROW.format(node=re.escape(flow.node)), validate_until_green(flow).output)
 
 
-# What the device plugin's systemd deployment installs from the distribution for its virtual environment (python3-venv
-# and python3-pip, without recommends, and what they depend on), which remove.yml does not take off yet: the one
-# difference from the node as the lab made it that the proof below allows, package by package and file by file.
-VENV_PACKAGES = {
-    "python3-venv",
-    "python3.11-venv",
-    "python3-pip",
-    "python3-pip-whl",
-    "python3-setuptools",
-    "python3-setuptools-whl",
-    "python3-pkg-resources",
-    "python3-wheel",
-    "python3-distutils",
-    "python3-lib2to3",
-}
-# The backups of containerd's config that site.yml's runtime role kept (nvidia_runtime_backup), left for the operator.
+# The backups of containerd's config that site.yml's runtime role kept (nvidia_runtime_backup), left for the operator:
+# the one difference from the node as the lab made it that the proof below allows.
 RUNTIME_BACKUP = re.compile(r"^/etc/containerd/config\.toml\.\d+\.[0-9-]+@[0-9:]+~$")
 
 
-def leftovers(lab: Lab, node: str, differences: dict) -> dict:
-    """``differences`` without what the proof allows: the venv's packages and their files, the runtime config's
-    backups."""
+def leftovers(differences: dict) -> dict:
+    """``differences`` without the runtime config's backups."""
     out = dict(differences)
-    packages = out.pop("packages", {})
-    extra = {name: seen for name, seen in packages.items() if not (name in VENV_PACKAGES and seen[0] is None)}
-    if extra:
-        out["packages"] = extra
     files = {path: seen for path, seen in out.pop("files", {}).items() if not RUNTIME_BACKUP.match(path)}
-    if files:
-        owners = lab.node_exec(node, "dpkg-query", "-S", *files, check=False).stdout
-        owned = {
-            path
-            for line in owners.splitlines()
-            for names, _, path in [line.partition(": ")]
-            if set(names.split(", ")) <= VENV_PACKAGES
-        }
-        files = {path: seen for path, seen in files.items() if path not in owned}
     if files:
         out["files"] = files
     return out
@@ -731,10 +703,11 @@ def test_remove_gives_the_node_back_as_the_lab_made_it_and_leaves_the_other_gpu_
 ) -> None:
     """playbooks/remove.yml on this node, with the other lab node a GPU node running a GPU pod: --check --diff lists
     what it would take off and writes nothing; the run takes off the labels, taint and annotations of the collection,
-    the plugin, the runtime entry, the toolkit and the records, so that the node equals its snapshot from before any
-    test touched it (tests/e2e/node_snapshot.py: files with modes, owners and checksums, packages, units, containerd's
-    effective config, the Node's labels, taints and annotations), apart from the allowance above; the other node's pod
-    runs on and the RuntimeClass it names stays; a second run changes nothing."""
+    the plugin with the distribution packages its install brought, the runtime entry, the toolkit and the records, so
+    that the node equals its snapshot from before any test touched it (tests/e2e/node_snapshot.py: files with modes,
+    owners and checksums, packages, units, containerd's effective config, the Node's labels, taints and annotations),
+    apart from the allowance above; the other node's pod runs on and the RuntimeClass it names stays; a second run
+    changes nothing."""
     other = next(node for node in lab.nodes if node != flow.node)
     if lab.allocatable(other).get(GPU) != "8":
         converged = run_playbook("site.yml", flow.inventory, extra_vars=flow.extra_vars, limit=other)
@@ -758,7 +731,7 @@ def test_remove_gives_the_node_back_as_the_lab_made_it_and_leaves_the_other_gpu_
         assert removed.returncode == 0, removed.summary()
         assert f"Nothing the collection wrote is left on {flow.node} but what remove.yml keeps" in removed.output
         after = node_snapshot.take(lab, flow.node)
-        assert leftovers(lab, flow.node, lab.fresh[flow.node].differences(after)) == {"api": (
+        assert leftovers(lab.fresh[flow.node].differences(after)) == {"api": (
             lab.fresh[flow.node].api, {**lab.fresh[flow.node].api, "runtimeclasses": ["nvidia"]}
         )}  # fmt: skip
 
