@@ -85,15 +85,10 @@ def take(lab, node: str) -> Snapshot:
     """The snapshot of ``node`` (a lab node's container name, its Node's name too) and of the API."""
     pruned = " -o ".join(f"-path {path}" for path in sorted(ALLOWED))
     script = _TREE.format(checked=" ".join(CHECKED), pruned=pruned, listed=" ".join(LISTED))
-    files = {}
-    for line in lab.node_exec(node, "sh", "-c", script, timeout=300).stdout.splitlines():
-        path, _, rest = line.partition(" ")
-        files[path] = rest
-    packages = {}
+    tree = lab.node_exec(node, "sh", "-c", script, timeout=300).stdout
+    files = dict(line.split(" ", 1) for line in tree.splitlines())
     listing = lab.node_exec(node, "dpkg-query", "-W", "-f", "${Package} ${Version} ${Status}\\n").stdout
-    for line in listing.splitlines():
-        name, _, rest = line.partition(" ")
-        packages[name] = rest
+    packages = dict(line.split(" ", 1) for line in listing.splitlines())
     units = {}
     listing = lab.node_exec(node, "systemctl", "list-unit-files", "--no-legend", "--no-pager").stdout
     for line in listing.splitlines():

@@ -46,7 +46,7 @@ def converged_debian(**changed: str) -> dict:
         UNATTENDED: "// Managed by gpuops.k8s.container_toolkit: unattended-upgrades leaves ...\n",
         KEYRING: "-----BEGIN PGP PUBLIC KEY BLOCK-----\n",
     }
-    contents.update({path: text for path, text in changed.items()})
+    contents.update(changed)
     return {
         "paths": {path: FILE for path in (SOURCES, PREF, UNATTENDED, KEYRING, CDI, RECORD)},
         "contents": contents,
