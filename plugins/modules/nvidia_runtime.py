@@ -152,7 +152,8 @@ options:
     description:
       - V(present) adds the runtime (and makes it the default when O(set_as_default=true)).
       - V(absent) removes the runtime and, if it is the default, restores the default that V(present) replaced
-        (the runtime's built-in default when there is no record of one).
+        (the runtime's built-in default when there is no record of one). A CRI-O file in a drop-in directory
+        that is left with nothing in it (the one V(present) created) is removed.
     type: str
     choices: [present, absent]
     default: present
@@ -241,6 +242,12 @@ changed_files:
   type: list
   elements: str
   sample: [/etc/containerd/config.toml]
+removed_files:
+  description: Of RV(changed_files), those this run removed (or would remove, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: [/etc/crio/crio.conf.d/99-nvidia.toml]
 runtime_entry:
   description:
     - The nvidia runtime's entry as the file now holds it; null when absent (in template mode, what the block adds).
@@ -587,6 +594,11 @@ def _report(result, edit):
     result["notes"] = edit.notes
 
 
+def _in_drop_in_dir(path):
+    """Whether PATH lies in a drop-in directory (its name ends in .d, as crio.conf.d does)."""
+    return os.path.basename(os.path.dirname(os.path.abspath(path))).endswith(".d")
+
+
 def run_module(module):
     params = module.params
     runtime = params["runtime"]
@@ -612,6 +624,9 @@ def run_module(module):
             edit = edit_crio(original or "", path, before=before, after=after, **_edit_args(params))
             _report(result, edit)
             new_text = None if original is None and state == "absent" else edit.text
+            # A drop-in that absent leaves with nothing in it (the file present created) goes.
+            if state == "absent" and new_text is not None and not new_text.strip() and _in_drop_in_dir(path):
+                new_text = None
             changes = [Change(path, original, new_text)]
         else:
             original = _read(module, path)
@@ -637,6 +652,7 @@ def run_module(module):
     changed = [c for c in changes if c.changed]
     result["changed"] = bool(changed)
     result["changed_files"] = [c.path for c in changed]
+    result["removed_files"] = [c.path for c in changed if c.after is None]
     if module._diff:
         shown = [c for c in changed if not c.path.endswith(DOCKER_STATE_SUFFIX)]
         diffs = [file_diff(c.path, c.before, c.after) for c in shown]

@@ -69,6 +69,25 @@ def test_crio_drop_in(tmp_path, run_module):
     assert tomllib.loads(site.read_text()) == original
 
 
+def test_crio_absent_removes_the_drop_in_present_created_and_keeps_one_with_other_settings(tmp_path, run_module):
+    """The drop-in the module created goes with absent (the node as it was); a drop-in with other settings keeps
+    them; a main file (not in a drop-in directory) left empty stays."""
+    ours = tmp_path / "crio.conf.d" / "99-nvidia.toml"
+    run_module(runtime="crio", config_path=str(ours))
+    assert run_module(runtime="crio", config_path=str(ours), state="absent")["changed"] is True
+    assert not ours.exists()
+    assert run_module(runtime="crio", config_path=str(ours), state="absent")["changed"] is False
+    shared = tmp_path / "crio.conf.d" / "10-site.toml"
+    shared.write_text('[crio.runtime]\nlog_level = "info"\n')
+    run_module(runtime="crio", config_path=str(shared))
+    run_module(runtime="crio", config_path=str(shared), state="absent")
+    assert tomllib.loads(shared.read_text()) == {"crio": {"runtime": {"log_level": "info"}}}
+    main = tmp_path / "crio.conf"
+    run_module(runtime="crio", config_path=str(main))
+    run_module(runtime="crio", config_path=str(main), state="absent")
+    assert main.exists()
+
+
 # ------------------------------------------------ CRI-O: crio.conf and every file of crio.conf.d, merged
 
 NVIDIA_CTK_DROP_IN = """\

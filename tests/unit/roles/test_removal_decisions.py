@@ -13,6 +13,7 @@ The e2e tier (tests/e2e/test_site.py) runs playbooks/remove.yml on a lab node co
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,40 @@ def test_the_recorded_packages_go_where_apt_would_take_nothing_else():
 def test_a_package_installed_since_that_needs_them_keeps_them():
     get = plugin("Purg python3-pip [23.0.1+dfsg-1]\nPurg python3-someones-tool [1.0]\n")
     assert get("__device_plugin_os_others") == ["python3-someones-tool"]
+
+
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+WRITTEN_RECORD = "/var/lib/gpuops/containerd-config-written.json"
+
+
+def runtime(record: str | None, checksum: str | None):
+    """The nvidia_runtime role's variables after absent read the record of the containerd config it wrote (RECORD's
+    text, or none) and the config (its checksum, or absent)."""
+    variables = role_file(ROLES / "nvidia_runtime" / "defaults" / "main.yml")
+    config = {"type": "absent"} if checksum is None else dict(FILE, checksum=checksum)
+    variables["__nvidia_runtime_written"] = {
+        "paths": {CONTAINERD_CONFIG: config},
+        "contents": {WRITTEN_RECORD: record},
+    }
+    variables.update(role_file(ROLES / "nvidia_runtime" / "vars" / "main.yml"))
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return lambda name: templar.template(trust_as_template("{{ " + name + " }}"))
+
+
+def written(path: str = CONTAINERD_CONFIG, checksum: str = "a" * 40) -> str:
+    return json.dumps({"path": path, "checksum": checksum})
+
+
+@pytest.mark.parametrize(
+    ("record", "checksum", "goes"),
+    [
+        (written(), "a" * 40, True),  # as containerd's default wrote it: it goes
+        (written(), "b" * 40, False),  # changed since: it stays
+        (written(path="/etc/containerd/other.toml"), "a" * 40, False),  # the record is of another file
+        (None, "a" * 40, False),  # no record: the node had its config before the role
+        (written(), None, False),  # gone already
+    ],
+)
+def test_the_containerd_config_the_role_wrote_goes_only_as_it_was_written(record, checksum, goes):
+    get = runtime(record, checksum)
+    assert get("__nvidia_runtime_containerd_as_written") is goes
