@@ -242,6 +242,13 @@ changed_files:
   type: list
   elements: str
   sample: [/etc/containerd/config.toml]
+config_exists:
+  description:
+    - Whether RV(config_path) exists after the run (or would, in check mode); V(false) where V(absent) removed it
+      or found none.
+  returned: always
+  type: bool
+  sample: true
 removed_files:
   description: Of RV(changed_files), those this run removed (or would remove, in check mode).
   returned: always
@@ -653,6 +660,9 @@ def run_module(module):
     result["changed"] = bool(changed)
     result["changed_files"] = [c.path for c in changed]
     result["removed_files"] = [c.path for c in changed if c.after is None]
+    # After the run (in check mode: after the run it would make).
+    ending = {c.path: c.after is not None for c in changed}
+    result["config_exists"] = ending.get(result["config_path"], os.path.exists(result["config_path"]))
     if module._diff:
         shown = [c for c in changed if not c.path.endswith(DOCKER_STATE_SUFFIX)]
         diffs = [file_diff(c.path, c.before, c.after) for c in shown]

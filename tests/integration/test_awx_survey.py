@@ -159,16 +159,18 @@ def test_survey_passes_awx_validation(surveys, playbook):
 def unconverted_reads(name: str, sources: list[Path]) -> list[str]:
     """The lines of `sources` that read the variable `name` without turning it into a boolean.
 
-    Accepted: `name | bool` (perhaps after `| default(...)`), and `name` as the whole value of a module
-    argument, which the module converts by its own argument spec.
+    Accepted: `name | bool` (perhaps after `| default(...)`), `name` as the whole value of a module
+    argument, which the module converts by its own argument spec, and `name: true` or `name: false`, a boolean
+    the YAML gives it (an include's vars), which is no read.
     """
     mentioned = re.compile(rf"\b{name}\b")
     converted = re.compile(rf"\b{name}\s*(\|\s*default\([^()]*\)\s*)?\|\s*bool\b")
     module_argument = re.compile(rf'^\s*[A-Za-z_]+:\s*"\{{\{{\s*{name}\s*\}}\}}"\s*$')
+    set_to_a_boolean = re.compile(rf"^\s*{name}:\s*(true|false)\s*(#.*)?$")
     found = []
     for path in sources:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.lstrip().startswith("#") or module_argument.match(line):
+            if line.lstrip().startswith("#") or module_argument.match(line) or set_to_a_boolean.match(line):
                 continue
             if len(mentioned.findall(line)) > len(converted.findall(line)):
                 found.append(f"{path}:{number}: {line.strip()}")
