@@ -46,6 +46,12 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: Path(str(item.fspath)) in late)
 
 
+def recap_changed(output: str) -> int:
+    """The changed count of the last PLAY RECAP in ansible-playbook's output (one host)."""
+    recap = output.rsplit("PLAY RECAP", 1)[1]
+    return int(recap.split("changed=", 1)[1].split()[0])
+
+
 @pytest.fixture(scope="session")
 def collection_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("collections")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import recap_changed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,8 +90,7 @@ def run_role(
 
 
 def changed(run: subprocess.CompletedProcess[str]) -> int:
-    recap = run.stdout.rsplit("PLAY RECAP", 1)[1]
-    return int(recap.split("changed=", 1)[1].split()[0])
+    return recap_changed(run.stdout)
 
 
 def test_the_mode_is_the_one_value_that_changes(collections: Path, nvidia_ctk: Path, tmp_path: Path) -> None:

@@ -14,24 +14,14 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
-from conftest import config_dump
+from conftest import config_dump, recap_changed
 
-REPO = Path(__file__).resolve().parents[2]
 NODE_PYTHON = "/usr/bin/python3"
 RUNTIME = "/usr/bin/nvidia-container-runtime"
 
 
-@pytest.fixture(scope="module")
-def collections(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("collections")
-    (root / "ansible_collections" / "gpuops").mkdir(parents=True)
-    (root / "ansible_collections" / "gpuops" / "k8s").symlink_to(REPO)
-    return root
-
-
-def run_role(collections: Path, work: Path, state: str, *flags: str) -> subprocess.CompletedProcess[str]:
+def run_role(collection_root: Path, work: Path, state: str, *flags: str) -> subprocess.CompletedProcess[str]:
     play = [
         {
             "hosts": "localhost",
@@ -58,7 +48,7 @@ def run_role(collections: Path, work: Path, state: str, *flags: str) -> subproce
     ]
     playbook = work / f"play-{state}.yml"
     playbook.write_text(yaml.safe_dump(play))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_NOCOLOR="1")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collection_root), ANSIBLE_NOCOLOR="1")
     done = subprocess.run(
         [
             "ansible-playbook",
@@ -79,46 +69,45 @@ def run_role(collections: Path, work: Path, state: str, *flags: str) -> subproce
     return done
 
 
-def changed(run: subprocess.CompletedProcess[str]) -> int:
-    recap = run.stdout.rsplit("PLAY RECAP", 1)[1]
-    return int(recap.split("changed=", 1)[1].split()[0])
+def converged(collection_root: Path, work: Path, containerd16: str) -> Path:
+    """A node whose containerd had no config, after present: the config containerd loads, with the runtime."""
+    config = work / "etc" / "config.toml"
+    config.parent.mkdir()
+    run_role(collection_root, work, "present")
+    assert RUNTIME in str(config_dump(containerd16, config))
+    return config
 
 
 def test_absent_takes_off_the_config_present_wrote_and_a_second_run_changes_nothing(
-    collections: Path, tmp_path: Path, containerd16: str
+    collection_root: Path, tmp_path: Path, containerd16: str
 ) -> None:
-    config = tmp_path / "etc" / "config.toml"
-    config.parent.mkdir()
-    run_role(collections, tmp_path, "present")
-    assert RUNTIME in str(config_dump(containerd16, config))
+    config = converged(collection_root, tmp_path, containerd16)
 
-    check = run_role(collections, tmp_path, "absent", "--check")
-    assert changed(check) > 0
+    check = run_role(collection_root, tmp_path, "absent", "--check")
+    assert recap_changed(check.stdout) > 0
     assert config.exists() and sorted(os.listdir(tmp_path / "state")) == [
         "containerd-config-written.json",
         "nvidia-runtime.json",
     ]
 
-    removed = run_role(collections, tmp_path, "absent")
-    assert changed(removed) > 0
+    removed = run_role(collection_root, tmp_path, "absent")
+    assert recap_changed(removed.stdout) > 0
     assert not config.exists()
     assert os.listdir(tmp_path / "state") == []
     assert "left: []" in removed.stdout
 
-    again = run_role(collections, tmp_path, "absent")
-    assert changed(again) == 0
+    again = run_role(collection_root, tmp_path, "absent")
+    assert recap_changed(again.stdout) == 0
     assert not config.exists()
 
 
 def test_a_config_someone_changed_since_stays_and_is_named(
-    collections: Path, tmp_path: Path, containerd16: str
+    collection_root: Path, tmp_path: Path, containerd16: str
 ) -> None:
-    config = tmp_path / "etc" / "config.toml"
-    config.parent.mkdir()
-    run_role(collections, tmp_path, "present")
+    config = converged(collection_root, tmp_path, containerd16)
     with open(config, "a", encoding="utf-8") as handle:
         handle.write("\n# site: kept for the GPU pool\n")
-    removed = run_role(collections, tmp_path, "absent")
+    removed = run_role(collection_root, tmp_path, "absent")
     assert config.exists() and "# site: kept for the GPU pool" in config.read_text()
     assert RUNTIME not in str(config_dump(containerd16, config))
     assert f"{config} was written by the role from containerd's default config and changed since: it stays" in (
